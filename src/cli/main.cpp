@@ -1,0 +1,56 @@
+// titan: one binary, many subcommands (see command.h).
+#include <cstdio>
+#include <cstring>
+#include <exception>
+
+#include "cli/command.h"
+#include "core/error.h"
+
+namespace titan::cli {
+std::map<std::string, Command>& command_registry() {
+  static std::map<std::string, Command> registry;
+  return registry;
+}
+}  // namespace titan::cli
+
+static void print_usage(FILE* out) {
+  std::fprintf(out, "usage: titan <command> [args...]\n\ncommands:\n");
+  for (const auto& [name, cmd] : titan::cli::command_registry())
+    std::fprintf(out, "  %-12s %s\n", name.c_str(), cmd.summary.c_str());
+  std::fprintf(out, "\n`titan <command> --help` describes a command.\n");
+}
+
+int main(int argc, char** argv) {
+  auto& registry = titan::cli::command_registry();
+  if (argc < 2) {
+    // With no command, the trainer's embedded default run starts (when the trainer is built in).
+    auto it = registry.find("train");
+    if (it == registry.end()) {
+      print_usage(stderr);
+      return 2;
+    }
+    char* train_argv[] = {const_cast<char*>("train"), nullptr};
+    argc = 2;
+    argv = train_argv - 1;  // argv[1] == "train"
+  }
+  const char* name = argv[1];
+  if (!std::strcmp(name, "-h") || !std::strcmp(name, "--help") || !std::strcmp(name, "help")) {
+    print_usage(stdout);
+    return 0;
+  }
+  auto it = registry.find(name);
+  if (it == registry.end()) {
+    std::fprintf(stderr, "titan: unknown command '%s'\n", name);
+    print_usage(stderr);
+    return 2;
+  }
+  try {
+    return it->second.fn(argc - 1, argv + 1);
+  } catch (const titan::Error& e) {
+    std::fprintf(stderr, "titan %s: error: %s\n", name, e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "titan %s: error: %s\n", name, e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,5 @@
+#pragma once
+
+namespace titan {
+const char* version();
+}  // namespace titan
