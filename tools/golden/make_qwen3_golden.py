@@ -1,0 +1,356 @@
+#!/usr/bin/env python3
+"""Generate golden fixtures for the dense Qwen3 path of titan.cpp.
+
+Each case is a tiny, randomly initialised HF ``Qwen3ForCausalLM`` (fp32, eager
+attention) saved with ``save_pretrained`` next to the reference outputs that
+the C++ implementation must reproduce:
+
+  tests/golden/qwen3/<case>/
+    config.json, model.safetensors      the model (HF layout)
+    input.json                          {"input_ids": [[...]], "labels": [[...]]}
+    meta.json                           optimizer settings, shapes, versions
+    expected.safetensors                reference tensors (all float32):
+      logits                [B,T,V]  initial model
+      loss                  []       initial model, HF ForCausalLMLoss
+      grad.<hf name>        one per model.named_parameters() after backward
+      losses                [steps]  loss before each AdamW step
+      param.<hf name>       one per model.named_parameters() after all steps
+
+Usage:
+  python tools/golden/make_qwen3_golden.py [--out tests/golden/qwen3] [--case NAME ...]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import safetensors
+import safetensors.torch
+import torch
+import transformers
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+DEFAULT_OUT = os.path.join(REPO_ROOT, "tests", "golden", "qwen3")
+
+STEPS = 5
+BETAS = (0.9, 0.999)
+EPS = 1e-8
+
+# Properties covered (see README.md for the table):
+#   tied / untied lm_head, GQA ratio 1 / 2 / 4, head_dim != hidden/heads,
+#   rope_theta 1e6 / 1e4, rms_norm_eps 1e-6 / 1e-5, clipping on / off,
+#   v5 config.json (rope_parameters) and legacy v4 config.json (rope_theta),
+#   tied checkpoint with and without an explicit lm_head.weight, sharded copy.
+CASES = [
+    dict(
+        name="tied_gqa2",
+        seed=1234,
+        vocab_size=256, hidden_size=32, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6,
+        batch=2, seq=16, lr=1e-2, weight_decay=0.1, max_norm=2.5,
+        config_style="v5", tied_lm_head_in_file=False, sharded_copy=False,
+    ),
+    dict(
+        name="untied_mha_legacy_cfg",
+        seed=2345,
+        vocab_size=256, hidden_size=32, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, head_dim=8,
+        tie_word_embeddings=False, rope_theta=1e6, rms_norm_eps=1e-5,
+        batch=2, seq=8, lr=1e-2, weight_decay=0.1, max_norm=1e3,
+        config_style="v4", tied_lm_head_in_file=False, sharded_copy=False,
+    ),
+    dict(
+        name="untied_gqa4",
+        seed=3456,
+        vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=8,
+        tie_word_embeddings=False, rope_theta=1e4, rms_norm_eps=1e-6,
+        batch=2, seq=8, lr=1e-2, weight_decay=0.1, max_norm=1.0,
+        config_style="v5", tied_lm_head_in_file=False, sharded_copy=True,
+    ),
+    dict(
+        name="tied_mha_hd24_lmhead",
+        seed=4567,
+        vocab_size=300, hidden_size=40, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=24,
+        tie_word_embeddings=True, rope_theta=1e4, rms_norm_eps=1e-5,
+        batch=2, seq=12, lr=1e-2, weight_decay=0.1, max_norm=0.5,
+        config_style="v5", tied_lm_head_in_file=True, sharded_copy=False,
+    ),
+]
+
+INIT_RANGE = 0.1   # larger than the released 0.02 so logits/grads are not flat
+NORM_PERTURB = 0.1  # RMSNorm weights = 1 + NORM_PERTURB * randn
+
+
+def build_config(c):
+    cfg = Qwen3Config(
+        vocab_size=c["vocab_size"],
+        hidden_size=c["hidden_size"],
+        intermediate_size=c["intermediate_size"],
+        num_hidden_layers=c["num_hidden_layers"],
+        num_attention_heads=c["num_attention_heads"],
+        num_key_value_heads=c["num_key_value_heads"],
+        head_dim=c["head_dim"],
+        hidden_act="silu",
+        max_position_embeddings=4096,
+        initializer_range=INIT_RANGE,
+        rms_norm_eps=c["rms_norm_eps"],
+        tie_word_embeddings=c["tie_word_embeddings"],
+        rope_parameters={"rope_type": "default", "rope_theta": float(c["rope_theta"])},
+        attention_bias=False,
+        use_sliding_window=False,
+        attention_dropout=0.0,
+    )
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def make_model(c):
+    torch.manual_seed(c["seed"])
+    model = Qwen3ForCausalLM(build_config(c))
+    model.to(torch.float32)
+    # Perturb every RMSNorm weight so that norm gradients are exercised.
+    gen = torch.Generator().manual_seed(c["seed"] + 17)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                p.copy_(1.0 + NORM_PERTURB * torch.randn(p.shape, generator=gen))
+    assert model.config._attn_implementation == "eager"
+    return model
+
+
+def make_inputs(c):
+    gen = torch.Generator().manual_seed(c["seed"] + 99)
+    B, T, V = c["batch"], c["seq"], c["vocab_size"]
+    ids = torch.randint(0, V, (B, T), generator=gen)
+    labels = ids.clone()
+    # Ignored positions: the last position of row 0, two in the middle of row
+    # 1, and position 1 of row 0. Position 0 of a row is never a target (the
+    # loss shifts labels left by one), so it is left unmasked on purpose.
+    labels[0, T - 1] = -100
+    labels[0, 1] = -100
+    labels[1, T // 2] = -100
+    labels[1, T // 2 + 1] = -100
+    return ids, labels
+
+
+def write_legacy_config(case_dir, c):
+    """Rewrite config.json in the v4 style (top-level rope_theta, torch_dtype)."""
+    path = os.path.join(case_dir, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    rp = cfg.pop("rope_parameters")
+    assert rp["rope_type"] == "default"
+    cfg["rope_theta"] = rp["rope_theta"]
+    cfg["rope_scaling"] = None
+    if "dtype" in cfg:
+        cfg["torch_dtype"] = cfg.pop("dtype")
+    cfg.pop("layer_types", None)
+    cfg["transformers_version"] = "4.51.0"
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def write_single_file_with_lm_head(case_dir, model):
+    """Write model.safetensors for a tied model *including* lm_head.weight
+    (a copy of the embedding), as some released tied checkpoints do."""
+    sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
+    safetensors.torch.save_file(sd, os.path.join(case_dir, "model.safetensors"),
+                                metadata={"format": "pt"})
+
+
+def save_model(case_dir, c, model):
+    os.makedirs(case_dir, exist_ok=True)
+    for fn in os.listdir(case_dir):
+        os.remove(os.path.join(case_dir, fn))
+    model.save_pretrained(case_dir, safe_serialization=True)
+    if c["config_style"] == "v4":
+        write_legacy_config(case_dir, c)
+    if c["tied_lm_head_in_file"]:
+        write_single_file_with_lm_head(case_dir, model)
+
+
+def compute_expected(c, init_state, ids, labels):
+    """Returns (expected dict, grad norms before clipping per step)."""
+    out = {}
+
+    # Initial forward/backward.
+    model = make_model(c)
+    model.load_state_dict(init_state)
+    model.train()
+    res = model(input_ids=ids, labels=labels)
+    res.loss.backward()
+    out["logits"] = res.logits.detach().float().contiguous()
+    out["loss"] = res.loss.detach().float().reshape(())
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        out["grad." + name] = p.grad.detach().float().contiguous()
+
+    # Fresh training run from the same initial weights.
+    model = make_model(c)
+    model.load_state_dict(init_state)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], betas=BETAS, eps=EPS,
+                            weight_decay=c["weight_decay"])
+    losses, norms = [], []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        loss = model(input_ids=ids, labels=labels).loss
+        losses.append(loss.item())
+        loss.backward()
+        n = torch.nn.utils.clip_grad_norm_(model.parameters(), c["max_norm"])
+        norms.append(float(n))
+        opt.step()
+    out["losses"] = torch.tensor(losses, dtype=torch.float32)
+    for name, p in model.named_parameters():
+        out["param." + name] = p.detach().float().contiguous()
+    return out, norms
+
+
+def verify_reload(case_dir, model, ids, c):
+    """The saved files must load cleanly in HF and reproduce the logits exactly."""
+    m2, info = Qwen3ForCausalLM.from_pretrained(case_dir, output_loading_info=True,
+                                                attn_implementation="eager",
+                                                dtype=torch.float32)
+    for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        if info.get(k):
+            raise RuntimeError(f"{case_dir}: {k} = {info[k]}")
+    rp = m2.config.rope_parameters
+    if float(rp["rope_theta"]) != float(c["rope_theta"]) or rp.get("rope_type", "default") != "default":
+        raise RuntimeError(f"{case_dir}: rope parameters read back as {rp}")
+    if float(m2.config.rms_norm_eps) != float(c["rms_norm_eps"]):
+        raise RuntimeError(f"{case_dir}: rms_norm_eps read back as {m2.config.rms_norm_eps}")
+    m2.eval()
+    model.eval()
+    with torch.no_grad():
+        a = model(input_ids=ids).logits
+        b = m2(input_ids=ids).logits
+    if not torch.equal(a, b):
+        raise RuntimeError(f"{case_dir}: reloaded logits differ, max {(a - b).abs().max()}")
+    model.train()
+
+
+def dir_size(d):
+    return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+
+
+def gen_case(c, out_root):
+    name = c["name"]
+    case_dir = os.path.join(out_root, name)
+    model = make_model(c)
+    init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    ids, labels = make_inputs(c)
+
+    save_model(case_dir, c, model)
+    verify_reload(case_dir, model, ids, c)
+
+    expected, norms = compute_expected(c, init_state, ids, labels)
+    for k, v in expected.items():
+        if v.dtype != torch.float32 or not torch.isfinite(v).all():
+            raise RuntimeError(f"{name}: {k} not finite float32")
+    # Tied models: no separate lm_head gradient/parameter.
+    if c["tie_word_embeddings"]:
+        assert "grad.lm_head.weight" not in expected
+    else:
+        assert "grad.lm_head.weight" in expected
+
+    safetensors.torch.save_file(expected, os.path.join(case_dir, "expected.safetensors"),
+                                metadata={"format": "pt"})
+    with open(os.path.join(case_dir, "input.json"), "w") as f:
+        json.dump({"input_ids": ids.tolist(), "labels": labels.tolist()}, f)
+        f.write("\n")
+
+    clip_steps = [i for i, n in enumerate(norms) if n > c["max_norm"]]
+    n_rep = c["num_attention_heads"] // c["num_key_value_heads"]
+    meta = {
+        "case": name,
+        "lr": c["lr"],
+        "weight_decay": c["weight_decay"],
+        "max_norm": c["max_norm"],
+        "steps": STEPS,
+        "betas": list(BETAS),
+        "eps": EPS,
+        "optimizer": "torch.optim.AdamW (default foreach/fused settings, single param group)",
+        "loss": "HF ForCausalLMLoss, mean over non-ignored shifted targets",
+        "batch": c["batch"],
+        "seq": c["seq"],
+        "seed": c["seed"],
+        "initializer_range": INIT_RANGE,
+        "norm_weight_init": f"1 + {NORM_PERTURB} * randn",
+        "tie_word_embeddings": c["tie_word_embeddings"],
+        "gqa_ratio": n_rep,
+        "head_dim_differs_from_hidden_over_heads":
+            c["head_dim"] != c["hidden_size"] // c["num_attention_heads"],
+        "rope_theta": c["rope_theta"],
+        "rms_norm_eps": c["rms_norm_eps"],
+        "config_style": c["config_style"],
+        "lm_head_in_file": (not c["tie_word_embeddings"]) or c["tied_lm_head_in_file"],
+        "grad_norms_before_clip": norms,
+        "clip_triggered_steps": clip_steps,
+        "initial_loss": float(expected["loss"]),
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "safetensors_version": safetensors.__version__,
+        "numpy_version": np.__version__,
+        "attn_implementation": "eager",
+        "dtype": "float32",
+    }
+    with open(os.path.join(case_dir, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=2)
+        f.write("\n")
+
+    print(f"[{name}] loss={float(expected['loss']):.6f} losses={[round(x, 6) for x in expected['losses'].tolist()]}")
+    print(f"[{name}] grad norms before clip={[round(x, 4) for x in norms]} max_norm={c['max_norm']} clip steps={clip_steps}")
+    for fn in sorted(os.listdir(case_dir)):
+        print(f"    {fn:40s} {os.path.getsize(os.path.join(case_dir, fn)):9d} B")
+    print(f"    total {dir_size(case_dir)} B")
+
+    if c["sharded_copy"]:
+        sdir = os.path.join(out_root, name + "_sharded")
+        if os.path.isdir(sdir):
+            shutil.rmtree(sdir)
+        os.makedirs(sdir)
+        model.save_pretrained(sdir, safe_serialization=True, max_shard_size="50KB")
+        if not os.path.exists(os.path.join(sdir, "model.safetensors.index.json")):
+            raise RuntimeError("sharded save produced no index")
+        verify_reload(sdir, model, ids, c)
+        for fn in ("expected.safetensors", "input.json"):
+            shutil.copy(os.path.join(case_dir, fn), os.path.join(sdir, fn))
+        meta_s = dict(meta, case=name + "_sharded", sharded=True, same_as=name)
+        with open(os.path.join(sdir, "meta.json"), "w") as f:
+            json.dump(meta_s, f, indent=2)
+            f.write("\n")
+        print(f"[{name}_sharded]")
+        for fn in sorted(os.listdir(sdir)):
+            print(f"    {fn:40s} {os.path.getsize(os.path.join(sdir, fn)):9d} B")
+        print(f"    total {dir_size(sdir)} B")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--case", action="append", help="only these case names")
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    print(f"torch {torch.__version__}  transformers {transformers.__version__}")
+    os.makedirs(args.out, exist_ok=True)
+    for c in CASES:
+        if args.case and c["name"] not in args.case:
+            continue
+        gen_case(c, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
