@@ -215,6 +215,120 @@ def compute_expected(c, init_state, ids, labels):
     return out, norms
 
 
+# ---------------------------------------------------------------------------
+# Independent re-implementation of the math (plain torch ops, no HF modules).
+# Used only to cross-check the HF outputs written above; it also documents
+# exactly what the C++ side has to compute.
+# ---------------------------------------------------------------------------
+
+def _up(x):
+    # float32 compute for fp32/bf16 inputs; the float64 cross-check stays float64
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def _rms(x, w, eps):
+    xf = _up(x)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def _rope(x, theta, hd):
+    # x: [B, nh, T, hd]; NeoX half-split rotation
+    T = x.shape[2]
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    pos = torch.arange(T, dtype=torch.float32)
+    f = torch.outer(pos, inv)
+    emb = torch.cat([f, f], dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    rot = torch.cat([-x2, x1], dim=-1)
+    return x * cos + rot * sin
+
+
+def reference_loss(c, P, ids, labels):
+    B, T = ids.shape
+    H, nH, nKV, hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    eps, theta = c["rms_norm_eps"], float(c["rope_theta"])
+    x = P["model.embed_tokens.weight"][ids]
+    causal = torch.full((T, T), float("-inf")).triu(1)
+    for i in range(c["num_hidden_layers"]):
+        pre = f"model.layers.{i}."
+        h = _rms(x, P[pre + "input_layernorm.weight"], eps)
+        q = (h @ P[pre + "self_attn.q_proj.weight"].T).view(B, T, nH, hd)
+        k = (h @ P[pre + "self_attn.k_proj.weight"].T).view(B, T, nKV, hd)
+        v = (h @ P[pre + "self_attn.v_proj.weight"].T).view(B, T, nKV, hd)
+        q = _rms(q, P[pre + "self_attn.q_norm.weight"], eps).transpose(1, 2)
+        k = _rms(k, P[pre + "self_attn.k_norm.weight"], eps).transpose(1, 2)
+        v = v.transpose(1, 2)
+        q, k = _rope(q, theta, hd), _rope(k, theta, hd)
+        rep = nH // nKV
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+        a = (q @ k.transpose(-1, -2)) * hd ** -0.5 + causal
+        a = torch.softmax(_up(a), dim=-1).to(q.dtype)
+        o = (a @ v).transpose(1, 2).reshape(B, T, nH * hd)
+        x = x + o @ P[pre + "self_attn.o_proj.weight"].T
+        h = _rms(x, P[pre + "post_attention_layernorm.weight"], eps)
+        g = h @ P[pre + "mlp.gate_proj.weight"].T
+        u = h @ P[pre + "mlp.up_proj.weight"].T
+        x = x + (torch.nn.functional.silu(g) * u) @ P[pre + "mlp.down_proj.weight"].T
+    x = _rms(x, P["model.norm.weight"], eps)
+    head = P["model.embed_tokens.weight"] if c["tie_word_embeddings"] else P["lm_head.weight"]
+    logits = x @ head.T
+    tgt = torch.cat([labels[:, 1:], torch.full((B, 1), -100, dtype=labels.dtype)], dim=1)
+    valid = tgt != -100
+    lse = torch.logsumexp(_up(logits), dim=-1)
+    picked = _up(logits).gather(-1, tgt.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    loss = ((lse - picked) * valid).sum() / valid.sum()
+    return logits, loss
+
+
+def reference_check(c, init_state, ids, labels, expected):
+    names = [n for n in init_state if not (c["tie_word_embeddings"] and n == "lm_head.weight")]
+    P = {n: init_state[n].detach().clone().double().requires_grad_(True) for n in names}
+    logits, loss = reference_loss(c, P, ids, labels)
+    loss.backward()
+    errs = {"logits": (logits - expected["logits"].double()).abs().max().item(),
+            "loss": abs(loss.item() - expected["loss"].item())}
+    errs["grad"] = max((P[n].grad - expected["grad." + n].double()).abs().max().item()
+                       / (expected["grad." + n].abs().max().item() + 1e-12) for n in names)
+
+    # AdamW (decoupled weight decay) with global-norm clipping, in float64.
+    lr, wd, mn = c["lr"], c["weight_decay"], c["max_norm"]
+    b1, b2 = BETAS
+    P = {n: init_state[n].detach().clone().double() for n in names}
+    m = {n: torch.zeros_like(P[n]) for n in names}
+    v = {n: torch.zeros_like(P[n]) for n in names}
+    losses = []
+    for t in range(1, STEPS + 1):
+        for n in names:
+            P[n].requires_grad_(True)
+        _, loss = reference_loss(c, P, ids, labels)
+        losses.append(loss.item())
+        grads = torch.autograd.grad(loss, [P[n] for n in names])
+        total = torch.sqrt(sum((g ** 2).sum() for g in grads))
+        coef = min(1.0, mn / (total.item() + 1e-6))
+        with torch.no_grad():
+            for n, g in zip(names, grads):
+                g = g * coef
+                p = P[n].detach()
+                p.mul_(1 - lr * wd)
+                m[n].mul_(b1).add_(g, alpha=1 - b1)
+                v[n].mul_(b2).addcmul_(g, g, value=1 - b2)
+                bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+                denom = (v[n].sqrt() / bc2 ** 0.5) + EPS
+                p.addcdiv_(m[n], denom, value=-lr / bc1)
+                P[n] = p
+    errs["losses"] = max(abs(a - b) for a, b in zip(losses, expected["losses"].tolist()))
+    errs["param"] = max((P[n] - expected["param." + n].double()).abs().max().item() for n in names)
+    tol = {"logits": 1e-4, "loss": 1e-5, "grad": 1e-4, "losses": 1e-4, "param": 1e-4}
+    bad = {k: e for k, e in errs.items() if not e <= tol[k]}
+    print(f"[{c['name']}] independent float64 check: " +
+          " ".join(f"{k}={e:.2e}" for k, e in errs.items()))
+    if bad:
+        raise RuntimeError(f"{c['name']}: independent check failed: {bad}")
+
+
 def verify_reload(case_dir, model, ids, c):
     """The saved files must load cleanly in HF and reproduce the logits exactly."""
     m2, info = Qwen3ForCausalLM.from_pretrained(case_dir, output_loading_info=True,
@@ -262,6 +376,8 @@ def gen_case(c, out_root):
     else:
         assert "grad.lm_head.weight" in expected
 
+    reference_check(c, init_state, ids, labels, expected)
+
     safetensors.torch.save_file(expected, os.path.join(case_dir, "expected.safetensors"),
                                 metadata={"format": "pt"})
     with open(os.path.join(case_dir, "input.json"), "w") as f:
@@ -278,7 +394,8 @@ def gen_case(c, out_root):
         "steps": STEPS,
         "betas": list(BETAS),
         "eps": EPS,
-        "optimizer": "torch.optim.AdamW (default foreach/fused settings, single param group)",
+        "optimizer": "torch.optim.AdamW, defaults (foreach=None, fused=None: single-tensor path on CPU), one param group, weight decay on every parameter",
+        "clip": "torch.nn.utils.clip_grad_norm_ (global L2 norm over all grads; coef = max_norm / (norm + 1e-6), clamped to 1)",
         "loss": "HF ForCausalLMLoss, mean over non-ignored shifted targets",
         "batch": c["batch"],
         "seq": c["seq"],
