@@ -1,0 +1,134 @@
+// `titan tokenizer encode|decode|train`: JSON Lines in, JSON Lines out.
+//   encode: one JSON string per line -> one JSON array of ids per line
+//   decode: one JSON array of ids per line -> one JSON string per line
+//   train:  byte-level BPE on text files -> tokenizer.json
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/trainer.h"
+
+namespace {
+
+using nlohmann::json;
+
+// Writes a JSON string, replacing invalid UTF-8 instead of throwing.
+std::string dump_string(const std::string& s) {
+  return json(s).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+int run_encode(const std::string& path, bool add_special) {
+  titan::Tokenizer tok = titan::Tokenizer::load(path);
+  std::string line, out;
+  size_t lineno = 0;
+  while (std::getline(std::cin, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception& e) {
+      titan::fail("stdin line ", lineno, ": not valid JSON: ", e.what());
+    }
+    TITAN_CHECK(j.is_string(), "stdin line ", lineno, ": expected a JSON string");
+    std::vector<int32_t> ids = tok.encode(j.get_ref<const std::string&>(), add_special);
+    out.clear();
+    out += '[';
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i) out += ',';
+      out += std::to_string(ids[i]);
+    }
+    out += "]\n";
+    std::fwrite(out.data(), 1, out.size(), stdout);
+  }
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}
+
+int run_decode(const std::string& path, bool skip_special) {
+  titan::Tokenizer tok = titan::Tokenizer::load(path);
+  std::string line;
+  size_t lineno = 0;
+  while (std::getline(std::cin, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception& e) {
+      titan::fail("stdin line ", lineno, ": not valid JSON: ", e.what());
+    }
+    TITAN_CHECK(j.is_array(), "stdin line ", lineno, ": expected a JSON array of ids");
+    std::vector<int32_t> ids;
+    ids.reserve(j.size());
+    for (const json& v : j) {
+      TITAN_CHECK(v.is_number_integer(), "stdin line ", lineno, ": ids must be integers");
+      ids.push_back(v.get<int32_t>());
+    }
+    std::string s = dump_string(tok.decode(ids, skip_special)) + "\n";
+    std::fwrite(s.data(), 1, s.size(), stdout);
+  }
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}
+
+int run_train(const std::vector<std::string>& inputs, int vocab_size, const std::vector<std::string>& specials,
+              const std::string& output) {
+  std::string text = titan::train_bpe(inputs, vocab_size, specials);
+  // Write to a temporary name and rename, so a failure never leaves a partial file.
+  std::string tmp = output + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    TITAN_CHECK(out.good(), "cannot write '", tmp, "'");
+    out << text;
+    TITAN_CHECK(out.good(), "cannot write '", tmp, "'");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, output, ec);
+  TITAN_CHECK(!ec, "cannot rename '", tmp, "' to '", output, "': ", ec.message());
+  std::fprintf(stderr, "wrote %s\n", output.c_str());
+  return 0;
+}
+
+int tokenizer_main(int argc, char** argv) {
+  CLI::App app{"HF tokenizer.json compatible byte-level BPE: encode, decode, train", "titan tokenizer"};
+  app.require_subcommand(1);
+  std::string path;
+  bool add_special = false, skip_special = false;
+  auto* enc = app.add_subcommand("encode", "JSON string per line on stdin -> JSON array of ids per line");
+  enc->add_option("--tokenizer", path, "tokenizer.json or a directory holding one")->required();
+  enc->add_flag("--add-special-tokens", add_special, "apply the post-processor's special tokens");
+  auto* dec = app.add_subcommand("decode", "JSON array of ids per line on stdin -> JSON string per line");
+  dec->add_option("--tokenizer", path, "tokenizer.json or a directory holding one")->required();
+  dec->add_flag("--skip-special-tokens", skip_special, "drop special added tokens");
+  std::vector<std::string> inputs, specials;
+  int vocab_size = 0;
+  std::string output;
+  auto* tr = app.add_subcommand("train", "train a byte-level BPE tokenizer on text files");
+  tr->add_option("--input", inputs, "text files (each file is one document)")->required();
+  tr->add_option("--vocab-size", vocab_size, "total vocab size, special tokens included")->required();
+  tr->add_option("--special-tokens", specials, "special tokens (default: <|endoftext|>)");
+  tr->add_option("--output", output, "tokenizer.json to write")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  std::ios::sync_with_stdio(false);
+  if (*enc) return run_encode(path, add_special);
+  if (*dec) return run_decode(path, skip_special);
+  return run_train(inputs, vocab_size, specials, output);
+}
+
+}  // namespace
+
+TITAN_COMMAND("tokenizer", "encode/decode JSON Lines with an HF tokenizer.json; train a byte-level BPE",
+              tokenizer_main);

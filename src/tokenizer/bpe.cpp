@@ -1,0 +1,289 @@
+// BPE model: loading vocab/merges from tokenizer.json and merging words by rank (see bpe.h).
+#include "tokenizer/bpe.h"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <queue>
+
+#include "core/error.h"
+#include "tokenizer/unicode.h"
+
+namespace titan::tok {
+
+namespace {
+std::atomic<uint64_t> g_next_instance{1};
+
+// Recently encoded words of the current thread (one model at a time; switching models clears it).
+struct WordCache {
+  static constexpr size_t kMaxWords = 1 << 17;
+  static constexpr size_t kMaxWordBytes = 256;
+  uint64_t owner = 0;
+  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>, StringHash, std::equal_to<>> map;
+  std::vector<int32_t> ids;
+  void reset(uint64_t new_owner) {
+    owner = new_owner;
+    map.clear();
+    ids.clear();
+  }
+};
+thread_local WordCache t_cache;
+thread_local std::vector<int32_t> t_syms;
+}  // namespace
+
+void BpeModel::add_merge(int32_t left, int32_t right, int32_t rank, int32_t merged) {
+  uint64_t key = (uint64_t(uint32_t(left)) << 32) | uint32_t(right);
+  size_t mask = merges_.size() - 1;
+  size_t h = (key * 0x9E3779B97F4A7C15ull) >> 20 & mask;
+  while (merges_[h].key != kEmpty && merges_[h].key != key) h = (h + 1) & mask;
+  if (merges_[h].key == key) return;  // a repeated merge keeps its first (best) rank, as HF does
+  merges_[h] = MergeSlot{key, rank, merged};
+}
+
+void BpeModel::load(const nlohmann::json& model, const std::string& file) {
+  instance_ = g_next_instance++;
+  auto where = [&](const char* field) { return str_cat(file, ": model.", field); };
+  const auto& vocab = model.at("vocab");
+  TITAN_CHECK(vocab.is_object(), where("vocab"), ": expected an object of token -> id");
+  vocab_.reserve(vocab.size() * 2);
+  int32_t max_id = -1;
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    TITAN_CHECK(it.value().is_number_integer(), where("vocab"), ": id of '", it.key(), "' is not an integer");
+    int64_t id = it.value().get<int64_t>();
+    TITAN_CHECK(id >= 0 && id < INT32_MAX, where("vocab"), ": id ", id, " of '", it.key(), "' out of range");
+    vocab_.emplace(it.key(), static_cast<int32_t>(id));
+    max_id = std::max(max_id, static_cast<int32_t>(id));
+  }
+  id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
+  for (const auto& [tok, id] : vocab_) id_to_token_[id] = tok;
+
+  auto opt_string = [&](const char* key) -> std::string {
+    auto it = model.find(key);
+    if (it == model.end() || it->is_null()) return "";
+    TITAN_CHECK(it->is_string(), where(key), ": expected a string");
+    return it->get<std::string>();
+  };
+  auto opt_bool = [&](const char* key) {
+    auto it = model.find(key);
+    if (it == model.end() || it->is_null()) return false;
+    TITAN_CHECK(it->is_boolean(), where(key), ": expected a boolean");
+    return it->get<bool>();
+  };
+  TITAN_CHECK(opt_string("continuing_subword_prefix").empty(), where("continuing_subword_prefix"),
+              ": unsupported (only byte-level BPE without subword prefixes is supported)");
+  TITAN_CHECK(opt_string("end_of_word_suffix").empty(), where("end_of_word_suffix"),
+              ": unsupported (only byte-level BPE without word suffixes is supported)");
+  if (auto it = model.find("dropout"); it != model.end() && !it->is_null()) {
+    TITAN_CHECK(it->is_number() && it->get<double>() == 0.0, where("dropout"),
+                ": BPE dropout is not supported (encoding must be deterministic)");
+  }
+  std::string unk = opt_string("unk_token");
+  if (!unk.empty()) {
+    auto it = vocab_.find(unk);
+    TITAN_CHECK(it != vocab_.end(), where("unk_token"), ": '", unk, "' is not in the vocab");
+    unk_id_ = it->second;
+  }
+  fuse_unk_ = opt_bool("fuse_unk");
+  byte_fallback_ = opt_bool("byte_fallback");
+  ignore_merges_ = opt_bool("ignore_merges");
+
+  const auto& merges = model.at("merges");
+  TITAN_CHECK(merges.is_array(), where("merges"), ": expected an array");
+  size_t cap = 16;
+  while (cap < merges.size() * 2) cap <<= 1;
+  merges_.assign(cap, MergeSlot{kEmpty, 0, 0});
+  std::string joined;
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    const auto& m = merges[rank];
+    std::string_view a, b;
+    if (m.is_string()) {
+      const std::string& s = m.get_ref<const std::string&>();
+      size_t sp = s.find(' ');
+      TITAN_CHECK(sp != std::string::npos && s.find(' ', sp + 1) == std::string::npos, where("merges"), "[",
+                  rank, "]: expected \"left right\", got \"", s, "\"");
+      a = std::string_view(s).substr(0, sp);
+      b = std::string_view(s).substr(sp + 1);
+    } else {
+      TITAN_CHECK(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string(), where("merges"), "[",
+                  rank, "]: expected a pair of strings");
+      a = m[0].get_ref<const std::string&>();
+      b = m[1].get_ref<const std::string&>();
+    }
+    auto ia = vocab_.find(a), ib = vocab_.find(b);
+    TITAN_CHECK(ia != vocab_.end() && ib != vocab_.end(), where("merges"), "[", rank, "]: token '",
+                ia == vocab_.end() ? a : b, "' is not in the vocab");
+    joined.assign(a);
+    joined.append(b);
+    auto ij = vocab_.find(joined);
+    TITAN_CHECK(ij != vocab_.end(), where("merges"), "[", rank, "]: merged token '", joined, "' is not in the vocab");
+    add_merge(ia->second, ib->second, static_cast<int32_t>(rank), ij->second);
+  }
+  for (int b = 0; b < 256; ++b) {
+    auto it = vocab_.find(byte_level_char(static_cast<uint8_t>(b)));
+    byte_ids_[b] = it == vocab_.end() ? -1 : it->second;
+  }
+}
+
+std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
+  auto it = vocab_.find(token);
+  if (it == vocab_.end()) return std::nullopt;
+  return it->second;
+}
+
+const std::string* BpeModel::id_to_token(int32_t id) const {
+  if (id < 0 || id >= static_cast<int32_t>(id_to_token_.size())) return nullptr;
+  if (id_to_token_[id].empty() && !vocab_.count(std::string_view())) return nullptr;  // hole in the ids
+  return &id_to_token_[id];
+}
+
+// Initial symbols of a word: one per character (byte-level char when byte_level), with HF's
+// byte_fallback / unk handling for characters missing from the vocab.
+void BpeModel::initial_symbols(std::string_view word, bool byte_level, std::vector<int32_t>& syms) const {
+  syms.clear();
+  if (byte_level) {
+    bool all = true;
+    for (unsigned char c : word) {
+      int32_t id = byte_ids_[c];
+      if (id < 0) {
+        all = false;
+        break;
+      }
+      syms.push_back(id);
+    }
+    if (all) return;
+    syms.clear();
+  }
+  std::string mapped;
+  std::string_view text = word;
+  if (byte_level) {
+    mapped = to_byte_level(word);
+    text = mapped;
+  }
+  bool pending_unk = false;
+  for (size_t i = 0; i < text.size();) {
+    size_t start = i;
+    next_codepoint(text, i);
+    std::string_view ch = text.substr(start, i - start);
+    auto it = vocab_.find(ch);
+    if (it != vocab_.end()) {
+      if (pending_unk) syms.push_back(*unk_id_), pending_unk = false;
+      syms.push_back(it->second);
+      continue;
+    }
+    if (byte_fallback_) {
+      std::vector<int32_t> bytes;
+      for (unsigned char b : ch) {
+        char name[8];
+        std::snprintf(name, sizeof name, "<0x%02X>", b);
+        auto jt = vocab_.find(std::string_view(name));
+        if (jt == vocab_.end()) break;
+        bytes.push_back(jt->second);
+      }
+      if (bytes.size() == ch.size()) {
+        if (pending_unk) syms.push_back(*unk_id_), pending_unk = false;
+        syms.insert(syms.end(), bytes.begin(), bytes.end());
+        continue;
+      }
+    }
+    if (unk_id_) {
+      if (pending_unk && !fuse_unk_) syms.push_back(*unk_id_);
+      pending_unk = true;
+    }
+  }
+  if (pending_unk) syms.push_back(*unk_id_);
+}
+
+// Applies merges lowest rank first (leftmost among equal ranks), exactly like HF's Word::merge_all.
+void BpeModel::merge_symbols(std::vector<int32_t>& syms) const {
+  const size_t n = syms.size();
+  if (n < 2) return;
+  if (n <= 48) {
+    // Short words: a linear scan per merge beats heap bookkeeping.
+    size_t len = n;
+    while (len >= 2) {
+      int32_t best_rank = INT32_MAX, best_id = 0;
+      size_t best = SIZE_MAX;
+      for (size_t i = 0; i + 1 < len; ++i) {
+        const MergeSlot* m = find_merge(syms[i], syms[i + 1]);
+        if (m && m->rank < best_rank) best_rank = m->rank, best_id = m->merged, best = i;
+      }
+      if (best == SIZE_MAX) break;
+      syms[best] = best_id;
+      std::copy(syms.begin() + best + 2, syms.begin() + len, syms.begin() + best + 1);
+      --len;
+    }
+    syms.resize(len);
+    return;
+  }
+  // Long words: a doubly linked list of symbols and a min-heap of candidate merges.
+  std::vector<int32_t> prev(n), next(n);
+  std::vector<uint8_t> alive(n, 1);
+  for (size_t i = 0; i < n; ++i) prev[i] = static_cast<int32_t>(i) - 1, next[i] = i + 1 < n ? i + 1 : -1;
+  struct Cand {
+    int32_t rank, pos, left, right;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+  auto push = [&](int32_t pos) {
+    if (pos < 0 || next[pos] < 0) return;
+    if (const MergeSlot* m = find_merge(syms[pos], syms[next[pos]])) heap.push({m->rank, pos, syms[pos], syms[next[pos]]});
+  };
+  for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
+  while (!heap.empty()) {
+    Cand c = heap.top();
+    heap.pop();
+    if (!alive[c.pos] || next[c.pos] < 0) continue;
+    int32_t r = next[c.pos];
+    if (syms[c.pos] != c.left || syms[r] != c.right) continue;  // stale candidate
+    syms[c.pos] = find_merge(c.left, c.right)->merged;
+    alive[r] = 0;
+    next[c.pos] = next[r];
+    if (next[r] >= 0) prev[next[r]] = c.pos;
+    push(prev[c.pos]);
+    push(c.pos);
+  }
+  size_t k = 0;
+  for (int32_t i = 0; i >= 0; i = next[i]) syms[k++] = syms[i];
+  syms.resize(k);
+}
+
+void BpeModel::encode_word(std::string_view word, bool byte_level, std::vector<int32_t>& out) const {
+  if (word.empty()) return;
+  if (byte_level && word.size() == 1 && byte_ids_[static_cast<unsigned char>(word[0])] >= 0) {
+    out.push_back(byte_ids_[static_cast<unsigned char>(word[0])]);
+    return;
+  }
+  WordCache& cache = t_cache;
+  if (cache.owner != instance_) cache.reset(instance_);
+  const bool cacheable = word.size() <= WordCache::kMaxWordBytes;
+  if (cacheable) {
+    auto it = cache.map.find(word);
+    if (it != cache.map.end()) {
+      out.insert(out.end(), cache.ids.begin() + it->second.first,
+                 cache.ids.begin() + it->second.first + it->second.second);
+      return;
+    }
+  }
+  std::vector<int32_t>& syms = t_syms;
+  bool whole = false;
+  if (ignore_merges_) {
+    // Words already in the vocab are emitted whole (Llama-3 style ignore_merges).
+    auto it = byte_level ? vocab_.find(to_byte_level(word)) : vocab_.find(word);
+    if (it != vocab_.end()) syms.assign(1, it->second), whole = true;
+  }
+  if (!whole) {
+    initial_symbols(word, byte_level, syms);
+    merge_symbols(syms);
+  }
+  out.insert(out.end(), syms.begin(), syms.end());
+  if (cacheable) {
+    if (cache.map.size() >= WordCache::kMaxWords) cache.reset(instance_);
+    cache.map.emplace(std::string(word), std::make_pair(static_cast<uint32_t>(cache.ids.size()),
+                                                       static_cast<uint32_t>(syms.size())));
+    cache.ids.insert(cache.ids.end(), syms.begin(), syms.end());
+  }
+}
+
+}  // namespace titan::tok
