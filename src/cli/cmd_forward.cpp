@@ -1,0 +1,47 @@
+// titan forward --model DIR --input in.json --output out.safetensors [--grads] [--steps K --lr X
+//               --weight-decay W --max-norm M] [--dtype f32|bf16] [--kernel op=impl ...]
+#include <CLI/CLI.hpp>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "train/forward_tool.h"
+
+namespace {
+
+int forward_main(int argc, char** argv) {
+  titan::ForwardToolOptions o;
+  std::string dtype = "f32";
+  std::vector<std::string> kernels;
+  CLI::App app{"Logits, loss, gradients and AdamW steps of an HF Qwen3 model on a batch, as safetensors",
+               "titan forward"};
+  app.add_option("--model", o.model_dir, "HF model directory (config.json + safetensors)")->required();
+  app.add_option("--input", o.input_path, "JSON {\"input_ids\": [[...]], \"labels\": [[...]]}")->required();
+  app.add_option("--output", o.output_path, "output .safetensors")->required();
+  app.add_flag("--grads", o.grads, "also write grad.<HF name> for every parameter");
+  app.add_option("--steps", o.steps, "AdamW steps on the batch (writes losses and param.<HF name>)");
+  app.add_option("--lr", o.lr, "learning rate")->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
+  app.add_option("--beta1", o.beta1)->capture_default_str();
+  app.add_option("--beta2", o.beta2)->capture_default_str();
+  app.add_option("--eps", o.eps)->capture_default_str();
+  app.add_option("--max-norm", o.max_norm, "clip gradients to this global norm (0: off)");
+  app.add_option("--dtype", dtype, "compute dtype: f32 or bf16")->capture_default_str();
+  app.add_option("--kernel", kernels, "kernel override op=impl (e.g. attention=reference)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  o.dtype = titan::parse_dtype(dtype);
+  for (auto& k : kernels) {
+    auto eq = k.find('=');
+    TITAN_CHECK(eq != std::string::npos, "--kernel expects op=impl, got '", k, "'");
+    o.kernels[k.substr(0, eq)] = k.substr(eq + 1);
+  }
+  titan::run_forward_tool(o);
+  return 0;
+}
+
+}  // namespace
+
+TITAN_COMMAND("forward", "logits / loss / gradients / AdamW steps of a model on given ids", forward_main);

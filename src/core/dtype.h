@@ -1,0 +1,35 @@
+// Element types. Compute is f32; bf16 is a storage/compute option; i32 holds token ids.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace titan {
+
+enum class DType : uint8_t { F32, BF16, I32 };
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);          // "f32", "bf16", "i32"
+const char* dtype_safetensors(DType t);   // "F32", "BF16", "I32"
+DType parse_dtype(std::string_view name);  // accepts f32/float32/bf16/bfloat16; throws otherwise
+
+// bfloat16 <-> float. Rounds to nearest even (as torch's .to(torch.bfloat16)); NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// IEEE half -> float (for reading F16 checkpoints).
+float f16_to_f32(uint16_t h);
+
+}  // namespace titan

@@ -1,0 +1,298 @@
+// Fast CPU kernels: BLAS (OpenBLAS, OpenMP build) for GEMMs, OpenMP + vectorisable loops elsewhere.
+// Same math and conventions as kernels_reference.cpp (forward overwrites, backward accumulates).
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "kernels/registry.h"
+
+namespace titan {
+namespace {
+
+void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t C, int64_t OC) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, 0.0f, out, OC);
+}
+
+void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t N,
+                     int64_t C, int64_t OC) {
+  if (dinp) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
+  if (dw) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
+                     float eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = inp + n * C;
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t c = 0; c < C; ++c) ss += x[c] * x[c];
+    const float r = 1.0f / std::sqrt(ss / (float)C + eps);
+    rstd[n] = r;
+    float* y = out + n * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) y[c] = w[c] * (x[c] * r);
+  }
+}
+
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                      const float* rstd, int64_t N, int64_t C) {
+  const int nt = omp_get_max_threads();
+  // Per-thread partial weight gradients, reduced at the end (deterministic for a fixed thread count).
+  std::vector<float> partial(dw ? (size_t)nt * C : 0, 0.0f);
+#pragma omp parallel
+  {
+    const int tid = omp_get_thread_num();
+    float* pdw = dw ? partial.data() + (size_t)tid * C : nullptr;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = inp + n * C;
+      const float* dy = dout + n * C;
+      const float r = rstd[n];
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t c = 0; c < C; ++c) dot += dy[c] * w[c] * x[c];
+      const float k = r * r * r * dot / (float)C;
+      float* dx = dinp + n * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) dx[c] += r * dy[c] * w[c] - x[c] * k;
+      if (pdw) {
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) pdw[c] += dy[c] * x[c] * r;
+      }
+    }
+  }
+  if (dw)
+    for (int t = 0; t < nt; ++t)
+      for (int64_t c = 0; c < C; ++c) dw[c] += partial[(size_t)t * C + c];
+}
+
+void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int64_t N, int64_t T,
+                  int64_t nh, int64_t hd) {
+  const int64_t half = hd / 2;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < nh; ++h) {
+      const float* x = inp + (n * nh + h) * hd;
+      float* y = out + (n * nh + h) * hd;
+      const float* c = cos + (n % T) * half;
+      const float* s = sin + (n % T) * half;
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = x[i], x2 = x[i + half];
+        y[i] = x1 * c[i] - x2 * s[i];
+        y[i + half] = x2 * c[i] + x1 * s[i];
+      }
+    }
+}
+
+void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int64_t N, int64_t T,
+                   int64_t nh, int64_t hd) {
+  const int64_t half = hd / 2;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < nh; ++h) {
+      const float* dy = dout + (n * nh + h) * hd;
+      float* dx = dinp + (n * nh + h) * hd;
+      const float* c = cos + (n % T) * half;
+      const float* s = sin + (n % T) * half;
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {
+        const float d1 = dy[i], d2 = dy[i + half];
+        dx[i] += d1 * c[i] + d2 * s[i];
+        dx[i + half] += d2 * c[i] - d1 * s[i];
+      }
+    }
+}
+
+// One (batch, kv head) group per task so the dK/dV accumulation of the group's query heads never races.
+// Inside a task BLAS runs single-threaded (OpenBLAS detects the enclosing OpenMP region).
+void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v, int64_t B,
+                       int64_t T, int64_t nH, int64_t nKV, int64_t hd) {
+  const int64_t rep = nH / nKV;
+  const float scale = 1.0f / std::sqrt((float)hd);
+  const int64_t ldq = nH * hd, ldk = nKV * hd;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < nH; ++h) {
+      const int64_t kh = h / rep;
+      const float* qb = q + b * T * ldq + h * hd;
+      const float* kb = k + b * T * ldk + kh * hd;
+      const float* vb = v + b * T * ldk + kh * hd;
+      float* p = probs + (b * nH + h) * T * T;
+      // S = scale * Q K^T (only the lower triangle is used)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, qb, ldq, kb, ldk, 0.0f, p, T);
+      for (int64_t i = 0; i < T; ++i) {
+        float* row = p + i * T;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+        float sum = 0.0f;
+        for (int64_t j = 0; j <= i; ++j) sum += (row[j] = std::exp(row[j] - mx));
+        const float inv = 1.0f / sum;
+        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+        for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, vb, ldk, 0.0f,
+                  out + b * T * ldq + h * hd, ldq);
+    }
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                        const float* v, const float* probs, int64_t B, int64_t T, int64_t nH, int64_t nKV,
+                        int64_t hd) {
+  const int64_t rep = nH / nKV;
+  const float scale = 1.0f / std::sqrt((float)hd);
+  const int64_t ldq = nH * hd, ldk = nKV * hd;
+#pragma omp parallel
+  {
+    std::vector<float> ds((size_t)T * T);
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t kh = 0; kh < nKV; ++kh)
+        for (int64_t h = kh * rep; h < (kh + 1) * rep; ++h) {
+          const float* p = probs + (b * nH + h) * T * T;
+          const float* dob = dout + b * T * ldq + h * hd;
+          const float* qb = q + b * T * ldq + h * hd;
+          const float* kb = k + b * T * ldk + kh * hd;
+          const float* vb = v + b * T * ldk + kh * hd;
+          // dV += P^T dO
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, dob, ldq, 1.0f,
+                      dv + b * T * ldk + kh * hd, ldk);
+          // dP = dO V^T
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dob, ldq, vb, ldk, 0.0f,
+                      ds.data(), T);
+          for (int64_t i = 0; i < T; ++i) {
+            const float* pr = p + i * T;
+            float* dr = ds.data() + i * T;
+            float dot = 0.0f;
+            for (int64_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+            for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+            for (int64_t j = i + 1; j < T; ++j) dr[j] = 0.0f;
+          }
+          // dQ += dS K;  dK += dS^T Q
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, ds.data(), T, kb, ldk, 1.0f,
+                      dq + b * T * ldq + h * hd, ldq);
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, ds.data(), T, qb, ldq, 1.0f,
+                      dk + b * T * ldk + kh * hd, ldk);
+        }
+  }
+}
+
+void swiglu_forward(float* out, const float* gu, int64_t N, int64_t I) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* g = gu + n * 2 * I;
+    const float* u = g + I;
+    float* y = out + n * I;
+#pragma omp simd
+    for (int64_t i = 0; i < I; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
+}
+
+void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int64_t I) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* g = gu + n * 2 * I;
+    const float* u = g + I;
+    const float* dy = dout + n * I;
+    float* dg = dgu + n * 2 * I;
+    float* du = dg + I;
+#pragma omp simd
+    for (int64_t i = 0; i < I; ++i) {
+      const float s = 1.0f / (1.0f + std::exp(-g[i]));
+      dg[i] += dy[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+      du[i] += dy[i] * g[i] * s;
+    }
+  }
+}
+
+void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) std::copy_n(table + (int64_t)ids[n] * C, C, out + n * C);
+}
+
+// Parallel over columns so rows hit by repeated ids never race; order per element is fixed (deterministic).
+void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C, int64_t V) {
+  const int nt = omp_get_max_threads();
+#pragma omp parallel num_threads(nt)
+  {
+    const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+    const int64_t c0 = C * tid / nth, c1 = C * (tid + 1) / nth;
+    for (int64_t n = 0; n < N; ++n) {
+      float* d = dtable + (int64_t)ids[n] * C;
+      const float* g = dout + n * C;
+      for (int64_t c = c0; c < c1; ++c) d[c] += g[c];
+    }
+  }
+}
+
+double cross_entropy(float* logits, const int32_t* targets, int64_t N, int64_t V, float grad_scale,
+                     bool compute_grad) {
+  double total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+  for (int64_t n = 0; n < N; ++n) {
+    float* x = logits + n * V;
+    const int32_t t = targets[n];
+    if (t < 0) {
+      if (compute_grad) std::fill_n(x, V, 0.0f);
+      continue;
+    }
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, x[j]);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(x[j] - mx);
+    const float lse = mx + std::log(sum);
+    total += (double)(lse - x[t]);
+    if (compute_grad) {
+#pragma omp simd
+      for (int64_t j = 0; j < V; ++j) x[j] = grad_scale * std::exp(x[j] - lse);
+      x[t] -= grad_scale;
+    }
+  }
+  return total;
+}
+
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+                float eps, float wd, int64_t step) {
+  const double bc1 = 1.0 - std::pow((double)beta1, (double)step);
+  const double bc2 = 1.0 - std::pow((double)beta2, (double)step);
+  const float decay = (float)(1.0 - (double)lr * wd);
+  const float step_size = (float)(lr / bc1);
+  const float bc2_sqrt = (float)std::sqrt(bc2);
+  const float one_minus_b1 = 1.0f - beta1, one_minus_b2 = 1.0f - beta2;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    const float mi = m[i] + one_minus_b1 * (gi - m[i]);
+    const float vi = v[i] * beta2 + one_minus_b2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * decay - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
+  }
+}
+
+const MatmulKernels kMatmul{matmul_forward, matmul_backward};
+const RmsNormKernels kRmsNorm{rmsnorm_forward, rmsnorm_backward};
+const RopeKernels kRope{rope_forward, rope_backward};
+const AttentionKernels kAttention{attention_forward, attention_backward};
+const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward};
+const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
+const CrossEntropyKernels kCrossEntropy{cross_entropy};
+const AdamWKernels kAdamW{adamw_step};
+
+TITAN_REGISTER_KERNEL(MatmulKernels, CPU, "blas", kMatmul, 10);
+TITAN_REGISTER_KERNEL(RmsNormKernels, CPU, "fast", kRmsNorm, 10);
+TITAN_REGISTER_KERNEL(RopeKernels, CPU, "fast", kRope, 10);
+TITAN_REGISTER_KERNEL(AttentionKernels, CPU, "blas", kAttention, 10);
+TITAN_REGISTER_KERNEL(SwigluKernels, CPU, "fast", kSwiglu, 10);
+TITAN_REGISTER_KERNEL(EmbeddingKernels, CPU, "fast", kEmbedding, 10);
+TITAN_REGISTER_KERNEL(CrossEntropyKernels, CPU, "fast", kCrossEntropy, 10);
+TITAN_REGISTER_KERNEL(AdamWKernels, CPU, "fast", kAdamW, 10);
+
+}  // namespace
+}  // namespace titan

@@ -1,0 +1,254 @@
+// Reference CPU kernels: plain loops that follow the math line by line, with double accumulators.
+// They are the oracle every other implementation is tested against; speed is not a goal here.
+#include <cmath>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "kernels/registry.h"
+
+namespace titan {
+namespace {
+
+void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t C, int64_t OC) {
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OC; ++o) {
+      double acc = 0;
+      for (int64_t c = 0; c < C; ++c) acc += (double)inp[n * C + c] * w[o * C + c];
+      out[n * OC + o] = (float)acc;
+    }
+}
+
+void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t N,
+                     int64_t C, int64_t OC) {
+  if (dinp)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c) {
+        double acc = 0;
+        for (int64_t o = 0; o < OC; ++o) acc += (double)dout[n * OC + o] * w[o * C + c];
+        dinp[n * C + c] += (float)acc;
+      }
+  if (dw)
+    for (int64_t o = 0; o < OC; ++o)
+      for (int64_t c = 0; c < C; ++c) {
+        double acc = 0;
+        for (int64_t n = 0; n < N; ++n) acc += (double)dout[n * OC + o] * inp[n * C + c];
+        dw[o * C + c] += (float)acc;
+      }
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
+                     float eps) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = inp + n * C;
+    double ss = 0;
+    for (int64_t c = 0; c < C; ++c) ss += (double)x[c] * x[c];
+    float r = 1.0f / std::sqrt((float)(ss / C) + eps);
+    rstd[n] = r;
+    for (int64_t c = 0; c < C; ++c) out[n * C + c] = w[c] * (x[c] * r);
+  }
+}
+
+// y = w * x * r with r = (mean(x^2) + eps)^-1/2:
+// dx = r * (dy*w) - x * r^3 / C * sum(dy*w*x);   dw += dy * x * r
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                      const float* rstd, int64_t N, int64_t C) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = inp + n * C;
+    const float* dy = dout + n * C;
+    double r = rstd[n], dot = 0;
+    for (int64_t c = 0; c < C; ++c) dot += (double)dy[c] * w[c] * x[c];
+    for (int64_t c = 0; c < C; ++c) {
+      dinp[n * C + c] += (float)(r * dy[c] * w[c] - x[c] * r * r * r * dot / C);
+      if (dw) dw[c] += (float)(dy[c] * (double)x[c] * r);
+    }
+  }
+}
+
+void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int64_t N, int64_t T,
+                  int64_t nh, int64_t hd) {
+  const int64_t half = hd / 2;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < nh; ++h) {
+      const float* x = inp + (n * nh + h) * hd;
+      float* y = out + (n * nh + h) * hd;
+      const float* c = cos + (n % T) * half;
+      const float* s = sin + (n % T) * half;
+      for (int64_t i = 0; i < half; ++i) {
+        y[i] = x[i] * c[i] - x[i + half] * s[i];
+        y[i + half] = x[i + half] * c[i] + x[i] * s[i];
+      }
+    }
+}
+
+void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int64_t N, int64_t T,
+                   int64_t nh, int64_t hd) {
+  const int64_t half = hd / 2;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < nh; ++h) {
+      const float* dy = dout + (n * nh + h) * hd;
+      float* dx = dinp + (n * nh + h) * hd;
+      const float* c = cos + (n % T) * half;
+      const float* s = sin + (n % T) * half;
+      for (int64_t i = 0; i < half; ++i) {
+        dx[i] += dy[i] * c[i] + dy[i + half] * s[i];
+        dx[i + half] += -dy[i] * s[i] + dy[i + half] * c[i];
+      }
+    }
+}
+
+void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v, int64_t B,
+                       int64_t T, int64_t nH, int64_t nKV, int64_t hd) {
+  const int64_t rep = nH / nKV;
+  const double scale = 1.0 / std::sqrt((double)hd);
+  std::vector<double> row(T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < nH; ++h) {
+      const int64_t kh = h / rep;
+      for (int64_t i = 0; i < T; ++i) {
+        const float* qi = q + ((b * T + i) * nH + h) * hd;
+        double mx = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          const float* kj = k + ((b * T + j) * nKV + kh) * hd;
+          double s = 0;
+          for (int64_t d = 0; d < hd; ++d) s += (double)qi[d] * kj[d];
+          row[j] = s * scale;
+          mx = std::max(mx, row[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= i; ++j) sum += (row[j] = std::exp(row[j] - mx));
+        float* p = probs + ((b * nH + h) * T + i) * T;
+        for (int64_t j = 0; j < T; ++j) p[j] = j <= i ? (float)(row[j] / sum) : 0.0f;
+        float* o = out + ((b * T + i) * nH + h) * hd;
+        for (int64_t d = 0; d < hd; ++d) {
+          double acc = 0;
+          for (int64_t j = 0; j <= i; ++j) acc += (double)p[j] * v[((b * T + j) * nKV + kh) * hd + d];
+          o[d] = (float)acc;
+        }
+      }
+    }
+}
+
+// dP = dO V^T;  dV += P^T dO;  dS = P * (dP - sum_j P dP);  dQ += scale dS K;  dK += scale dS^T Q
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                        const float* v, const float* probs, int64_t B, int64_t T, int64_t nH, int64_t nKV,
+                        int64_t hd) {
+  const int64_t rep = nH / nKV;
+  const double scale = 1.0 / std::sqrt((double)hd);
+  std::vector<double> dp(T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < nH; ++h) {
+      const int64_t kh = h / rep;
+      for (int64_t i = 0; i < T; ++i) {
+        const float* p = probs + ((b * nH + h) * T + i) * T;
+        const float* doi = dout + ((b * T + i) * nH + h) * hd;
+        double dot = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          const float* vj = v + ((b * T + j) * nKV + kh) * hd;
+          double s = 0;
+          for (int64_t d = 0; d < hd; ++d) s += (double)doi[d] * vj[d];
+          dp[j] = s;
+          dot += s * p[j];
+          float* dvj = dv + ((b * T + j) * nKV + kh) * hd;
+          for (int64_t d = 0; d < hd; ++d) dvj[d] += (float)((double)p[j] * doi[d]);
+        }
+        const float* qi = q + ((b * T + i) * nH + h) * hd;
+        float* dqi = dq + ((b * T + i) * nH + h) * hd;
+        for (int64_t j = 0; j <= i; ++j) {
+          double ds = p[j] * (dp[j] - dot) * scale;
+          const float* kj = k + ((b * T + j) * nKV + kh) * hd;
+          float* dkj = dk + ((b * T + j) * nKV + kh) * hd;
+          for (int64_t d = 0; d < hd; ++d) {
+            dqi[d] += (float)(ds * kj[d]);
+            dkj[d] += (float)(ds * qi[d]);
+          }
+        }
+      }
+    }
+}
+
+double silu(double x) { return x / (1.0 + std::exp(-x)); }
+
+void swiglu_forward(float* out, const float* gu, int64_t N, int64_t I) {
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < I; ++i) out[n * I + i] = (float)(silu(gu[n * 2 * I + i]) * gu[n * 2 * I + I + i]);
+}
+
+// d/dg silu(g) = s(g) * (1 + g * (1 - s(g))), s = sigmoid
+void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int64_t I) {
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < I; ++i) {
+      double g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i], dy = dout[n * I + i];
+      double s = 1.0 / (1.0 + std::exp(-g));
+      dgu[n * 2 * I + i] += (float)(dy * u * s * (1.0 + g * (1.0 - s)));
+      dgu[n * 2 * I + I + i] += (float)(dy * g * s);
+    }
+}
+
+void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) out[n * C + c] = table[(int64_t)ids[n] * C + c];
+}
+
+void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C, int64_t V) {
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) dtable[(int64_t)ids[n] * C + c] += dout[n * C + c];
+}
+
+double cross_entropy(float* logits, const int32_t* targets, int64_t N, int64_t V, float grad_scale,
+                     bool compute_grad) {
+  double total = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    float* x = logits + n * V;
+    if (targets[n] < 0) {
+      if (compute_grad)
+        for (int64_t j = 0; j < V; ++j) x[j] = 0.0f;
+      continue;
+    }
+    double mx = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, (double)x[j]);
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(x[j] - mx);
+    double lse = mx + std::log(sum);
+    total += lse - x[targets[n]];
+    if (compute_grad)
+      for (int64_t j = 0; j < V; ++j)
+        x[j] = (float)(grad_scale * (std::exp(x[j] - lse) - (j == targets[n] ? 1.0 : 0.0)));
+  }
+  return total;
+}
+
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+                float eps, float wd, int64_t step) {
+  const double bc1 = 1.0 - std::pow((double)beta1, (double)step);
+  const double bc2 = 1.0 - std::pow((double)beta2, (double)step);
+  const float decay = (float)(1.0 - (double)lr * wd);
+  const float step_size = (float)(lr / bc1);
+  const float bc2_sqrt = (float)std::sqrt(bc2);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] *= decay;
+    m[i] += (1.0f - beta1) * (g[i] - m[i]);
+    v[i] = v[i] * beta2 + (1.0f - beta2) * g[i] * g[i];
+    float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+    p[i] += -step_size * (m[i] / denom);
+  }
+}
+
+const MatmulKernels kMatmul{matmul_forward, matmul_backward};
+const RmsNormKernels kRmsNorm{rmsnorm_forward, rmsnorm_backward};
+const RopeKernels kRope{rope_forward, rope_backward};
+const AttentionKernels kAttention{attention_forward, attention_backward};
+const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward};
+const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
+const CrossEntropyKernels kCrossEntropy{cross_entropy};
+const AdamWKernels kAdamW{adamw_step};
+
+TITAN_REGISTER_KERNEL(MatmulKernels, CPU, "reference", kMatmul, 0);
+TITAN_REGISTER_KERNEL(RmsNormKernels, CPU, "reference", kRmsNorm, 0);
+TITAN_REGISTER_KERNEL(RopeKernels, CPU, "reference", kRope, 0);
+TITAN_REGISTER_KERNEL(AttentionKernels, CPU, "reference", kAttention, 0);
+TITAN_REGISTER_KERNEL(SwigluKernels, CPU, "reference", kSwiglu, 0);
+TITAN_REGISTER_KERNEL(EmbeddingKernels, CPU, "reference", kEmbedding, 0);
+TITAN_REGISTER_KERNEL(CrossEntropyKernels, CPU, "reference", kCrossEntropy, 0);
+TITAN_REGISTER_KERNEL(AdamWKernels, CPU, "reference", kAdamW, 0);
+
+}  // namespace
+}  // namespace titan

@@ -1,0 +1,59 @@
+// Device registry (like ggml-backend / PyTorch PrivateUse1): each device registers an allocator and
+// its kernels at start-up. Nothing outside src/device/ knows which device it runs on.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace titan {
+
+enum class DeviceType : uint8_t { CPU = 0, CUDA = 1 };
+constexpr int kNumDeviceTypes = 2;
+const char* device_type_name(DeviceType t);
+
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int index = 0;
+  static Device cpu() { return {}; }
+  std::string str() const;
+  bool operator==(const Device&) const = default;
+};
+
+// Allocation statistics per device (bytes), for the trainer's memory metrics.
+struct AllocatorStats {
+  std::atomic<int64_t> current{0};
+  std::atomic<int64_t> peak{0};
+  std::atomic<int64_t> num_allocs{0};
+  void on_alloc(size_t n);
+  void on_free(size_t n);
+  void reset_peak() { peak.store(current.load()); }
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* allocate(size_t nbytes) = 0;
+  virtual void deallocate(void* ptr, size_t nbytes) = 0;
+  AllocatorStats stats;
+};
+
+// What a device provides to the core. Versioned so an out-of-tree device can check compatibility.
+struct DeviceInterface {
+  static constexpr int kVersion = 1;
+  int version = kVersion;
+  const char* name = "";
+  Allocator* allocator = nullptr;
+  // Copies between host memory and this device (CPU: memcpy).
+  void (*copy_to_host)(void* dst, const void* src, size_t n) = nullptr;
+  void (*copy_from_host)(void* dst, const void* src, size_t n) = nullptr;
+  int (*num_threads)() = nullptr;
+};
+
+// Registers `iface` for `type`; called from a static initializer in the device's own file.
+void register_device(DeviceType type, DeviceInterface* iface);
+// Throws titan::Error if the device type is not compiled in.
+DeviceInterface& device_interface(DeviceType type);
+bool device_available(DeviceType type);
+
+}  // namespace titan

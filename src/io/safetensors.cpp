@@ -1,0 +1,203 @@
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace titan {
+
+namespace {
+
+size_t stored_dtype_size(const std::string& dtype) {
+  static const std::map<std::string, size_t> sizes = {
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2},
+      {"I8", 1},  {"U8", 1},  {"U16", 2}, {"U32", 4},  {"U64", 8}, {"BOOL", 1}};
+  auto it = sizes.find(dtype);
+  return it == sizes.end() ? 0 : it->second;
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY);
+  TITAN_CHECK(fd_ >= 0, path, ": cannot open (", std::strerror(errno), ")");
+  struct stat st {};
+  if (fstat(fd_, &st) != 0) {
+    ::close(fd_);
+    fail(path, ": cannot stat (", std::strerror(errno), ")");
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  try {
+    TITAN_CHECK(size_ >= 8, path, ": truncated safetensors file (", size_, " bytes, need at least 8)");
+    map_ = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+    TITAN_CHECK(map_ != MAP_FAILED, path, ": mmap failed (", std::strerror(errno), ")");
+    const uint8_t* base = static_cast<const uint8_t*>(map_);
+    uint64_t header_len = 0;
+    std::memcpy(&header_len, base, 8);  // little-endian host assumed (x86-64, aarch64)
+    TITAN_CHECK(header_len <= size_ - 8, path, ": header length ", header_len, " runs past the end of the file (",
+                size_, " bytes)");
+    data_ = base + 8 + header_len;
+    const size_t data_size = size_ - 8 - header_len;
+
+    nlohmann::json header;
+    try {
+      header = nlohmann::json::parse(base + 8, base + 8 + header_len);
+    } catch (const nlohmann::json::exception& e) {
+      fail(path, ": header is not valid JSON (", e.what(), ")");
+    }
+    TITAN_CHECK(header.is_object(), path, ": header is not a JSON object");
+
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (auto& [name, info] : header.items()) {
+      if (name == "__metadata__") {
+        TITAN_CHECK(info.is_object(), path, ": __metadata__ is not an object");
+        for (auto& [k, v] : info.items())
+          metadata_[k] = v.is_string() ? v.get<std::string>() : v.dump();
+        continue;
+      }
+      TITAN_CHECK(info.is_object() && info.contains("dtype") && info.contains("shape") &&
+                      info.contains("data_offsets"),
+                  path, ": tensor '", name, "' needs dtype, shape and data_offsets");
+      SafetensorsEntry e;
+      TITAN_CHECK(info["dtype"].is_string(), path, ": tensor '", name, "': dtype is not a string");
+      e.dtype = info["dtype"].get<std::string>();
+      size_t esize = stored_dtype_size(e.dtype);
+      TITAN_CHECK(esize > 0, path, ": tensor '", name, "': unknown dtype '", e.dtype, "'");
+      TITAN_CHECK(info["shape"].is_array(), path, ": tensor '", name, "': shape is not an array");
+      for (auto& d : info["shape"]) {
+        TITAN_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, path, ": tensor '", name,
+                    "': bad shape ", info["shape"].dump());
+        e.shape.push_back(d.get<int64_t>());
+      }
+      auto& off = info["data_offsets"];
+      TITAN_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+                  path, ": tensor '", name, "': data_offsets must be two non-negative integers");
+      e.begin = off[0].get<size_t>();
+      e.end = off[1].get<size_t>();
+      TITAN_CHECK(e.begin <= e.end && e.end <= data_size, path, ": tensor '", name, "': data_offsets [",
+                  e.begin, ", ", e.end, ") out of range (data section is ", data_size, " bytes)");
+      TITAN_CHECK(e.end - e.begin == static_cast<size_t>(shape_numel(e.shape)) * esize, path, ": tensor '",
+                  name, "': ", e.end - e.begin, " bytes do not match shape ", shape_str(e.shape), " of ",
+                  e.dtype);
+      ranges.emplace_back(e.begin, e.end);
+      entries_[name] = std::move(e);
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i)
+      if (ranges[i].first < ranges[i - 1].second) {
+        std::string a, b;
+        for (auto& [n, e] : entries_) {
+          if (e.begin == ranges[i - 1].first && e.end == ranges[i - 1].second && a.empty()) a = n;
+          else if (e.begin == ranges[i].first && e.end == ranges[i].second) b = n;
+        }
+        fail(path, ": tensors '", a, "' and '", b, "' overlap in the data section");
+      }
+  } catch (...) {
+    if (map_ && map_ != MAP_FAILED) munmap(map_, size_);
+    ::close(fd_);
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ && map_ != MAP_FAILED) munmap(map_, size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
+  auto it = entries_.find(name);
+  TITAN_CHECK(it != entries_.end(), path_, ": no tensor '", name, "'");
+  return it->second;
+}
+
+Tensor SafetensorsFile::load(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  DType dt;
+  if (e.dtype == "F32" || e.dtype == "F16") dt = DType::F32;
+  else if (e.dtype == "BF16") dt = DType::BF16;
+  else if (e.dtype == "I32") dt = DType::I32;
+  else fail(path_, ": tensor '", name, "': dtype ", e.dtype, " cannot be loaded");
+  Tensor t = Tensor::empty(e.shape, dt);
+  read_into(name, t);
+  return t;
+}
+
+void SafetensorsFile::read_into(const std::string& name, Tensor& dst) const {
+  const SafetensorsEntry& e = entry(name);
+  TITAN_CHECK(e.shape == dst.shape(), path_, ": tensor '", name, "' has shape ", shape_str(e.shape),
+              ", expected ", shape_str(dst.shape()));
+  const uint8_t* src = bytes(e);
+  const int64_t n = dst.numel();
+  if (e.dtype == dtype_safetensors(dst.dtype())) {
+    std::memcpy(dst.raw(), src, dst.nbytes());
+  } else if (dst.dtype() == DType::F32 && e.dtype == "BF16") {
+    float* d = dst.data<float>();
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
+  } else if (dst.dtype() == DType::F32 && e.dtype == "F16") {
+    float* d = dst.data<float>();
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) d[i] = f16_to_f32(s[i]);
+  } else if (dst.dtype() == DType::BF16 && e.dtype == "F32") {
+    uint16_t* d = dst.data<uint16_t>();
+    const float* s = reinterpret_cast<const float*>(src);
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
+  } else {
+    fail(path_, ": tensor '", name, "': cannot convert ", e.dtype, " to ", dtype_name(dst.dtype()));
+  }
+}
+
+void atomic_rename(const std::string& tmp_path, const std::string& path) {
+  int fd = ::open(tmp_path.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+  if (std::rename(tmp_path.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    std::remove(tmp_path.c_str());
+    fail(path, ": cannot rename temporary file into place (", std::strerror(err), ")");
+  }
+}
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  size_t offset = 0;
+  for (auto& [name, t] : tensors) {
+    TITAN_CHECK(!header.contains(name), path, ": duplicate tensor name '", name, "'");
+    header[name] = {{"dtype", dtype_safetensors(t.dtype())},
+                    {"shape", t.shape()},
+                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');  // align the data section to 8 bytes
+  const uint64_t header_len = json.size();
+
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  TITAN_CHECK(f, path, ": cannot open for writing (", std::strerror(errno), ")");
+  bool ok = std::fwrite(&header_len, 8, 1, f) == 1 && std::fwrite(json.data(), 1, json.size(), f) == json.size();
+  for (auto& [name, t] : tensors)
+    if (ok && t.nbytes()) ok = std::fwrite(t.raw(), 1, t.nbytes(), f) == t.nbytes();
+  ok = (std::fflush(f) == 0) && ok;
+  std::fclose(f);
+  if (!ok) {
+    std::remove(tmp.c_str());
+    fail(path, ": write failed (", std::strerror(errno), ")");
+  }
+  atomic_rename(tmp, path);
+}
+
+}  // namespace titan

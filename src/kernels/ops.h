@@ -1,0 +1,80 @@
+// Function tables of the ops a model step needs. All buffers are contiguous, row-major, f32, on the
+// op's device. Convention: forward kernels overwrite their outputs; backward kernels ACCUMULATE (+=)
+// into every gradient they produce (input and parameter grads), so residual branches and gradient
+// accumulation need no extra adds. N = B*T rows.
+#pragma once
+#include <cstdint>
+
+namespace titan {
+
+// out = inp @ weight^T        inp (N,C), weight (OC,C), out (N,OC)
+// dinp += dout @ weight       dweight += dout^T @ inp      (dinp or dweight may be null: skipped)
+struct MatmulKernels {
+  static constexpr const char* kOp = "matmul";
+  void (*forward)(float* out, const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC);
+  void (*backward)(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                   int64_t N, int64_t C, int64_t OC);
+};
+
+// y = weight * (x * rsqrt(mean(x^2) + eps)), per row; rstd (N) saved for backward.
+// inp (N,C), weight (C), out (N,C)
+struct RmsNormKernels {
+  static constexpr const char* kOp = "rmsnorm";
+  void (*forward)(float* out, float* rstd, const float* inp, const float* weight, int64_t N, int64_t C,
+                  float eps);
+  void (*backward)(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                   const float* rstd, int64_t N, int64_t C);
+};
+
+// Rotate-half RoPE (NeoX layout, HF `rotate_half`) at position t = row % T.
+// x (N, nh, hd); cos, sin (T_max, hd/2) tables: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin.
+struct RopeKernels {
+  static constexpr const char* kOp = "rope";
+  void (*forward)(float* out, const float* inp, const float* cos, const float* sin, int64_t N, int64_t T,
+                  int64_t nh, int64_t hd);
+  void (*backward)(float* dinp, const float* dout, const float* cos, const float* sin, int64_t N, int64_t T,
+                   int64_t nh, int64_t hd);
+};
+
+// Causal GQA attention, scale = hd^-0.5; query head h reads kv head h / (nH / nKV).
+// q (B,T,nH,hd), k/v (B,T,nKV,hd), out (B,T,nH,hd), probs (B,nH,T,T) saved softmax (upper triangle 0).
+struct AttentionKernels {
+  static constexpr const char* kOp = "attention";
+  void (*forward)(float* out, float* probs, const float* q, const float* k, const float* v, int64_t B,
+                  int64_t T, int64_t nH, int64_t nKV, int64_t hd);
+  void (*backward)(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                   const float* v, const float* probs, int64_t B, int64_t T, int64_t nH, int64_t nKV,
+                   int64_t hd);
+};
+
+// SwiGLU on a fused gate|up row: out = silu(gu[:, :I]) * gu[:, I:].   gu (N,2I), out (N,I)
+struct SwigluKernels {
+  static constexpr const char* kOp = "swiglu";
+  void (*forward)(float* out, const float* gu, int64_t N, int64_t I);
+  void (*backward)(float* dgu, const float* dout, const float* gu, int64_t N, int64_t I);
+};
+
+// out[n] = table[ids[n]]     table (V,C), out (N,C); backward: dtable[ids[n]] += dout[n]
+struct EmbeddingKernels {
+  static constexpr const char* kOp = "embedding";
+  void (*forward)(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C);
+  void (*backward)(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C, int64_t V);
+};
+
+// Cross-entropy over rows with target >= 0 (ignore_index rows have target < 0), fused with its
+// gradient: losses[n] = logsumexp(logits[n]) - logits[n][t]; logits is overwritten in place with
+// grad_scale * (softmax - onehot) (0 for ignored rows). Returns the sum of losses (double).
+struct CrossEntropyKernels {
+  static constexpr const char* kOp = "cross_entropy";
+  double (*forward_backward)(float* logits, const int32_t* targets, int64_t N, int64_t V, float grad_scale,
+                             bool compute_grad);
+};
+
+// torch.optim.AdamW step on a flat buffer (decoupled weight decay, bias correction, eps after sqrt).
+struct AdamWKernels {
+  static constexpr const char* kOp = "adamw";
+  void (*step)(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+               float beta2, float eps, float weight_decay, int64_t step);
+};
+
+}  // namespace titan

@@ -1,0 +1,220 @@
+#include "models/qwen3/config.h"
+
+#include <fstream>
+#include <map>
+
+#include "core/error.h"
+
+namespace titan {
+
+int64_t Qwen3Config::params_per_layer() const {
+  const int64_t H = hidden_size;
+  return H * qkv_dim() + q_dim() * H + 2 * head_dim + 2 * H + 3 * H * intermediate_size;
+}
+
+int64_t Qwen3Config::num_params() const {
+  return num_hidden_layers * params_per_layer() + vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2) +
+         hidden_size;
+}
+
+double Qwen3Config::training_flops_per_token(int64_t seq_len) const {
+  // 6 FLOPs per GEMM weight (forward 2, backward 4) incl. lm_head; attention scores and values:
+  // 12 * layers * heads * head_dim * seq (torchtitan's get_dense_model_nparams_and_flops convention).
+  const double gemm_params = (double)num_hidden_layers * (hidden_size * qkv_dim() + q_dim() * hidden_size +
+                                                          3.0 * hidden_size * intermediate_size) +
+                             (double)vocab_size * hidden_size;
+  return 6.0 * gemm_params + 12.0 * num_hidden_layers * num_attention_heads * head_dim * (double)seq_len;
+}
+
+namespace {
+
+template <class T>
+T required(const nlohmann::json& j, const char* key, const std::string& path) {
+  TITAN_CHECK(j.contains(key) && !j[key].is_null(), path, ": missing required field '", key, "'");
+  try {
+    return j[key].get<T>();
+  } catch (const nlohmann::json::exception&) {
+    fail(path, ": field '", key, "' has the wrong type (", j[key].dump(), ")");
+  }
+}
+
+template <class T>
+T optional(const nlohmann::json& j, const char* key, T fallback, const std::string& path) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  try {
+    return j[key].get<T>();
+  } catch (const nlohmann::json::exception&) {
+    fail(path, ": field '", key, "' has the wrong type (", j[key].dump(), ")");
+  }
+}
+
+int64_t first_token_id(const nlohmann::json& j, const char* key, int64_t fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (j[key].is_array()) return j[key].empty() ? fallback : j[key][0].get<int64_t>();
+  return j[key].get<int64_t>();
+}
+
+}  // namespace
+
+Qwen3Config Qwen3Config::from_hf_json(const nlohmann::json& j, const std::string& path) {
+  TITAN_CHECK(j.is_object(), path, ": not a JSON object");
+  if (j.contains("model_type")) {
+    auto mt = j["model_type"].get<std::string>();
+    TITAN_CHECK(mt == "qwen3", path, ": model_type '", mt, "' is not supported here (expected 'qwen3')");
+  }
+  Qwen3Config c;
+  c.vocab_size = required<int64_t>(j, "vocab_size", path);
+  c.hidden_size = required<int64_t>(j, "hidden_size", path);
+  c.intermediate_size = required<int64_t>(j, "intermediate_size", path);
+  c.num_hidden_layers = required<int64_t>(j, "num_hidden_layers", path);
+  c.num_attention_heads = required<int64_t>(j, "num_attention_heads", path);
+  c.num_key_value_heads = optional<int64_t>(j, "num_key_value_heads", c.num_attention_heads, path);
+  TITAN_CHECK(c.num_attention_heads > 0, path, ": num_attention_heads must be positive");
+  c.head_dim = optional<int64_t>(j, "head_dim", c.hidden_size / c.num_attention_heads, path);
+  c.rms_norm_eps = optional<double>(j, "rms_norm_eps", 1e-6, path);
+  // rope_theta (transformers v4) or rope_parameters.rope_theta (v5); HF's default base is 10000.
+  c.rope_theta = 10000.0;
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
+    auto& rp = j["rope_parameters"];
+    std::string type = rp.value("rope_type", rp.value("type", std::string("default")));
+    TITAN_CHECK(type == "default", path, ": rope_parameters.rope_type '", type,
+                "' is not supported (only 'default')");
+    c.rope_theta = optional<double>(rp, "rope_theta", c.rope_theta, path);
+  }
+  c.rope_theta = optional<double>(j, "rope_theta", c.rope_theta, path);
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    auto& rs = j["rope_scaling"];
+    std::string type = rs.value("rope_type", rs.value("type", std::string("default")));
+    TITAN_CHECK(type == "default", path, ": rope_scaling type '", type, "' is not supported (only 'default')");
+  }
+  TITAN_CHECK(!optional<bool>(j, "use_sliding_window", false, path), path,
+              ": use_sliding_window=true is not supported");
+  TITAN_CHECK(!optional<bool>(j, "attention_bias", false, path), path, ": attention_bias=true is not supported");
+  std::string act = optional<std::string>(j, "hidden_act", "silu", path);
+  TITAN_CHECK(act == "silu", path, ": hidden_act '", act, "' is not supported (only 'silu')");
+  c.tie_word_embeddings = optional<bool>(j, "tie_word_embeddings", false, path);
+  c.max_position_embeddings = optional<int64_t>(j, "max_position_embeddings", 32768, path);
+  c.initializer_range = optional<double>(j, "initializer_range", 0.02, path);
+  c.bos_token_id = first_token_id(j, "bos_token_id", 151643);
+  c.eos_token_id = first_token_id(j, "eos_token_id", 151645);
+  c.validate(path);
+  return c;
+}
+
+Qwen3Config Qwen3Config::from_hf_file(const std::string& path) {
+  std::ifstream f(path);
+  TITAN_CHECK(f, path, ": cannot open");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, ": not valid JSON (", e.what(), ")");
+  }
+  return from_hf_json(j, path);
+}
+
+void Qwen3Config::validate(const std::string& where) const {
+  auto positive = [&](int64_t v, const char* name) { TITAN_CHECK(v > 0, where, ": ", name, " must be positive, got ", v); };
+  positive(vocab_size, "vocab_size");
+  positive(hidden_size, "hidden_size");
+  positive(intermediate_size, "intermediate_size");
+  positive(num_hidden_layers, "num_hidden_layers");
+  positive(num_attention_heads, "num_attention_heads");
+  positive(num_key_value_heads, "num_key_value_heads");
+  positive(head_dim, "head_dim");
+  TITAN_CHECK(num_attention_heads % num_key_value_heads == 0, where, ": num_attention_heads (",
+              num_attention_heads, ") must be a multiple of num_key_value_heads (", num_key_value_heads, ")");
+  TITAN_CHECK(head_dim % 2 == 0, where, ": head_dim must be even for rotary embeddings, got ", head_dim);
+  TITAN_CHECK(rms_norm_eps > 0, where, ": rms_norm_eps must be positive");
+  TITAN_CHECK(rope_theta > 0, where, ": rope_theta must be positive");
+}
+
+nlohmann::ordered_json Qwen3Config::to_hf_json(const std::string& torch_dtype) const {
+  nlohmann::ordered_json j;
+  j["architectures"] = {"Qwen3ForCausalLM"};
+  j["model_type"] = "qwen3";
+  j["attention_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  j["bos_token_id"] = bos_token_id;
+  j["eos_token_id"] = eos_token_id;
+  j["head_dim"] = head_dim;
+  j["hidden_act"] = "silu";
+  j["hidden_size"] = hidden_size;
+  j["initializer_range"] = initializer_range;
+  j["intermediate_size"] = intermediate_size;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["max_window_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["rope_scaling"] = nullptr;
+  j["rope_theta"] = rope_theta;
+  j["sliding_window"] = nullptr;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["torch_dtype"] = torch_dtype;
+  j["use_cache"] = true;
+  j["use_sliding_window"] = false;
+  j["vocab_size"] = vocab_size;
+  return j;
+}
+
+namespace {
+struct FlavorShape {
+  int64_t H, I, L, nH, nKV;
+  bool tied;
+};
+const std::map<std::string, FlavorShape>& flavors() {
+  // Released HF shapes (vocab 151936, head_dim 128, theta 1e6); "debug" is tiny for CPU runs.
+  static const std::map<std::string, FlavorShape> f = {
+      {"0.6B", {1024, 3072, 28, 16, 8, true}}, {"1.7B", {2048, 6144, 28, 16, 8, true}},
+      {"4B", {2560, 9728, 36, 32, 8, true}},   {"8B", {4096, 12288, 36, 32, 8, false}},
+      {"14B", {5120, 17408, 40, 40, 8, false}}, {"32B", {5120, 25600, 64, 64, 8, false}},
+  };
+  return f;
+}
+}  // namespace
+
+Qwen3Config Qwen3Config::flavor(const std::string& name) {
+  Qwen3Config c;
+  if (name == "debug") {
+    // Small enough to train hundreds of steps in minutes on 2 cores; vocab fits a small BPE tokenizer.
+    c.vocab_size = 2048;
+    c.hidden_size = 256;
+    c.intermediate_size = 768;
+    c.num_hidden_layers = 4;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 4;
+    c.head_dim = 32;
+    c.tie_word_embeddings = true;
+    c.max_position_embeddings = 4096;
+    c.bos_token_id = 0;
+    c.eos_token_id = 0;
+    return c;
+  }
+  auto it = flavors().find(name);
+  if (it == flavors().end()) {
+    std::string valid = "debug";
+    for (auto& [n, _] : flavors()) valid += ", " + n;
+    fail("unknown Qwen3 flavor '", name, "' (valid: ", valid, ")");
+  }
+  const FlavorShape& s = it->second;
+  c.hidden_size = s.H;
+  c.intermediate_size = s.I;
+  c.num_hidden_layers = s.L;
+  c.num_attention_heads = s.nH;
+  c.num_key_value_heads = s.nKV;
+  c.head_dim = 128;
+  c.tie_word_embeddings = s.tied;
+  c.rope_theta = 1e6;
+  c.vocab_size = 151936;
+  return c;
+}
+
+std::vector<std::string> Qwen3Config::flavor_names() {
+  std::vector<std::string> names = {"debug"};
+  for (auto& [n, _] : flavors()) names.push_back(n);
+  return names;
+}
+
+}  // namespace titan

@@ -1,0 +1,90 @@
+#include "optim/optimizer.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/registry.h"
+
+namespace titan {
+
+AdamW::AdamW(std::vector<Tensor> params, std::vector<Tensor> grads, const AdamWConfig& config,
+             const std::string& impl)
+    : params_(std::move(params)), grads_(std::move(grads)), config_(config) {
+  TITAN_CHECK(params_.size() == grads_.size(), "AdamW: ", params_.size(), " parameter buffers but ",
+              grads_.size(), " gradient buffers");
+  for (auto& p : params_) {
+    m_.push_back(Tensor::zeros(p.shape()));
+    v_.push_back(Tensor::zeros(p.shape()));
+  }
+  kernel_ = &get_kernel<AdamWKernels>(DeviceType::CPU, impl);
+}
+
+void AdamW::step(float lr) {
+  ++step_;
+  for (size_t i = 0; i < params_.size(); ++i)
+    kernel_->step(params_[i].f32(), grads_[i].f32(), m_[i].f32(), v_[i].f32(), params_[i].numel(), lr,
+                  config_.beta1, config_.beta2, config_.eps, config_.weight_decay, step_);
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t n = 0;
+  for (auto& t : m_) n += 2 * t.nbytes();
+  return n;
+}
+
+double grad_sq_norm(const std::vector<Tensor>& grads) {
+  double total = 0;
+  for (auto& g : grads) {
+    const float* p = g.f32();
+    const int64_t n = g.numel();
+    double s = 0;
+#pragma omp parallel for reduction(+ : s) schedule(static)
+    for (int64_t i = 0; i < n; ++i) s += (double)p[i] * p[i];
+    total += s;
+  }
+  return total;
+}
+
+void scale_grads(std::vector<Tensor>& grads, float coef) {
+  for (auto& g : grads) {
+    float* p = g.f32();
+    const int64_t n = g.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) p[i] *= coef;
+  }
+}
+
+double clip_grad_norm(std::vector<Tensor>& grads, double max_norm) {
+  const double norm = std::sqrt(grad_sq_norm(grads));
+  if (max_norm > 0) {
+    const float coef = static_cast<float>(max_norm) / (static_cast<float>(norm) + 1e-6f);
+    if (coef < 1.0f) scale_grads(grads, coef);
+  }
+  return norm;
+}
+
+LRSchedule::LRSchedule(const LRScheduleConfig& config, int64_t total_steps) : config_(config) {
+  TITAN_CHECK(config.decay_type == "linear" || config.decay_type == "sqrt" || config.decay_type == "cosine" ||
+                  config.decay_type == "constant",
+              "lr_scheduler.decay_type '", config.decay_type, "' is not one of linear, sqrt, cosine, constant");
+  TITAN_CHECK(config.min_lr_factor >= 0 && config.min_lr_factor <= 1, "lr_scheduler.min_lr_factor must be in [0, 1]");
+  TITAN_CHECK(config.warmup_steps >= 0, "lr_scheduler.warmup_steps must be >= 0");
+  warmup_ = std::min<int64_t>(config.warmup_steps, total_steps);
+  decay_ = config.decay_ratio >= 0 ? std::llround(total_steps * config.decay_ratio) : total_steps - warmup_;
+  if (warmup_ + decay_ > total_steps) decay_ = total_steps - warmup_;
+  // A virtual last step keeps the final learning rate above zero (torchtitan).
+  stable_ = total_steps + 1 - warmup_ - decay_;
+}
+
+double LRSchedule::factor(int64_t step) const {
+  if (step < warmup_) return static_cast<double>(step + 1) / static_cast<double>(warmup_);
+  if (config_.decay_type == "constant" || step < warmup_ + stable_ || decay_ <= 0) return 1.0;
+  const double progress = static_cast<double>(step + 1 - warmup_ - stable_) / static_cast<double>(decay_);
+  double adj;
+  if (config_.decay_type == "linear") adj = 1.0 - progress;
+  else if (config_.decay_type == "sqrt") adj = 1.0 - std::sqrt(progress);
+  else adj = 0.5 * (1.0 + std::cos(M_PI * progress));
+  return config_.min_lr_factor + (1.0 - config_.min_lr_factor) * adj;
+}
+
+}  // namespace titan

@@ -1,0 +1,70 @@
+// AdamW (torch.optim.AdamW semantics), global-norm gradient clipping (torch.nn.utils.clip_grad_norm_)
+// and torchtitan's warmup-stable-decay LR schedule.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/ops.h"
+
+namespace titan {
+
+struct AdamWConfig {
+  float lr = 8e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+};
+
+// Steps flat parameter buffers with their gradients. State (m, v) lives beside each buffer.
+class AdamW {
+ public:
+  AdamW(std::vector<Tensor> params, std::vector<Tensor> grads, const AdamWConfig& config,
+        const std::string& impl = "");
+  // One step at learning rate `lr` (the schedule's value); increments the step count first (torch).
+  void step(float lr);
+  int64_t step_count() const { return step_; }
+  void set_step_count(int64_t s) { step_ = s; }
+  const AdamWConfig& config() const { return config_; }
+  std::vector<Tensor>& exp_avg() { return m_; }
+  std::vector<Tensor>& exp_avg_sq() { return v_; }
+  int64_t state_bytes() const;
+
+ private:
+  std::vector<Tensor> params_, grads_, m_, v_;
+  AdamWConfig config_;
+  const AdamWKernels* kernel_;
+  int64_t step_ = 0;
+};
+
+// Sum of squares of all gradients (double accumulation); the global norm is its sqrt. Separate from
+// clipping so a distributed run can all-reduce the sum first.
+double grad_sq_norm(const std::vector<Tensor>& grads);
+// torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1, grads *= coef.
+// Returns the total norm before clipping. max_norm <= 0 disables clipping (norm still returned).
+double clip_grad_norm(std::vector<Tensor>& grads, double max_norm);
+void scale_grads(std::vector<Tensor>& grads, float coef);
+
+// torchtitan lr_scheduler: linear warmup, stable, then decay (linear | sqrt | cosine | constant) to
+// min_lr_factor; decay_ratio < 0 means "decay over all steps after warmup".
+struct LRScheduleConfig {
+  int64_t warmup_steps = 0;
+  double decay_ratio = -1;
+  std::string decay_type = "linear";
+  double min_lr_factor = 0.0;
+};
+
+class LRSchedule {
+ public:
+  LRSchedule(const LRScheduleConfig& config, int64_t total_steps);
+  // Multiplier for optimizer step `step` (0-based: the first step uses factor(0)), as torch's LambdaLR.
+  double factor(int64_t step) const;
+
+ private:
+  LRScheduleConfig config_;
+  int64_t warmup_ = 0, stable_ = 0, decay_ = 0;
+};
+
+}  // namespace titan

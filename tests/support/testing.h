@@ -1,0 +1,59 @@
+// Helpers shared by the C++ tests: relative errors, temporary directories, running the titan binary.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace titan::testing {
+
+// ||a - b|| / ||b|| over f32 tensors of equal numel (||b|| == 0: absolute norm of a - b).
+inline double rel_error(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.numel(), b.numel());
+  double diff = 0, ref = 0;
+  const float* pa = a.f32();
+  const float* pb = b.f32();
+  for (int64_t i = 0; i < a.numel() && i < b.numel(); ++i) {
+    diff += (double(pa[i]) - pb[i]) * (double(pa[i]) - pb[i]);
+    ref += double(pb[i]) * pb[i];
+  }
+  return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+}
+
+// A fresh directory under the system temp dir, removed when the object dies.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "titan-test-XXXXXX").string();
+    path = mkdtemp(tmpl.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+// Runs the titan binary with `args`; returns the exit status; stdout+stderr go to *output if given.
+inline int run_titan(const std::string& args, std::string* output = nullptr) {
+  TempDir tmp;
+  std::string log = tmp / "out.txt";
+  std::string cmd = std::string(TITAN_BINARY) + " " + args + " > " + log + " 2>&1";
+  int rc = std::system(cmd.c_str());
+  if (output) {
+    FILE* f = std::fopen(log.c_str(), "rb");
+    output->clear();
+    if (f) {
+      char buf[4096];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) output->append(buf, n);
+      std::fclose(f);
+    }
+  }
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+inline std::string source_path(const std::string& rel) { return std::string(TITAN_SOURCE_DIR) + "/" + rel; }
+
+}  // namespace titan::testing

@@ -1,0 +1,160 @@
+// Qwen3 dense model against fixtures made by HF transformers + torch.optim.AdamW
+// (tools/golden/make_qwen3_golden.py): logits, loss, every gradient, 5 AdamW steps with clipping.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+#include "models/qwen3/model.h"
+#include "support/testing.h"
+#include "train/forward_tool.h"
+
+namespace titan {
+namespace {
+
+using testing::rel_error;
+using testing::source_path;
+using testing::TempDir;
+
+std::vector<std::string> golden_cases() {
+  std::vector<std::string> cases;
+  for (auto& e : std::filesystem::directory_iterator(source_path("tests/golden/qwen3")))
+    if (e.is_directory()) cases.push_back(e.path().filename().string());
+  std::sort(cases.begin(), cases.end());
+  return cases;
+}
+
+nlohmann::json read_meta(const std::string& dir) {
+  std::ifstream f(dir + "/meta.json");
+  return nlohmann::json::parse(f);
+}
+
+class GoldenQwen3 : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenQwen3, MatchesTransformers) {
+  const std::string dir = source_path("tests/golden/qwen3/" + GetParam());
+  const nlohmann::json meta = read_meta(dir);
+  TempDir tmp;
+  ForwardToolOptions o;
+  o.model_dir = dir;
+  o.input_path = dir + "/input.json";
+  o.output_path = tmp / "out.safetensors";
+  o.grads = true;
+  o.steps = meta["steps"].get<int64_t>();
+  o.lr = meta["lr"].get<float>();
+  o.weight_decay = meta["weight_decay"].get<float>();
+  o.max_norm = meta["max_norm"].get<double>();
+  o.beta1 = meta["betas"][0].get<float>();
+  o.beta2 = meta["betas"][1].get<float>();
+  o.eps = meta["eps"].get<float>();
+  run_forward_tool(o);
+
+  SafetensorsFile got(o.output_path), want(dir + "/expected.safetensors");
+  // Same key set: logits, loss, losses, grad.* and param.* for every HF parameter.
+  std::vector<std::string> got_keys, want_keys;
+  for (auto& [k, _] : got.entries()) got_keys.push_back(k);
+  for (auto& [k, _] : want.entries()) want_keys.push_back(k);
+  EXPECT_EQ(got_keys, want_keys);
+
+  for (auto& [key, _] : want.entries()) {
+    if (!got.contains(key)) continue;
+    Tensor a = got.load(key), b = want.load(key);
+    ASSERT_EQ(a.numel(), b.numel()) << key;
+    double tol = key == "logits" ? 1e-5 : key == "loss" ? 1e-6 : key == "losses" ? 1e-6
+                 : key.starts_with("grad.") ? 1e-4 : 1e-5;  // param.*: after 5 steps
+    EXPECT_LE(rel_error(a, b), tol) << GetParam() << " " << key;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenQwen3, ::testing::ValuesIn(golden_cases()),
+                         [](const auto& info) { return info.param; });
+
+TEST(Qwen3Golden, ForwardCliReproducesFixture) {
+  const std::string dir = source_path("tests/golden/qwen3/untied_gqa4");
+  const nlohmann::json meta = read_meta(dir);
+  TempDir tmp;
+  std::string out;
+  int rc = testing::run_titan("forward --model " + dir + " --input " + dir + "/input.json --output " +
+                                  (tmp / "o.safetensors") + " --grads --steps 5 --lr " +
+                                  std::to_string(meta["lr"].get<double>()) + " --weight-decay " +
+                                  std::to_string(meta["weight_decay"].get<double>()) + " --max-norm " +
+                                  std::to_string(meta["max_norm"].get<double>()),
+                              &out);
+  ASSERT_EQ(rc, 0) << out;
+  SafetensorsFile got(tmp / "o.safetensors"), want(dir + "/expected.safetensors");
+  EXPECT_LE(rel_error(got.load("logits"), want.load("logits")), 1e-5);
+  EXPECT_LE(rel_error(got.load("losses"), want.load("losses")), 1e-6);
+  EXPECT_EQ(got.entry("loss").shape.size(), 0u);
+  for (auto& [key, _] : want.entries())
+    if (key.starts_with("param.")) EXPECT_LE(rel_error(got.load(key), want.load(key)), 1e-5) << key;
+}
+
+TEST(Qwen3Golden, Bf16ComputeWithinTolerance) {
+  const std::string dir = source_path("tests/golden/qwen3/tied_gqa2");
+  TempDir tmp;
+  ForwardToolOptions o;
+  o.model_dir = dir;
+  o.input_path = dir + "/input.json";
+  o.output_path = tmp / "out.safetensors";
+  o.dtype = DType::BF16;
+  run_forward_tool(o);
+  SafetensorsFile got(o.output_path), want(dir + "/expected.safetensors");
+  EXPECT_LE(rel_error(got.load("logits"), want.load("logits")), 2e-2);
+  EXPECT_GT(rel_error(got.load("logits"), want.load("logits")), 0.0);  // really computed in bf16
+  EXPECT_LE(rel_error(got.load("loss"), want.load("loss")), 2e-2);
+}
+
+// Every kernel implementation gives the same model results (reference loops vs BLAS/OpenMP).
+TEST(Qwen3Golden, ReferenceKernelsMatchFixture) {
+  const std::string dir = source_path("tests/golden/qwen3/tied_mha_hd24_lmhead");
+  TempDir tmp;
+  ForwardToolOptions o;
+  o.model_dir = dir;
+  o.input_path = dir + "/input.json";
+  o.output_path = tmp / "out.safetensors";
+  o.grads = true;
+  for (auto op : {"matmul", "rmsnorm", "rope", "attention", "swiglu", "embedding", "cross_entropy"})
+    o.kernels[op] = "reference";
+  run_forward_tool(o);
+  SafetensorsFile got(o.output_path), want(dir + "/expected.safetensors");
+  EXPECT_LE(rel_error(got.load("logits"), want.load("logits")), 1e-5);
+  for (auto& [key, _] : want.entries())
+    if (key.starts_with("grad.")) EXPECT_LE(rel_error(got.load(key), want.load(key)), 1e-4) << key;
+}
+
+TEST(Qwen3Model, GradientsAccumulateAcrossBackwardCalls) {
+  const std::string dir = source_path("tests/golden/qwen3/tied_gqa2");
+  Qwen3Model model(Qwen3Config::from_hf_file(dir + "/config.json"));
+  model.load_hf(dir);
+  TokenBatch batch = read_token_batch_json(dir + "/input.json");
+  model.zero_grad();
+  model.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T);
+  model.backward();
+  std::vector<Tensor> once;
+  for (auto& g : model.flat_grads()) once.push_back(g.clone());
+  model.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T);
+  model.backward();
+  for (size_t i = 0; i < once.size(); ++i) {
+    Tensor twice = once[i].clone();
+    for (int64_t j = 0; j < twice.numel(); ++j) twice.f32()[j] *= 2;
+    EXPECT_LE(rel_error(model.flat_grads()[i], twice), 1e-6);
+  }
+}
+
+TEST(Qwen3Config, FlavorsHaveReleasedShapes) {
+  auto c = Qwen3Config::flavor("0.6B");
+  EXPECT_EQ(c.hidden_size, 1024);
+  EXPECT_EQ(c.vocab_size, 151936);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  // Model card: 0.44B non-embedding parameters.
+  EXPECT_NEAR((c.num_params() - c.vocab_size * c.hidden_size) / 1e9, 0.44, 0.005);
+  EXPECT_FALSE(Qwen3Config::flavor("8B").tie_word_embeddings);
+  EXPECT_EQ(Qwen3Config::flavor("32B").num_hidden_layers, 64);
+  EXPECT_EQ(Qwen3Config::flavor("14B").intermediate_size, 17408);
+  EXPECT_THROW(Qwen3Config::flavor("3B"), Error);
+  for (auto& name : Qwen3Config::flavor_names()) EXPECT_NO_THROW(Qwen3Config::flavor(name).validate(name));
+}
+
+}  // namespace
+}  // namespace titan
