@@ -52,7 +52,30 @@ class Regex {
   ~Regex() { pcre2_code_free(code); }
 };
 
-std::shared_ptr<Regex> compile_regex(const std::string& pattern, bool literal, const std::string& where) {
+// HF compiles patterns with Oniguruma, whose \s is the White_Space set without U+180E; PCRE2's
+// \s also matches U+180E (MONGOLIAN VOWEL SEPARATOR). Spell \s and \S out so both agree.
+static std::string oniguruma_compatible(const std::string& p) {
+  static const char* kSpace = R"(\t\n\x0B\f\r\x20\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
+  std::string out;
+  int class_depth = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    char c = p[i];
+    if (c == '\\' && i + 1 < p.size()) {
+      char e = p[++i];
+      if (e == 's') out += class_depth ? std::string(kSpace) : str_cat("[", kSpace, "]");
+      else if (e == 'S' && !class_depth) out += str_cat("[^", kSpace, "]");
+      else out += c, out += e;
+      continue;
+    }
+    if (c == '[') ++class_depth;
+    else if (c == ']' && class_depth) --class_depth;
+    out += c;
+  }
+  return out;
+}
+
+std::shared_ptr<Regex> compile_regex(const std::string& source, bool literal, const std::string& where) {
+  const std::string pattern = literal ? source : oniguruma_compatible(source);
   int err = 0;
   PCRE2_SIZE offset = 0;
   uint32_t flags = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
