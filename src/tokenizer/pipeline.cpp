@@ -78,7 +78,7 @@ std::shared_ptr<Regex> compile_regex(const std::string& source, bool literal, co
   const std::string pattern = literal ? source : oniguruma_compatible(source);
   int err = 0;
   PCRE2_SIZE offset = 0;
-  uint32_t flags = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+  uint32_t flags = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), flags, &err,
                                    &offset, nullptr);
   if (!code) {

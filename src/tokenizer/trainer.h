@@ -4,30 +4,36 @@
 // model vocab). Deterministic: the same input gives the same file.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace titan {
 
 class BpeTrainer {
  public:
-  BpeTrainer();
+  // special_tokens: added as special tokens (ids after the learned vocab) and never merged
+  // across; empty means {"<|endoftext|>"}.
+  explicit BpeTrainer(std::vector<std::string> special_tokens = {});
   ~BpeTrainer();
+  BpeTrainer(BpeTrainer&&) noexcept;
+  BpeTrainer& operator=(BpeTrainer&&) noexcept;
+
   // Adds one document (any UTF-8 text; invalid bytes become U+FFFD) to the word counts.
   void add_text(std::string_view text);
-  // Merges until the vocab (256 bytes + merges + special tokens) holds vocab_size entries, or no
-  // pair occurs twice or more; returns tokenizer.json text. Empty special_tokens means
-  // {"<|endoftext|>"}.
-  std::string train(int vocab_size, std::vector<std::string> special_tokens = {}) const;
+  // Learns merges, most frequent pair first (ties: smallest id pair), until the vocab (256 bytes +
+  // merged tokens + special tokens) holds vocab_size entries or no pair occurs twice; returns the
+  // tokenizer.json text.
+  std::string train(int vocab_size) const;
+
+  struct State;
 
  private:
-  struct State;
-  State* state_;
+  std::unique_ptr<State> state_;
 };
 
-// Reads whole files as documents and trains (see BpeTrainer).
+// Reads each file whole as one document and trains (see BpeTrainer).
 std::string train_bpe(const std::vector<std::string>& files, int vocab_size,
                       std::vector<std::string> special_tokens = {});
 

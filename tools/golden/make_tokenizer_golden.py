@@ -123,7 +123,7 @@ def variant_strings(seed):
     extra = ["a <mask> b", "a   <mask>b", "x[SEP]   y", "[SEP]\n\nz", "cat", "a cat!", "concat", "cats", "cat_x",
              "_cat", "CAT", "Cat cat", "ÜNÏ", "ünï", "Ünï", "dog", "  dog  ", "hotdog", "dog.", "<tag>", "<tag>x",
              "<tag>xy", "<mask><mask>", "  <mask>  <mask>  ", "``quoted''", "The END, 1234 and 5.6!", "İI", "ΣΑΣ"]
-    return extra + make_strings(600, seed, with_special=True)
+    return extra + make_strings(300, seed, with_special=True)
 
 
 def main():
@@ -142,10 +142,10 @@ def main():
     if not args.skip_small:
         small = os.path.join(OUT, "small")
         subprocess.run([args.titan, "tokenizer", "train", "--input", os.path.join(small, "train.txt"),
-                        "--vocab-size", "800", "--special-tokens", "<|endoftext|>", "<|im_start|>", "<|im_end|>",
+                        "--vocab-size", "600", "--special-tokens", "<|endoftext|>", "<|im_start|>", "<|im_end|>",
                         "--output", os.path.join(small, "tokenizer.json")], check=True)
         tok = Tokenizer.from_file(os.path.join(small, "tokenizer.json"))
-        write(os.path.join(small, "cases.jsonl"), cases(tok, make_strings(1500, seed=99)))
+        write(os.path.join(small, "cases.jsonl"), cases(tok, make_strings(800, seed=99)))
         with open(os.path.join(small, "tokenizer.json"), encoding="utf-8") as f:
             base = json.load(f)
         for name, spec in variants(base).items():
