@@ -1,0 +1,65 @@
+// DataLoader: packs the documents of a dataset into fixed-length training windows.
+//
+// Packing follows torchtitan: documents, each followed by EOS, are concatenated into one token
+// stream (epoch after epoch, each in its own shuffled order); the stream is cut into consecutive,
+// non-overlapping windows of seq_len + 1 tokens; a window w gives input_ids = w[:-1] and
+// labels = w[1:]. Global window k belongs to data-parallel rank k % dp_world, so the ranks see
+// disjoint windows that together are exactly the windows a single rank would see. Batch s of every
+// rank is drawn from global windows [s * B * dp_world, (s + 1) * B * dp_world).
+//
+// Memory is constant in the corpus size: token shards are memory-mapped, text is streamed.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "data/config.h"
+#include "data/encoder.h"
+
+namespace titan::data {
+
+class DocumentSource;
+
+struct Batch {
+  int64_t batch_size = 0;
+  int64_t seq_len = 0;
+  std::vector<int32_t> input_ids;  // [batch_size, seq_len], row-major
+  std::vector<int32_t> labels;     // [batch_size, seq_len]: labels[b][t] = input_ids[b][t + 1] in the stream
+  uint64_t step = 0;               // index of this batch (same on every rank)
+  uint64_t epoch = 0;              // epoch of the batch's first token
+};
+
+class DataLoader {
+ public:
+  // Builds the encoder from cfg.tokenizer when the sources are text.
+  explicit DataLoader(const DataConfig& cfg);
+  // Uses `encoder` for text sources (tests pass byte_encoder()).
+  DataLoader(const DataConfig& cfg, TextEncoder encoder);
+  ~DataLoader();
+  DataLoader(DataLoader&&) noexcept;
+  DataLoader& operator=(DataLoader&&) noexcept;
+
+  // Fills `batch` with the next batch of this rank. Returns false only when max_epochs is set and
+  // the data cannot fill a whole batch on every rank (all ranks agree).
+  bool next_batch(Batch& batch);
+
+  // JSON state after the last batch; load_state() on a loader with the same data and options
+  // continues with exactly the next token. dp_world, batch_size and seq_len may change between
+  // save and load: the state is a position in the global token stream.
+  nlohmann::json state() const;
+  void load_state(const nlohmann::json& state);
+
+  int32_t vocab_size() const;
+  int32_t eos_id() const;
+  uint64_t epoch() const;
+  uint64_t step() const;
+  uint64_t tokens_consumed() const;  // global stream tokens behind us (all ranks)
+  const DataConfig& config() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace titan::data
