@@ -27,7 +27,7 @@ struct RmsNormKernels {
 };
 
 // Rotate-half RoPE (NeoX layout, HF `rotate_half`) at position t = row % T.
-// x (N, nh, hd); cos, sin (T_max, hd/2) tables: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin.
+// x (N, nh, hd), out may alias inp; cos, sin (T_max, hd/2) tables: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin.
 struct RopeKernels {
   static constexpr const char* kOp = "rope";
   void (*forward)(float* out, const float* inp, const float* cos, const float* sin, int64_t N, int64_t T,

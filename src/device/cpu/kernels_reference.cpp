@@ -73,9 +73,10 @@ void rope_forward(float* out, const float* inp, const float* cos, const float* s
       float* y = out + (n * nh + h) * hd;
       const float* c = cos + (n % T) * half;
       const float* s = sin + (n % T) * half;
-      for (int64_t i = 0; i < half; ++i) {
-        y[i] = x[i] * c[i] - x[i + half] * s[i];
-        y[i + half] = x[i + half] * c[i] + x[i] * s[i];
+      for (int64_t i = 0; i < half; ++i) {  // read both halves first: out may alias inp
+        const float x1 = x[i], x2 = x[i + half];
+        y[i] = x1 * c[i] - x2 * s[i];
+        y[i + half] = x2 * c[i] + x1 * s[i];
       }
     }
 }
