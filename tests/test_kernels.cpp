@@ -1,0 +1,252 @@
+// Kernel registry: every registered implementation of every op equals the reference on fresh random
+// inputs (forward and backward), and the reference backward agrees with finite differences.
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "kernels/ops.h"
+#include "kernels/registry.h"
+#include "support/testing.h"
+
+namespace titan {
+namespace {
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), ref += double(b[i]) * b[i];
+  return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+}
+
+template <class K>
+std::vector<std::string> impls() {
+  return KernelRegistry::global().impls(K::kOp, DeviceType::CPU);
+}
+
+constexpr double kTol = 1e-5;
+
+TEST(KernelRegistry, EveryOpHasAReferenceAndTheDefaultIsRegistered) {
+  for (auto& op : KernelRegistry::global().ops()) {
+    auto names = KernelRegistry::global().impls(op, DeviceType::CPU);
+    EXPECT_NE(std::find(names.begin(), names.end(), "reference"), names.end()) << op;
+    EXPECT_FALSE(KernelRegistry::global().default_impl(op, DeviceType::CPU).empty()) << op;
+  }
+  EXPECT_THROW(get_kernel<RopeKernels>(DeviceType::CPU, "no-such-impl"), Error);
+}
+
+TEST(Kernels, MatmulAllImplementations) {
+  const int64_t N = 7, C = 13, OC = 11;
+  auto inp = randn(N * C, 1), w = randn(OC * C, 2), dout = randn(N * OC, 3);
+  const auto& ref = get_kernel<MatmulKernels>(DeviceType::CPU, "reference");
+  std::vector<float> out_r(N * OC), dinp_r(N * C, 0.5f), dw_r(OC * C, 0.25f);
+  ref.forward(out_r.data(), inp.data(), w.data(), N, C, OC);
+  ref.backward(dinp_r.data(), dw_r.data(), dout.data(), inp.data(), w.data(), N, C, OC);
+  for (auto& name : impls<MatmulKernels>()) {
+    const auto& k = get_kernel<MatmulKernels>(DeviceType::CPU, name);
+    std::vector<float> out(N * OC), dinp(N * C, 0.5f), dw(OC * C, 0.25f);  // backward accumulates
+    k.forward(out.data(), inp.data(), w.data(), N, C, OC);
+    k.backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), N, C, OC);
+    EXPECT_LE(rel(out, out_r), kTol) << name;
+    EXPECT_LE(rel(dinp, dinp_r), kTol) << name;
+    EXPECT_LE(rel(dw, dw_r), kTol) << name;
+  }
+}
+
+TEST(Kernels, RmsNormAllImplementations) {
+  const int64_t N = 9, C = 33;
+  auto inp = randn(N * C, 4), w = randn(C, 5), dout = randn(N * C, 6);
+  const auto& ref = get_kernel<RmsNormKernels>(DeviceType::CPU, "reference");
+  std::vector<float> out_r(N * C), rstd_r(N), dinp_r(N * C, 0.1f), dw_r(C, 0.2f);
+  ref.forward(out_r.data(), rstd_r.data(), inp.data(), w.data(), N, C, 1e-6f);
+  ref.backward(dinp_r.data(), dw_r.data(), dout.data(), inp.data(), w.data(), rstd_r.data(), N, C);
+  for (auto& name : impls<RmsNormKernels>()) {
+    const auto& k = get_kernel<RmsNormKernels>(DeviceType::CPU, name);
+    std::vector<float> out(N * C), rstd(N), dinp(N * C, 0.1f), dw(C, 0.2f);
+    k.forward(out.data(), rstd.data(), inp.data(), w.data(), N, C, 1e-6f);
+    k.backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), rstd.data(), N, C);
+    EXPECT_LE(rel(out, out_r), kTol) << name;
+    EXPECT_LE(rel(dinp, dinp_r), kTol) << name;
+    EXPECT_LE(rel(dw, dw_r), kTol) << name;
+  }
+}
+
+TEST(Kernels, RopeAllImplementations) {
+  const int64_t B = 2, T = 5, nh = 3, hd = 8, N = B * T;
+  auto inp = randn(N * nh * hd, 7), dout = randn(N * nh * hd, 8);
+  std::vector<float> cos(T * hd / 2), sin(T * hd / 2);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < hd / 2; ++i) cos[t * hd / 2 + i] = std::cos(t * 0.3f / (i + 1)), sin[t * hd / 2 + i] = std::sin(t * 0.3f / (i + 1));
+  const auto& ref = get_kernel<RopeKernels>(DeviceType::CPU, "reference");
+  std::vector<float> out_r(inp.size()), din_r(inp.size(), 0.3f);
+  ref.forward(out_r.data(), inp.data(), cos.data(), sin.data(), N, T, nh, hd);
+  ref.backward(din_r.data(), dout.data(), cos.data(), sin.data(), N, T, nh, hd);
+  for (auto& name : impls<RopeKernels>()) {
+    const auto& k = get_kernel<RopeKernels>(DeviceType::CPU, name);
+    std::vector<float> out(inp.size()), din(inp.size(), 0.3f), inplace = inp;
+    k.forward(out.data(), inp.data(), cos.data(), sin.data(), N, T, nh, hd);
+    k.forward(inplace.data(), inplace.data(), cos.data(), sin.data(), N, T, nh, hd);  // aliasing allowed
+    k.backward(din.data(), dout.data(), cos.data(), sin.data(), N, T, nh, hd);
+    EXPECT_LE(rel(out, out_r), kTol) << name;
+    EXPECT_LE(rel(inplace, out_r), kTol) << name;
+    EXPECT_LE(rel(din, din_r), kTol) << name;
+  }
+}
+
+TEST(Kernels, AttentionAllImplementations) {
+  const int64_t B = 2, T = 6, nH = 4, nKV = 2, hd = 5;
+  auto q = randn(B * T * nH * hd, 9), k = randn(B * T * nKV * hd, 10), v = randn(B * T * nKV * hd, 11),
+       dout = randn(B * T * nH * hd, 12);
+  const auto& ref = get_kernel<AttentionKernels>(DeviceType::CPU, "reference");
+  std::vector<float> out_r(q.size()), p_r(B * nH * T * T), dq_r(q.size(), 0.1f), dk_r(k.size(), 0.1f),
+      dv_r(v.size(), 0.1f);
+  ref.forward(out_r.data(), p_r.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
+  ref.backward(dq_r.data(), dk_r.data(), dv_r.data(), dout.data(), q.data(), k.data(), v.data(), p_r.data(), B, T,
+               nH, nKV, hd);
+  for (auto& name : impls<AttentionKernels>()) {
+    const auto& kk = get_kernel<AttentionKernels>(DeviceType::CPU, name);
+    std::vector<float> out(q.size()), p(B * nH * T * T), dq(q.size(), 0.1f), dk(k.size(), 0.1f), dv(v.size(), 0.1f);
+    kk.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
+    kk.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), p.data(), B, T, nH, nKV,
+                hd);
+    EXPECT_LE(rel(out, out_r), kTol) << name;
+    EXPECT_LE(rel(dq, dq_r), kTol) << name;
+    EXPECT_LE(rel(dk, dk_r), kTol) << name;
+    EXPECT_LE(rel(dv, dv_r), kTol) << name;
+  }
+}
+
+TEST(Kernels, SwigluEmbeddingCrossEntropyAdamWAllImplementations) {
+  const int64_t N = 10, I = 7, C = 6, V = 12;
+  auto gu = randn(N * 2 * I, 13), dout = randn(N * I, 14);
+  const auto& sref = get_kernel<SwigluKernels>(DeviceType::CPU, "reference");
+  std::vector<float> o_r(N * I), d_r(N * 2 * I, 0.2f);
+  sref.forward(o_r.data(), gu.data(), N, I);
+  sref.backward(d_r.data(), dout.data(), gu.data(), N, I);
+  for (auto& name : impls<SwigluKernels>()) {
+    const auto& k = get_kernel<SwigluKernels>(DeviceType::CPU, name);
+    std::vector<float> o(N * I), d(N * 2 * I, 0.2f);
+    k.forward(o.data(), gu.data(), N, I);
+    k.backward(d.data(), dout.data(), gu.data(), N, I);
+    EXPECT_LE(rel(o, o_r), kTol) << name;
+    EXPECT_LE(rel(d, d_r), kTol) << name;
+  }
+  std::vector<int32_t> ids = {3, 1, 3, 0, 11, 3, 7, 1, 0, 2};
+  auto table = randn(V * C, 15), demb = randn(N * C, 16);
+  const auto& eref = get_kernel<EmbeddingKernels>(DeviceType::CPU, "reference");
+  std::vector<float> e_r(N * C), de_r(V * C, 0.5f);
+  eref.forward(e_r.data(), ids.data(), table.data(), N, C);
+  eref.backward(de_r.data(), demb.data(), ids.data(), N, C, V);
+  for (auto& name : impls<EmbeddingKernels>()) {
+    const auto& k = get_kernel<EmbeddingKernels>(DeviceType::CPU, name);
+    std::vector<float> e(N * C), de(V * C, 0.5f);
+    k.forward(e.data(), ids.data(), table.data(), N, C);
+    k.backward(de.data(), demb.data(), ids.data(), N, C, V);
+    EXPECT_LE(rel(e, e_r), kTol) << name;
+    EXPECT_LE(rel(de, de_r), kTol) << name;
+  }
+  std::vector<int32_t> targets = {3, -1, 0, 11, 5, -1, 2, 2, 9, 1};
+  auto logits = randn(N * V, 17, 3.0f);
+  const auto& cref = get_kernel<CrossEntropyKernels>(DeviceType::CPU, "reference");
+  auto g_r = logits;
+  double l_r = cref.forward_backward(g_r.data(), targets.data(), N, V, 0.125f, true);
+  for (auto& name : impls<CrossEntropyKernels>()) {
+    auto g = logits;
+    double l = get_kernel<CrossEntropyKernels>(DeviceType::CPU, name).forward_backward(g.data(), targets.data(), N, V,
+                                                                                      0.125f, true);
+    EXPECT_NEAR(l, l_r, 1e-5 * std::abs(l_r)) << name;
+    EXPECT_LE(rel(g, g_r), kTol) << name;
+  }
+  auto p0 = randn(50, 18), grad = randn(50, 19);
+  const auto& aref = get_kernel<AdamWKernels>(DeviceType::CPU, "reference");
+  std::vector<float> p_r = p0, m_r(50, 0), v_r(50, 0);
+  for (int s = 1; s <= 3; ++s) aref.step(p_r.data(), grad.data(), m_r.data(), v_r.data(), 50, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, s);
+  for (auto& name : impls<AdamWKernels>()) {
+    std::vector<float> p = p0, m(50, 0), v(50, 0);
+    for (int s = 1; s <= 3; ++s)
+      get_kernel<AdamWKernels>(DeviceType::CPU, name).step(p.data(), grad.data(), m.data(), v.data(), 50, 1e-2f, 0.9f,
+                                                           0.999f, 1e-8f, 0.1f, s);
+    EXPECT_LE(rel(p, p_r), kTol) << name;
+  }
+}
+
+// Central finite differences of a scalar loss L = sum(out * dout) through the reference forward.
+double fd_check(std::vector<float>& x, const std::vector<float>& analytic, const std::function<double()>& loss) {
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); i += std::max<size_t>(1, x.size() / 23)) {
+    const float h = 1e-2f, saved = x[i];
+    x[i] = saved + h;
+    double lp = loss();
+    x[i] = saved - h;
+    double lm = loss();
+    x[i] = saved;
+    double num = (lp - lm) / (2 * h);
+    worst = std::max(worst, std::abs(num - analytic[i]) / std::max(1.0, std::abs(num)));
+  }
+  return worst;
+}
+
+TEST(Kernels, ReferenceBackwardMatchesFiniteDifferences) {
+  const int64_t B = 1, T = 5, nH = 2, nKV = 1, hd = 4, N = B * T, C = 8;
+  // Attention: gradient w.r.t. q, k, v.
+  auto q = randn(N * nH * hd, 20), k = randn(N * nKV * hd, 21), v = randn(N * nKV * hd, 22), dout = randn(N * nH * hd, 23);
+  const auto& att = get_kernel<AttentionKernels>(DeviceType::CPU, "reference");
+  std::vector<float> out(q.size()), p(B * nH * T * T), dq(q.size()), dk(k.size()), dv(v.size());
+  att.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
+  att.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), p.data(), B, T, nH, nKV, hd);
+  auto att_loss = [&] {
+    att.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
+    double s = 0;
+    for (size_t i = 0; i < out.size(); ++i) s += double(out[i]) * dout[i];
+    return s;
+  };
+  EXPECT_LE(fd_check(q, dq, att_loss), 2e-3);
+  EXPECT_LE(fd_check(k, dk, att_loss), 2e-3);
+  EXPECT_LE(fd_check(v, dv, att_loss), 2e-3);
+  // RMSNorm: input and weight.
+  auto x = randn(N * C, 24), w = randn(C, 25), dy = randn(N * C, 26);
+  const auto& rn = get_kernel<RmsNormKernels>(DeviceType::CPU, "reference");
+  std::vector<float> y(N * C), rstd(N), dx(N * C), dw(C);
+  rn.forward(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6f);
+  rn.backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+  auto rn_loss = [&] {
+    rn.forward(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6f);
+    double s = 0;
+    for (size_t i = 0; i < y.size(); ++i) s += double(y[i]) * dy[i];
+    return s;
+  };
+  EXPECT_LE(fd_check(x, dx, rn_loss), 2e-3);
+  EXPECT_LE(fd_check(w, dw, rn_loss), 2e-3);
+  // SwiGLU.
+  auto gu = randn(N * 2 * C, 27), ds = randn(N * C, 28);
+  const auto& sw = get_kernel<SwigluKernels>(DeviceType::CPU, "reference");
+  std::vector<float> so(N * C), dgu(N * 2 * C);
+  sw.backward(dgu.data(), ds.data(), gu.data(), N, C);
+  auto sw_loss = [&] {
+    sw.forward(so.data(), gu.data(), N, C);
+    double s = 0;
+    for (size_t i = 0; i < so.size(); ++i) s += double(so[i]) * ds[i];
+    return s;
+  };
+  EXPECT_LE(fd_check(gu, dgu, sw_loss), 2e-3);
+  // Cross-entropy with an ignored row.
+  std::vector<int32_t> tg = {1, -1, 3, 0, 2};
+  auto lg = randn(N * C, 29);
+  const auto& ce = get_kernel<CrossEntropyKernels>(DeviceType::CPU, "reference");
+  auto g = lg;
+  ce.forward_backward(g.data(), tg.data(), N, C, 1.0f, true);
+  auto ce_loss = [&] {
+    auto tmp = lg;
+    return ce.forward_backward(tmp.data(), tg.data(), N, C, 1.0f, false);
+  };
+  EXPECT_LE(fd_check(lg, g, ce_loss), 2e-3);
+}
+
+}  // namespace
+}  // namespace titan
