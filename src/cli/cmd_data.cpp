@@ -104,7 +104,8 @@ int cmd_data(int argc, char** argv) {
       ->capture_default_str();
   prepare->add_option("--eos-id", prep_eos, "end-of-text id (default: the tokenizer's)");
   prepare->add_option("--shard-tokens", prep.shard_tokens, "tokens per shard")->capture_default_str();
-  prepare->add_option("--threads", prep.threads, "tokenizer threads")->capture_default_str();
+  prep.threads = 0;
+  prepare->add_option("--threads", prep.threads, "tokenizer threads (0: all cores)")->capture_default_str();
   prepare->add_flag("--overwrite", prep.overwrite, "replace an existing output directory");
 
   DataConfig info_cfg;

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -52,6 +53,12 @@ struct DataConfig {
   size_t max_piece_bytes = 64 << 20;   // text documents larger than this are tokenized in pieces
   WarningFn on_warning;
 };
+
+// Reads the keys present in `j` over `base` (key names as the fields above; enums as strings:
+// format "auto|text|jsonl|tokens", delimiter "file|percent|blank", split "train|validation").
+// An unknown key is an error, so a typo in a config does not silently fall back to a default.
+DataConfig data_config_from_json(const nlohmann::json& j, DataConfig base = {});
+nlohmann::json to_json(const DataConfig& cfg);  // every field but on_warning
 
 // Calls on_warning, or prints "titan: warning: <message>" to stderr.
 void warn(const WarningFn& on_warning, const std::string& message);

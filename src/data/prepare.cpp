@@ -1,5 +1,6 @@
 #include "data/prepare.h"
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -113,10 +114,11 @@ PrepareStats prepare_token_dataset(const PrepareOptions& options, const TextEnco
   constexpr size_t kBatchBytes = 8 << 20, kBatchPieces = 4096;
   std::vector<TextPiece> pieces;
   std::vector<std::vector<int32_t>> ids;
+  const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
   const auto flush = [&] {
     ids.resize(pieces.size());
     const int n = static_cast<int>(pieces.size());
-#pragma omp parallel for schedule(dynamic, 1) num_threads(options.threads) if (options.threads > 1 && n > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && n > 1)
     for (int i = 0; i < n; ++i) encoder.encode(pieces[i].text, ids[i]);
     for (int i = 0; i < n; ++i) {
       writer.add_tokens(ids[i]);

@@ -38,6 +38,7 @@ class TokenShard {
   int32_t eos_id() const { return eos_id_; }
   uint64_t num_tokens() const { return num_tokens_; }
   uint64_t num_docs() const { return num_docs_; }
+  // Throws titan::Error naming the file when the offsets of document i are corrupt.
   std::span<const uint32_t> document(uint64_t i) const;
 
  private:
