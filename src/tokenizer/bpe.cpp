@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstring>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -42,22 +43,55 @@ void BpeModel::add_merge(int32_t left, int32_t right, int32_t rank, int32_t merg
   merges_[h] = MergeSlot{key, rank, merged};
 }
 
-void BpeModel::load(const nlohmann::json& model, const std::string& file) {
+namespace {
+inline size_t hash_bytes(std::string_view s) {
+  // FNV-1a over 8-byte words: cheap for short tokens, good enough spread for open addressing.
+  uint64_t h = 0xcbf29ce484222325ull ^ s.size();
+  size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+    h ^= h >> 29;
+  }
+  uint64_t tail = 0;
+  std::memcpy(&tail, s.data() + i, s.size() - i);
+  h = (h ^ tail) * 0x9E3779B97F4A7C15ull;
+  return static_cast<size_t>(h ^ (h >> 32));
+}
+}  // namespace
+
+int32_t BpeModel::find_token(std::string_view token) const {
+  if (slots_.empty()) return -1;
+  size_t mask = slots_.size() - 1;
+  for (size_t h = hash_bytes(token) & mask;; h = (h + 1) & mask) {
+    int32_t id = slots_[h];
+    if (id < 0) return -1;
+    if (id_to_token_[id] == token) return id;
+  }
+}
+
+void BpeModel::load(const nlohmann::json& model, std::vector<std::pair<std::string, int64_t>>&& vocab,
+                    const std::vector<std::pair<std::string, std::string>>& merges, const std::string& file) {
   instance_ = g_next_instance++;
   auto where = [&](const char* field) { return str_cat(file, ": model.", field); };
-  const auto& vocab = model.at("vocab");
-  TITAN_CHECK(vocab.is_object(), where("vocab"), ": expected an object of token -> id");
-  vocab_.reserve(vocab.size() * 2);
-  int32_t max_id = -1;
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    TITAN_CHECK(it.value().is_number_integer(), where("vocab"), ": id of '", it.key(), "' is not an integer");
-    int64_t id = it.value().get<int64_t>();
-    TITAN_CHECK(id >= 0 && id < INT32_MAX, where("vocab"), ": id ", id, " of '", it.key(), "' out of range");
-    vocab_.emplace(it.key(), static_cast<int32_t>(id));
-    max_id = std::max(max_id, static_cast<int32_t>(id));
-  }
+  int64_t max_id = -1;
+  for (const auto& [tok, id] : vocab) max_id = std::max(max_id, id);
   id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
-  for (const auto& [tok, id] : vocab_) id_to_token_[id] = tok;
+  has_id_.assign(static_cast<size_t>(max_id + 1), 0);
+  size_t cap = 16;
+  while (cap < vocab.size() * 2) cap <<= 1;
+  slots_.assign(cap, -1);
+  for (auto& [tok, id64] : vocab) {
+    int32_t id = static_cast<int32_t>(id64);
+    size_t mask = cap - 1, h = hash_bytes(tok) & mask;
+    while (slots_[h] >= 0 && id_to_token_[slots_[h]] != tok) h = (h + 1) & mask;
+    TITAN_CHECK(slots_[h] < 0, where("vocab"), ": token '", tok, "' appears twice");
+    TITAN_CHECK(!has_id_[id], where("vocab"), ": id ", id, " is used by '", id_to_token_[id], "' and '", tok, "'");
+    id_to_token_[id] = std::move(tok);
+    has_id_[id] = 1;
+    slots_[h] = id;
+  }
 
   auto opt_string = [&](const char* key) -> std::string {
     auto it = model.find(key);
@@ -81,61 +115,41 @@ void BpeModel::load(const nlohmann::json& model, const std::string& file) {
   }
   std::string unk = opt_string("unk_token");
   if (!unk.empty()) {
-    auto it = vocab_.find(unk);
-    TITAN_CHECK(it != vocab_.end(), where("unk_token"), ": '", unk, "' is not in the vocab");
-    unk_id_ = it->second;
+    int32_t id = find_token(unk);
+    TITAN_CHECK(id >= 0, where("unk_token"), ": '", unk, "' is not in the vocab");
+    unk_id_ = id;
   }
   fuse_unk_ = opt_bool("fuse_unk");
   byte_fallback_ = opt_bool("byte_fallback");
   ignore_merges_ = opt_bool("ignore_merges");
 
-  const auto& merges = model.at("merges");
-  TITAN_CHECK(merges.is_array(), where("merges"), ": expected an array");
-  size_t cap = 16;
+  cap = 16;
   while (cap < merges.size() * 2) cap <<= 1;
   merges_.assign(cap, MergeSlot{kEmpty, 0, 0});
   std::string joined;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto& m = merges[rank];
-    std::string_view a, b;
-    if (m.is_string()) {
-      const std::string& s = m.get_ref<const std::string&>();
-      size_t sp = s.find(' ');
-      TITAN_CHECK(sp != std::string::npos && s.find(' ', sp + 1) == std::string::npos, where("merges"), "[",
-                  rank, "]: expected \"left right\", got \"", s, "\"");
-      a = std::string_view(s).substr(0, sp);
-      b = std::string_view(s).substr(sp + 1);
-    } else {
-      TITAN_CHECK(m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string(), where("merges"), "[",
-                  rank, "]: expected a pair of strings");
-      a = m[0].get_ref<const std::string&>();
-      b = m[1].get_ref<const std::string&>();
-    }
-    auto ia = vocab_.find(a), ib = vocab_.find(b);
-    TITAN_CHECK(ia != vocab_.end() && ib != vocab_.end(), where("merges"), "[", rank, "]: token '",
-                ia == vocab_.end() ? a : b, "' is not in the vocab");
+    const auto& [a, b] = merges[rank];
+    int32_t ia = find_token(a), ib = find_token(b);
+    TITAN_CHECK(ia >= 0 && ib >= 0, where("merges"), "[", rank, "]: token '", ia < 0 ? a : b,
+                "' is not in the vocab");
     joined.assign(a);
     joined.append(b);
-    auto ij = vocab_.find(joined);
-    TITAN_CHECK(ij != vocab_.end(), where("merges"), "[", rank, "]: merged token '", joined, "' is not in the vocab");
-    add_merge(ia->second, ib->second, static_cast<int32_t>(rank), ij->second);
+    int32_t ij = find_token(joined);
+    TITAN_CHECK(ij >= 0, where("merges"), "[", rank, "]: merged token '", joined, "' is not in the vocab");
+    add_merge(ia, ib, static_cast<int32_t>(rank), ij);
   }
-  for (int b = 0; b < 256; ++b) {
-    auto it = vocab_.find(byte_level_char(static_cast<uint8_t>(b)));
-    byte_ids_[b] = it == vocab_.end() ? -1 : it->second;
-  }
+  for (int b = 0; b < 256; ++b) byte_ids_[b] = find_token(byte_level_char(static_cast<uint8_t>(b)));
 }
 
 std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
-  auto it = vocab_.find(token);
-  if (it == vocab_.end()) return std::nullopt;
-  return it->second;
+  int32_t id = find_token(token);
+  if (id < 0) return std::nullopt;
+  return id;
 }
 
 const std::string* BpeModel::id_to_token(int32_t id) const {
   if (id < 0 || id >= static_cast<int32_t>(id_to_token_.size())) return nullptr;
-  if (id_to_token_[id].empty() && !vocab_.count(std::string_view())) return nullptr;  // hole in the ids
-  return &id_to_token_[id];
+  return has_id_[id] ? &id_to_token_[id] : nullptr;
 }
 
 // Initial symbols of a word: one per character (byte-level char when byte_level), with HF's
@@ -166,10 +180,9 @@ void BpeModel::initial_symbols(std::string_view word, bool byte_level, std::vect
     size_t start = i;
     next_codepoint(text, i);
     std::string_view ch = text.substr(start, i - start);
-    auto it = vocab_.find(ch);
-    if (it != vocab_.end()) {
+    if (int32_t id = find_token(ch); id >= 0) {
       if (pending_unk) syms.push_back(*unk_id_), pending_unk = false;
-      syms.push_back(it->second);
+      syms.push_back(id);
       continue;
     }
     if (byte_fallback_) {
@@ -177,9 +190,9 @@ void BpeModel::initial_symbols(std::string_view word, bool byte_level, std::vect
       for (unsigned char b : ch) {
         char name[8];
         std::snprintf(name, sizeof name, "<0x%02X>", b);
-        auto jt = vocab_.find(std::string_view(name));
-        if (jt == vocab_.end()) break;
-        bytes.push_back(jt->second);
+        int32_t id = find_token(name);
+        if (id < 0) break;
+        bytes.push_back(id);
       }
       if (bytes.size() == ch.size()) {
         if (pending_unk) syms.push_back(*unk_id_), pending_unk = false;
@@ -270,8 +283,8 @@ void BpeModel::encode_word(std::string_view word, bool byte_level, std::vector<i
   bool whole = false;
   if (ignore_merges_) {
     // Words already in the vocab are emitted whole (Llama-3 style ignore_merges).
-    auto it = byte_level ? vocab_.find(to_byte_level(word)) : vocab_.find(word);
-    if (it != vocab_.end()) syms.assign(1, it->second), whole = true;
+    int32_t id = byte_level ? find_token(to_byte_level(word)) : find_token(word);
+    if (id >= 0) syms.assign(1, id), whole = true;
   }
   if (!whole) {
     initial_symbols(word, byte_level, syms);

@@ -21,8 +21,10 @@ using StringIdMap = std::unordered_map<std::string, int32_t, StringHash, std::eq
 
 class BpeModel {
  public:
-  // model: the "model" object of tokenizer.json; file names the source in errors.
-  void load(const nlohmann::json& model, const std::string& file);
+  // model: the "model" object of tokenizer.json (its options); vocab (token, id) and merges
+  // (left, right) by rank come separately (see json_load.h); file names the source in errors.
+  void load(const nlohmann::json& model, std::vector<std::pair<std::string, int64_t>>&& vocab,
+            const std::vector<std::pair<std::string, std::string>>& merges, const std::string& file);
 
   // Appends the ids of one pre-tokenized word. byte_level: word holds raw bytes that the
   // ByteLevel pre-tokenizer maps to its alphabet; otherwise word is text split into characters.
@@ -54,8 +56,11 @@ class BpeModel {
   void initial_symbols(std::string_view word, bool byte_level, std::vector<int32_t>& syms) const;
   void merge_symbols(std::vector<int32_t>& syms) const;
 
-  StringIdMap vocab_;
+  // Vocab lookup: open addressing over ids, keys compared against id_to_token_ (no nodes).
+  int32_t find_token(std::string_view token) const;
+  std::vector<int32_t> slots_;
   std::vector<std::string> id_to_token_;
+  std::vector<uint8_t> has_id_;
   std::vector<MergeSlot> merges_;
   int32_t byte_ids_[256];  // id of each byte's byte-level char, -1 when absent from the vocab
   std::optional<int32_t> unk_id_;

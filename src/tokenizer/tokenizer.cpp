@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/bpe.h"
+#include "tokenizer/json_load.h"
 #include "tokenizer/pipeline.h"
 #include "tokenizer/unicode.h"
 
@@ -89,12 +90,9 @@ Tokenizer Tokenizer::load(const std::string& path) {
   const std::string file = resolve_path(path);
   impl->file = file;
   std::string text = read_file(file);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail("tokenizer: '", file, "' is not valid JSON: ", e.what());
-  }
+  tok::TokenizerFile parsed = tok::parse_tokenizer_file(text, file);
+  std::string().swap(text);
+  const json& j = parsed.rest;
   TITAN_CHECK(j.is_object(), "tokenizer: '", file, "': expected a JSON object at the top level");
   try {
     auto section = [&](const char* key) -> const json& {
@@ -105,12 +103,12 @@ Tokenizer Tokenizer::load(const std::string& path) {
     const json& model = section("model");
     TITAN_CHECK(model.is_object(), file, ": model: missing or not an object");
     std::string type = model.contains("type") && model["type"].is_string() ? model["type"].get<std::string>()
-                       : model.contains("merges")                           ? "BPE"
+                       : parsed.has_merges                                  ? "BPE"
                                                                             : "";
     TITAN_CHECK(type == "BPE", file, ": model.type: unsupported model type '", type, "' (only BPE is supported)");
-    TITAN_CHECK(model.contains("vocab"), file, ": model.vocab: missing");
-    TITAN_CHECK(model.contains("merges"), file, ": model.merges: missing");
-    impl->model.load(model, file);
+    TITAN_CHECK(parsed.has_vocab, file, ": model.vocab: missing");
+    TITAN_CHECK(parsed.has_merges, file, ": model.merges: missing");
+    impl->model.load(model, std::move(parsed.vocab), parsed.merges, file);
     impl->normalizer.load(section("normalizer"), file + ": normalizer");
     impl->pre_tokenizer.load(section("pre_tokenizer"), file + ": pre_tokenizer");
     impl->post_processor.load(section("post_processor"), file + ": post_processor");
