@@ -1,6 +1,8 @@
 // titan data prepare | info: pre-tokenize corpora into token shards, and describe a dataset.
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -36,8 +38,19 @@ int run_prepare(const std::string& tokenizer, PrepareOptions& options, const std
   return 0;
 }
 
-// Counts documents and tokens of both splits by reading them once (text: tokenizing).
-int run_info(DataConfig cfg, const std::string& format, const std::string& delimiter, int64_t limit_batches) {
+// Anonymous resident memory (heap, not the page cache behind memory-mapped shards), in MB.
+double anon_rss_mb() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("RssAnon:", 0) == 0) return std::stod(line.substr(8)) / 1024.0;
+  return 0;
+}
+
+// Describes a dataset; with count, reads both splits once (text: tokenizing); with batches, times
+// the loader over that many batches and prints the first ids of the first few.
+int run_info(DataConfig cfg, const std::string& format, const std::string& delimiter, bool count,
+             int64_t batches) {
   cfg.format = parse_data_format(format);
   cfg.delimiter = parse_doc_delimiter(delimiter);
   const ResolvedSources resolved = resolve_sources(cfg.sources, cfg.format);
@@ -49,11 +62,13 @@ int run_info(DataConfig cfg, const std::string& format, const std::string& delim
                   static_cast<unsigned long long>(index.num_tokens()), index.vocab_size, index.eos_id);
     }
   } else {
-    std::printf("%zu file(s)\n", resolved.files.size());
+    uint64_t bytes = 0;
+    for (const auto& f : resolved.files) bytes += f.size_bytes;
+    std::printf("%zu file(s), %.1f MB\n", resolved.files.size(), bytes / 1e6);
   }
   const TextEncoder encoder = resolved.tokens ? TextEncoder{} : make_text_encoder(cfg.tokenizer);
   for (const Split split : {Split::Train, Split::Validation}) {
-    if (split == Split::Validation && cfg.val_fraction <= 0) break;
+    if (!count || (split == Split::Validation && cfg.val_fraction <= 0)) break;
     DataConfig c = cfg;
     c.split = split;
     c.shuffle = false;
@@ -71,15 +86,24 @@ int run_info(DataConfig cfg, const std::string& format, const std::string& delim
                 static_cast<unsigned long long>(tokens / static_cast<uint64_t>(cfg.seq_len + 1)),
                 static_cast<long long>(cfg.seq_len));
   }
-  if (limit_batches > 0) {
+  if (batches > 0) {
+    const auto t0 = std::chrono::steady_clock::now();
     DataLoader loader(cfg, encoder);
     Batch batch;
-    for (int64_t i = 0; i < limit_batches && loader.next_batch(batch); ++i) {
+    int64_t done = 0;
+    for (; done < batches && loader.next_batch(batch); ++done) {
+      if (done >= 3) continue;
       std::printf("batch %llu (epoch %llu):", static_cast<unsigned long long>(batch.step),
                   static_cast<unsigned long long>(batch.epoch));
       for (size_t t = 0; t < batch.input_ids.size() && t < 16; ++t) std::printf(" %d", batch.input_ids[t]);
       std::printf("%s\n", batch.input_ids.size() > 16 ? " ..." : "");
     }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("%lld batch(es) of %lld x %lld in %.3f s: %.3g tokens/s on rank %d of %d, epoch %llu\n",
+                static_cast<long long>(done), static_cast<long long>(cfg.batch_size),
+                static_cast<long long>(cfg.seq_len), s, done * cfg.batch_size * cfg.seq_len / s, cfg.dp_rank,
+                cfg.dp_world, static_cast<unsigned long long>(loader.epoch()));
+    std::printf("anonymous resident memory: %.1f MB\n", anon_rss_mb());
   }
   return 0;
 }
@@ -111,6 +135,8 @@ int cmd_data(int argc, char** argv) {
   DataConfig info_cfg;
   std::string info_format = "auto", info_delimiter = "file";
   int64_t info_batches = 0;
+  bool info_no_count = false;
+  info_cfg.shuffle = false;
   auto* info = app.add_subcommand("info", "Count documents, tokens and windows of a dataset and its splits");
   info->add_option("sources", info_cfg.sources, "files, directories or token datasets")->required();
   info->add_option("--tokenizer", info_cfg.tokenizer, "for text sources: tokenizer.json or builtin:bytes");
@@ -121,7 +147,12 @@ int cmd_data(int argc, char** argv) {
   info->add_option("--batch-size", info_cfg.batch_size)->capture_default_str();
   info->add_option("--val-fraction", info_cfg.val_fraction)->capture_default_str();
   info->add_option("--seed", info_cfg.seed)->capture_default_str();
-  info->add_option("--batches", info_batches, "also print the first ids of this many batches");
+  info->add_option("--dp-rank", info_cfg.dp_rank)->capture_default_str();
+  info->add_option("--dp-world", info_cfg.dp_world)->capture_default_str();
+  info->add_option("--shuffle", info_cfg.shuffle)->capture_default_str();
+  info->add_flag("--no-count", info_no_count, "skip reading the whole dataset to count it");
+  info->add_option("--batches", info_batches,
+                   "time the loader over this many batches (ids of the first 3 shown)");
 
   try {
     app.parse(argc, argv);
@@ -129,7 +160,7 @@ int cmd_data(int argc, char** argv) {
     return app.exit(e);
   }
   if (*prepare) return run_prepare(prep_tokenizer, prep, prep_format, prep_delimiter, prep_eos);
-  return run_info(info_cfg, info_format, info_delimiter, info_batches);
+  return run_info(info_cfg, info_format, info_delimiter, !info_no_count, info_batches);
 }
 
 }  // namespace

@@ -148,12 +148,10 @@ void ShardWriter::flush() {
 }
 
 void ShardWriter::add_tokens(std::span<const int32_t> tokens) {
-  for (const int32_t id : tokens) {
+  for (const int32_t id : tokens)
     TITAN_CHECK(id >= 0 && static_cast<uint32_t>(id) < vocab_size_, path_, ": token id ", id,
                 " outside the vocabulary of ", vocab_size_);
-    const uint32_t u = static_cast<uint32_t>(id);
-    write(&u, 4);
-  }
+  write(tokens.data(), tokens.size() * sizeof(int32_t));  // non-negative int32 has the uint32 bit pattern
   num_tokens_ += tokens.size();
 }
 
