@@ -151,6 +151,15 @@ struct DataLoader::Impl {
     return true;
   }
 
+  void reset() {
+    epoch = step = tokens = 0;
+    docs_in_epoch = doc_len = doc_offset = 0;
+    epoch_from_start = true;
+    finished = false;
+    source->start_epoch(0);
+    TITAN_CHECK(load_next_doc(), "no data");
+  }
+
   nlohmann::json state() const {
     return {
         {"version", kStateVersion},
@@ -218,6 +227,9 @@ nlohmann::json DataLoader::state() const {
 }
 void DataLoader::load_state(const nlohmann::json& state) {
   impl_->load_state(state);
+}
+void DataLoader::reset() {
+  impl_->reset();
 }
 int32_t DataLoader::vocab_size() const {
   return impl_->vocab;

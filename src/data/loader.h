@@ -50,6 +50,9 @@ class DataLoader {
   nlohmann::json state() const;
   void load_state(const nlohmann::json& state);
 
+  // Back to the first batch of epoch 0 (e.g. before each evaluation pass of a validation loader).
+  void reset();
+
   int32_t vocab_size() const;
   int32_t eos_id() const;
   uint64_t epoch() const;
