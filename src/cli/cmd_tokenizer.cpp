@@ -2,7 +2,12 @@
 //   encode: one JSON string per line -> one JSON array of ids per line
 //   decode: one JSON array of ids per line -> one JSON string per line
 //   train:  byte-level BPE on text files -> tokenizer.json
+//   bench:  load time and encode throughput (single thread, all OpenMP threads) on a JSONL corpus
+#include <omp.h>
+
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -98,6 +103,56 @@ int run_train(const std::vector<std::string>& inputs, int vocab_size, const std:
   return 0;
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Prints one JSON object: median load seconds and median encode MB/s, single- and multi-threaded.
+int run_bench(const std::string& path, const std::string& input, int runs) {
+  std::vector<std::string> docs;
+  {
+    std::ifstream in(input);
+    TITAN_CHECK(in.good(), "cannot open '", input, "'");
+    std::string line;
+    while (std::getline(in, line))
+      if (!line.empty()) docs.push_back(json::parse(line).get<std::string>());
+  }
+  size_t bytes = 0;
+  for (const auto& d : docs) bytes += d.size();
+  std::vector<double> load_s, single_s, parallel_s;
+  std::vector<std::vector<int32_t>> first(docs.size()), again(docs.size());
+  size_t tokens = 0;
+  for (int r = 0; r < runs; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    titan::Tokenizer tok = titan::Tokenizer::load(path);
+    load_s.push_back(seconds_since(t0));
+    t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < docs.size(); ++i) first[i] = tok.encode(docs[i]);
+    single_s.push_back(seconds_since(t0));
+    t0 = std::chrono::steady_clock::now();
+#pragma omp parallel for schedule(dynamic, 4)
+    for (long i = 0; i < static_cast<long>(docs.size()); ++i) again[i] = tok.encode(docs[i]);
+    parallel_s.push_back(seconds_since(t0));
+    TITAN_CHECK(first == again, "bench: parallel encode differs from single-threaded encode");
+  }
+  for (const auto& ids : first) tokens += ids.size();
+  json out{{"docs", docs.size()},
+           {"bytes", bytes},
+           {"tokens", tokens},
+           {"threads", omp_get_max_threads()},
+           {"runs", runs},
+           {"load_s", median(load_s)},
+           {"single_mb_s", bytes / 1e6 / median(single_s)},
+           {"parallel_mb_s", bytes / 1e6 / median(parallel_s)}};
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
 int tokenizer_main(int argc, char** argv) {
   CLI::App app{"HF tokenizer.json compatible byte-level BPE: encode, decode, train", "titan tokenizer"};
   app.require_subcommand(1);
@@ -117,6 +172,12 @@ int tokenizer_main(int argc, char** argv) {
   tr->add_option("--vocab-size", vocab_size, "total vocab size, special tokens included")->required();
   tr->add_option("--special-tokens", specials, "special tokens (default: <|endoftext|>)");
   tr->add_option("--output", output, "tokenizer.json to write")->required();
+  std::string bench_input;
+  int runs = 5;
+  auto* bench = app.add_subcommand("bench", "load time and encode MB/s on a JSONL corpus (one JSON string per line)");
+  bench->add_option("--tokenizer", path, "tokenizer.json or a directory holding one")->required();
+  bench->add_option("--input", bench_input, "JSONL corpus")->required();
+  bench->add_option("--runs", runs, "repetitions (the median is reported)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -125,6 +186,7 @@ int tokenizer_main(int argc, char** argv) {
   std::ios::sync_with_stdio(false);
   if (*enc) return run_encode(path, add_special);
   if (*dec) return run_decode(path, skip_special);
+  if (*bench) return run_bench(path, bench_input, std::max(1, runs));
   return run_train(inputs, vocab_size, specials, output);
 }
 

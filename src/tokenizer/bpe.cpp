@@ -15,35 +15,6 @@
 namespace titan::tok {
 
 namespace {
-std::atomic<uint64_t> g_next_instance{1};
-
-// Recently encoded words of the current thread (one model at a time; switching models clears it).
-struct WordCache {
-  static constexpr size_t kMaxWords = 1 << 17;
-  static constexpr size_t kMaxWordBytes = 256;
-  uint64_t owner = 0;
-  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>, StringHash, std::equal_to<>> map;
-  std::vector<int32_t> ids;
-  void reset(uint64_t new_owner) {
-    owner = new_owner;
-    map.clear();
-    ids.clear();
-  }
-};
-thread_local WordCache t_cache;
-thread_local std::vector<int32_t> t_syms;
-}  // namespace
-
-void BpeModel::add_merge(int32_t left, int32_t right, int32_t rank, int32_t merged) {
-  uint64_t key = (uint64_t(uint32_t(left)) << 32) | uint32_t(right);
-  size_t mask = merges_.size() - 1;
-  size_t h = (key * 0x9E3779B97F4A7C15ull) >> 20 & mask;
-  while (merges_[h].key != kEmpty && merges_[h].key != key) h = (h + 1) & mask;
-  if (merges_[h].key == key) return;  // a repeated merge keeps its first (best) rank, as HF does
-  merges_[h] = MergeSlot{key, rank, merged};
-}
-
-namespace {
 inline size_t hash_bytes(std::string_view s) {
   // FNV-1a over 8-byte words: cheap for short tokens, good enough spread for open addressing.
   uint64_t h = 0xcbf29ce484222325ull ^ s.size();
@@ -59,7 +30,55 @@ inline size_t hash_bytes(std::string_view s) {
   h = (h ^ tail) * 0x9E3779B97F4A7C15ull;
   return static_cast<size_t>(h ^ (h >> 32));
 }
+
+std::atomic<uint64_t> g_next_instance{1};
+
+// Recently encoded words of the current thread (one model at a time; switching models clears
+// it): open addressing on a 64-bit hash, keys and ids in flat arenas, cleared when half full.
+struct WordCache {
+  static constexpr size_t kSlots = 1 << 18;
+  static constexpr size_t kMaxWordBytes = 256;
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t key_off = 0, ids_off = 0;
+    uint16_t key_len = 0, ids_len = 0;
+    bool used = false;
+  };
+  uint64_t owner = 0;
+  size_t used = 0;
+  std::vector<Slot> slots;
+  std::string keys;
+  std::vector<int32_t> ids;
+  void reset(uint64_t new_owner) {
+    owner = new_owner;
+    used = 0;
+    slots.assign(kSlots, Slot{});
+    keys.clear();
+    ids.clear();
+  }
+  // Returns the slot holding word, or the empty slot where it belongs.
+  Slot& find(std::string_view word, uint64_t hash) {
+    for (size_t h = hash & (kSlots - 1);; h = (h + 1) & (kSlots - 1)) {
+      Slot& s = slots[h];
+      if (!s.used) return s;
+      if (s.hash == hash && s.key_len == word.size() && !std::memcmp(keys.data() + s.key_off, word.data(), word.size()))
+        return s;
+    }
+  }
+};
+thread_local WordCache t_cache;
+thread_local std::vector<int32_t> t_syms;
 }  // namespace
+
+void BpeModel::add_merge(int32_t left, int32_t right, int32_t rank, int32_t merged) {
+  uint64_t key = (uint64_t(uint32_t(left)) << 32) | uint32_t(right);
+  size_t mask = merges_.size() - 1;
+  size_t h = (key * 0x9E3779B97F4A7C15ull) >> 20 & mask;
+  while (merges_[h].key != kEmpty && merges_[h].key != key) h = (h + 1) & mask;
+  if (merges_[h].key == key) return;  // a repeated merge keeps its first (best) rank, as HF does
+  merges_[h] = MergeSlot{key, rank, merged};
+}
+
 
 int32_t BpeModel::find_token(std::string_view token) const {
   if (slots_.empty()) return -1;
@@ -212,20 +231,26 @@ void BpeModel::initial_symbols(std::string_view word, bool byte_level, std::vect
 void BpeModel::merge_symbols(std::vector<int32_t>& syms) const {
   const size_t n = syms.size();
   if (n < 2) return;
-  if (n <= 48) {
-    // Short words: a linear scan per merge beats heap bookkeeping.
+  if (n <= 64) {
+    // Short words: keep the rank of each adjacent pair; a merge re-ranks only its two neighbours.
+    int32_t rank[64], merged[64];
+    auto rank_pair = [&](size_t i) {
+      const MergeSlot* m = find_merge(syms[i], syms[i + 1]);
+      rank[i] = m ? m->rank : INT32_MAX;
+      merged[i] = m ? m->merged : 0;
+    };
     size_t len = n;
+    for (size_t i = 0; i + 1 < len; ++i) rank_pair(i);
     while (len >= 2) {
-      int32_t best_rank = INT32_MAX, best_id = 0;
-      size_t best = SIZE_MAX;
-      for (size_t i = 0; i + 1 < len; ++i) {
-        const MergeSlot* m = find_merge(syms[i], syms[i + 1]);
-        if (m && m->rank < best_rank) best_rank = m->rank, best_id = m->merged, best = i;
-      }
-      if (best == SIZE_MAX) break;
-      syms[best] = best_id;
-      std::copy(syms.begin() + best + 2, syms.begin() + len, syms.begin() + best + 1);
+      size_t best = 0;
+      for (size_t i = 1; i + 1 < len; ++i)
+        if (rank[i] < rank[best]) best = i;
+      if (rank[best] == INT32_MAX) break;
+      syms[best] = merged[best];
+      for (size_t i = best + 1; i + 1 < len; ++i) syms[i] = syms[i + 1], rank[i] = rank[i + 1], merged[i] = merged[i + 1];
       --len;
+      if (best > 0) rank_pair(best - 1);
+      if (best + 1 < len) rank_pair(best);
     }
     syms.resize(len);
     return;
@@ -271,11 +296,11 @@ void BpeModel::encode_word(std::string_view word, bool byte_level, std::vector<i
   WordCache& cache = t_cache;
   if (cache.owner != instance_) cache.reset(instance_);
   const bool cacheable = word.size() <= WordCache::kMaxWordBytes;
+  const uint64_t hash = cacheable ? hash_bytes(word) : 0;
   if (cacheable) {
-    auto it = cache.map.find(word);
-    if (it != cache.map.end()) {
-      out.insert(out.end(), cache.ids.begin() + it->second.first,
-                 cache.ids.begin() + it->second.first + it->second.second);
+    WordCache::Slot& slot = cache.find(word, hash);
+    if (slot.used) {
+      out.insert(out.end(), cache.ids.begin() + slot.ids_off, cache.ids.begin() + slot.ids_off + slot.ids_len);
       return;
     }
   }
@@ -292,10 +317,13 @@ void BpeModel::encode_word(std::string_view word, bool byte_level, std::vector<i
   }
   out.insert(out.end(), syms.begin(), syms.end());
   if (cacheable) {
-    if (cache.map.size() >= WordCache::kMaxWords) cache.reset(instance_);
-    cache.map.emplace(std::string(word), std::make_pair(static_cast<uint32_t>(cache.ids.size()),
-                                                       static_cast<uint32_t>(syms.size())));
+    if (cache.used * 2 >= WordCache::kSlots) cache.reset(instance_);
+    WordCache::Slot& slot = cache.find(word, hash);
+    slot = WordCache::Slot{hash, static_cast<uint32_t>(cache.keys.size()), static_cast<uint32_t>(cache.ids.size()),
+                           static_cast<uint16_t>(word.size()), static_cast<uint16_t>(syms.size()), true};
+    cache.keys.append(word);
     cache.ids.insert(cache.ids.end(), syms.begin(), syms.end());
+    ++cache.used;
   }
 }
 
