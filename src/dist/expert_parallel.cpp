@@ -1,0 +1,45 @@
+// Expert-parallel token exchange over all_to_all_v.
+#include "dist/expert_parallel.h"
+
+#include "core/error.h"
+
+namespace titan::dist {
+
+AllToAllExchange::AllToAllExchange(ProcessGroup& pg, std::vector<int64_t> send_counts, int64_t row_elems)
+    : pg_(pg), row_elems_(row_elems), send_rows_(std::move(send_counts)) {
+  const int n = pg.size();
+  TITAN_CHECK(int(send_rows_.size()) == n, "expert exchange: ", send_rows_.size(), " counts for ", n, " ranks");
+  TITAN_CHECK(row_elems > 0, "expert exchange: row size must be positive");
+  recv_rows_.assign(n, 0);
+  // Each rank learns how many rows every other rank sends it.
+  pg.all_to_all(send_rows_.data(), recv_rows_.data(), 1, CommType::I64);
+  for (int r = 0; r < n; ++r) {
+    TITAN_CHECK(send_rows_[r] >= 0, "expert exchange: negative count for rank ", r);
+    send_elems_.push_back(send_rows_[r] * row_elems);
+    recv_elems_.push_back(recv_rows_[r] * row_elems);
+    total_send_ += send_rows_[r];
+    total_recv_ += recv_rows_[r];
+  }
+}
+
+void AllToAllExchange::dispatch(const float* send, float* recv) {
+  pg_.all_to_all_v(send, send_elems_, recv, recv_elems_, CommType::F32);
+}
+
+void AllToAllExchange::combine(const float* recv_side, float* send_side) {
+  pg_.all_to_all_v(recv_side, recv_elems_, send_side, send_elems_, CommType::F32);
+}
+
+std::pair<std::vector<int64_t>, std::vector<int64_t>> group_rows_by_destination(const std::vector<int>& dest,
+                                                                                 int world) {
+  std::vector<int64_t> counts(world, 0), start(world, 0), order(dest.size());
+  for (int d : dest) {
+    TITAN_CHECK(d >= 0 && d < world, "destination rank ", d, " outside [0, ", world, ")");
+    ++counts[d];
+  }
+  for (int r = 1; r < world; ++r) start[r] = start[r - 1] + counts[r - 1];
+  for (size_t i = 0; i < dest.size(); ++i) order[start[dest[i]]++] = int64_t(i);
+  return {order, counts};
+}
+
+}  // namespace titan::dist
