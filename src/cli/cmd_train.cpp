@@ -1,0 +1,30 @@
+// titan train [--config FILE|NAME] [--dry-run] [--section.key=value ...]
+// With no arguments: the embedded default run (debug flavor on the fortunes corpus).
+#include <cstdio>
+#include <cstring>
+
+#include "cli/command.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace {
+
+int train_main(int argc, char** argv) {
+  if (argc > 1 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h"))) {
+    std::printf(
+        "usage: titan train [--config FILE|NAME] [--dry-run] [--section.key=value ...]\n\n"
+        "Trains a Qwen3 model. Sections (torchtitan names): job, model, optimizer, lr_scheduler, training,\n"
+        "parallelism, checkpoint, metrics, compile, kernels, activation_checkpoint. With no arguments it\n"
+        "runs the embedded default: the debug flavor with a BPE tokenizer trained on the fortunes corpus.\n"
+        "--dry-run validates the config and prints the plan (parameters, FLOPs/token, memory per rank).\n");
+    return 0;
+  }
+  std::vector<std::string> args(argv + 1, argv + argc);
+  titan::TrainConfig config = titan::parse_train_args(args);
+  titan::run_training(config);
+  return 0;
+}
+
+}  // namespace
+
+TITAN_COMMAND("train", "train a model (no arguments: the embedded default run)", train_main);

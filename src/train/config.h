@@ -1,0 +1,124 @@
+// The trainer's configuration: TOML files whose sections follow torchtitan (job, model, optimizer,
+// lr_scheduler, training, parallelism, checkpoint, metrics, compile, kernels, activation_checkpoint),
+// command-line overrides `--section.key=value`, validation that lists the valid keys, and dumping.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace titan {
+
+struct JobConfig {
+  std::string dump_folder = "./outputs";
+  std::string description = "";
+  bool print_config = true;
+};
+
+struct ModelConfig {
+  std::string name = "qwen3";
+  std::string flavor = "debug";    // flavor registry name; ignored when hf_assets_path has a config.json
+  std::string hf_assets_path = "";  // HF directory: config.json (+ tokenizer.json)
+  std::string tokenizer_path = "";  // tokenizer.json or dir; "" = hf_assets_path, or trained (default run)
+  int64_t vocab_size = 0;           // > 0: override the flavor's vocabulary (e.g. to the tokenizer's)
+};
+
+struct OptimizerConfig {
+  std::string name = "AdamW";
+  double lr = 8e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  std::string implementation = "";  // kernel name ("" = default)
+};
+
+struct LRSchedulerConfig {
+  int64_t warmup_steps = 20;
+  double decay_ratio = -1;  // < 0: decay over every step after warmup
+  std::string decay_type = "linear";
+  double min_lr_factor = 0.0;
+};
+
+struct TrainingConfig {
+  std::vector<std::string> dataset = {"fortunes"};  // files/dirs; "fortunes" = the fortune(6) corpus
+  std::string dataset_format = "auto";              // auto | text | jsonl | tokens
+  std::string dataset_delimiter = "percent";        // text: file | percent | blank
+  std::string text_field = "text";
+  double val_fraction = 0.0;
+  int64_t local_batch_size = 8;
+  int64_t global_batch_size = -1;  // -1: local_batch_size * data-parallel degree
+  int64_t seq_len = 256;
+  double max_norm = 1.0;
+  int64_t steps = 300;
+  uint64_t seed = 42;
+  std::string mixed_precision_param = "float32";  // float32 | bfloat16 (bf16 compute, f32 master)
+  bool skip_nan_inf = false;                      // skip a step whose loss is NaN/Inf instead of stopping
+  int64_t sample_tokens = 48;                     // tokens generated at the end (0: none)
+  std::string sample_prompt = "";
+};
+
+struct ParallelismConfig {
+  int64_t data_parallel_replicate_degree = 1;
+  int64_t data_parallel_shard_degree = -1;  // -1: whatever is left of the world size
+  int64_t expert_parallel_degree = 1;
+};
+
+struct CheckpointConfig {
+  bool enable = false;
+  std::string folder = "checkpoint";
+  int64_t interval = 500;
+  int64_t keep_latest_k = 10;
+  std::string initial_load_path = "";
+  bool initial_load_in_hf = true;
+  bool last_save_in_hf = true;
+  std::string export_dtype = "float32";  // float32 | bfloat16
+};
+
+struct MetricsConfig {
+  int64_t log_freq = 1;
+  double peak_tflops = 0;  // > 0: peak for MFU; 0: measure the GEMM rate at start
+  bool enable_jsonl = true;
+  bool progress_bar = true;  // only when stdout is a terminal
+};
+
+struct CompileConfig {
+  bool enable = false;
+  std::vector<std::string> components = {"model", "loss"};
+};
+
+struct ActivationCheckpointConfig {
+  std::string mode = "none";  // none | full
+};
+
+struct TrainConfig {
+  JobConfig job;
+  ModelConfig model;
+  OptimizerConfig optimizer;
+  LRSchedulerConfig lr_scheduler;
+  TrainingConfig training;
+  ParallelismConfig parallelism;
+  CheckpointConfig checkpoint;
+  MetricsConfig metrics;
+  CompileConfig compile;
+  std::map<std::string, std::string> kernels;  // op -> implementation
+  ActivationCheckpointConfig activation_checkpoint;
+  bool dry_run = false;
+
+  // TOML text of every setting (what `titan train` prints and saves as config.toml).
+  std::string to_toml() const;
+  // Checks values (names the section.key and lists valid choices); throws titan::Error.
+  void validate() const;
+};
+
+// Applies a TOML document over `config`; unknown sections/keys and wrong types are errors that list
+// the valid ones. `origin` names the file in messages.
+void apply_toml(TrainConfig& config, const std::string& toml_text, const std::string& origin);
+// Applies one override "section.key=value" (value parsed as TOML, else taken as a string).
+void apply_override(TrainConfig& config, const std::string& assignment);
+// Resolves --config: a path to a .toml file, or the name of a shipped config (configs/NAME.toml).
+std::string resolve_config_path(const std::string& name_or_path);
+// Parses `titan train` arguments: [--config FILE|NAME] [--dry-run] [--section.key=value | --section.key value]...
+TrainConfig parse_train_args(const std::vector<std::string>& args);
+
+}  // namespace titan

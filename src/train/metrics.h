@@ -1,0 +1,43 @@
+// Training metrics: one torchtitan-style console line per step, a progress bar with ETA on a
+// terminal, <dump_folder>/metrics.jsonl, the GEMM peak used for MFU, and the loss-curve picture.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace titan {
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0, grad_norm = 0, lr = 0;
+  int64_t tokens = 0;  // tokens of this step on this rank
+  double tps = 0;      // tokens per second per rank
+  double tflops = 0, mfu = 0, mem_gib = 0, mem_pct = 0;
+  double time_s = 0;  // wall time of the step
+};
+
+class MetricsLogger {
+ public:
+  // jsonl_path empty: no file. progress: draw a bar (only if stdout is a terminal).
+  MetricsLogger(const std::string& jsonl_path, int64_t total_steps, bool progress, bool print);
+  ~MetricsLogger();
+  void log(const StepMetrics& m);
+  void finish();
+
+ private:
+  FILE* jsonl_ = nullptr;
+  int64_t total_steps_;
+  bool progress_, print_;
+  double elapsed_ = 0;
+};
+
+// Measured SGEMM rate (TFLOP/s) of the BLAS in use with the current thread count.
+double measure_gemm_tflops();
+// Physical memory of this machine in bytes.
+int64_t physical_memory_bytes();
+
+// Writes an SVG line chart of `losses` (one per step) to `path`.
+void write_loss_svg(const std::string& path, const std::vector<double>& losses, const std::string& title);
+
+}  // namespace titan

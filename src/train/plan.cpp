@@ -1,0 +1,78 @@
+#include "train/plan.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace titan {
+
+namespace {
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f GiB", bytes / double(int64_t(1) << 30));
+  return buf;
+}
+std::string human(double n) {
+  char buf[32];
+  if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.3fB", n / 1e9);
+  else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.3fM", n / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f", n);
+  return buf;
+}
+}  // namespace
+
+RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int64_t dp_shard, int64_t local_batch,
+                  int64_t global_batch, int64_t seq_len, const std::string& activation_checkpoint) {
+  RunPlan p;
+  p.world = world;
+  p.dp_replicate = dp_replicate;
+  p.dp_shard = dp_shard;
+  TITAN_CHECK(dp_replicate * dp_shard == world, "parallelism: data_parallel_replicate_degree (", dp_replicate,
+              ") x data_parallel_shard_degree (", dp_shard, ") must equal the world size (", world, ")");
+  const int64_t dp = dp_replicate * dp_shard;
+  p.local_batch = local_batch;
+  p.global_batch = global_batch > 0 ? global_batch : local_batch * dp;
+  TITAN_CHECK(p.global_batch % (local_batch * dp) == 0, "training.global_batch_size (", p.global_batch,
+              ") must be a multiple of local_batch_size x data-parallel degree (", local_batch, " x ", dp, ")");
+  p.grad_accum = p.global_batch / (local_batch * dp);
+  p.seq_len = seq_len;
+  p.params = c.num_params();
+  p.non_embedding_params = p.params - c.vocab_size * c.hidden_size * (c.tie_word_embeddings ? 1 : 2);
+  p.flops_per_token = c.training_flops_per_token(seq_len);
+  const int64_t shard_params = (p.params + dp_shard - 1) / dp_shard;
+  p.param_bytes = shard_params * 4;
+  p.grad_bytes = shard_params * 4;
+  p.optimizer_bytes = shard_params * 8;  // AdamW exp_avg + exp_avg_sq, f32
+  if (dp_shard > 1) {
+    // FSDP gathers one layer group at a time (the largest: the embedding) for compute.
+    const int64_t biggest = std::max(c.vocab_size * c.hidden_size, c.params_per_layer());
+    p.param_bytes += biggest * 4;
+    p.grad_bytes += biggest * 4;
+  }
+  // Saved activations per layer (f32), as Qwen3Model plans them, plus the logits.
+  const int64_t N = local_batch * seq_len, H = c.hidden_size, I = c.intermediate_size;
+  const int64_t per_layer = N * H * 4 + N * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 +
+                            N * (c.num_attention_heads + c.num_key_value_heads) +
+                            local_batch * c.num_attention_heads * seq_len * seq_len + N * 3 * I;
+  const int64_t layers_saved = activation_checkpoint == "full" ? 1 : c.num_hidden_layers;
+  const int64_t checkpointed_inputs = activation_checkpoint == "full" ? c.num_hidden_layers * N * H : 0;
+  const int64_t scratch = N * (3 * H + 2 * c.q_dim() + 3 * c.kv_dim() + 3 * I);
+  p.activation_bytes = 4 * (layers_saved * per_layer + checkpointed_inputs + scratch + N * c.vocab_size);
+  return p;
+}
+
+std::string RunPlan::describe() const {
+  std::ostringstream os;
+  os << "parameters: " << human(params) << " (" << human(non_embedding_params) << " non-embedding)\n"
+     << "training FLOPs/token: " << human(flops_per_token) << " (" << flops_per_token / 1e9 << " GFLOP)\n"
+     << "world " << world << " = data_parallel_replicate " << dp_replicate << " x data_parallel_shard " << dp_shard
+     << "\nbatch: local " << local_batch << " x seq " << seq_len << ", global " << global_batch
+     << ", gradient accumulation " << grad_accum << " steps, " << global_batch * seq_len << " tokens/step\n"
+     << "memory per rank: parameters " << gib(param_bytes) << ", gradients " << gib(grad_bytes)
+     << ", optimizer " << gib(optimizer_bytes) << ", activations " << gib(activation_bytes) << ", total "
+     << gib(total_bytes());
+  return os.str();
+}
+
+}  // namespace titan

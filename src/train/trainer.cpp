@@ -1,0 +1,338 @@
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "core/error.h"
+#include "data/loader.h"
+#include "device/device.h"
+#include "kernels/registry.h"
+#include "models/qwen3/model.h"
+#include "optim/optimizer.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/trainer.h"
+#include "train/metrics.h"
+#include "train/plan.h"
+
+namespace titan {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFortuneDir = "/usr/share/games/fortunes";
+
+// Expands the "fortunes" shorthand; other sources pass through unchanged.
+std::vector<std::string> resolve_sources(const std::vector<std::string>& sources) {
+  std::vector<std::string> out;
+  for (auto& s : sources) {
+    if (s == "fortunes") {
+      auto files = fortune_files();
+      TITAN_CHECK(!files.empty(), "training.dataset = \"fortunes\": no fortune files in ", kFortuneDir,
+                  " (install the Debian packages fortunes and fortunes-min: scripts/setup.sh does)");
+      out.insert(out.end(), files.begin(), files.end());
+    } else {
+      TITAN_CHECK(fs::exists(s), "training.dataset: '", s, "' does not exist");
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+Qwen3Config model_config(const TrainConfig& cfg) {
+  Qwen3Config c;
+  const std::string hf_config = cfg.model.hf_assets_path + "/config.json";
+  if (!cfg.model.hf_assets_path.empty() && fs::exists(hf_config)) c = Qwen3Config::from_hf_file(hf_config);
+  else c = Qwen3Config::flavor(cfg.model.flavor);
+  if (cfg.model.vocab_size > 0) c.vocab_size = cfg.model.vocab_size;
+  c.validate("model");
+  return c;
+}
+
+bool is_text_dataset(const TrainConfig& cfg, const std::vector<std::string>& sources) {
+  if (cfg.training.dataset_format == "tokens") return false;
+  if (cfg.training.dataset_format != "auto") return true;
+  for (auto& s : sources)
+    if (!(fs::is_directory(s) && fs::exists(fs::path(s) / "index.json")) && fs::path(s).filename() != "index.json")
+      return true;
+  return false;
+}
+
+// The tokenizer for text data: model.tokenizer_path, else hf_assets_path, else one trained by our BPE
+// trainer on the training corpus (cached in the dump folder) with the model's vocabulary size.
+std::string resolve_tokenizer(const TrainConfig& cfg, const std::vector<std::string>& sources, int64_t vocab) {
+  if (!cfg.model.tokenizer_path.empty()) return cfg.model.tokenizer_path;
+  if (!cfg.model.hf_assets_path.empty() && fs::exists(fs::path(cfg.model.hf_assets_path) / "tokenizer.json"))
+    return cfg.model.hf_assets_path;
+  const fs::path dir = fs::path(cfg.job.dump_folder) / "tokenizer";
+  const fs::path path = dir / "tokenizer.json";
+  if (fs::exists(path)) {
+    Tokenizer t = Tokenizer::load(path.string());
+    if (t.vocab_size() == vocab) return path.string();
+  }
+  std::printf("training a %lld-token byte-level BPE tokenizer on the corpus (%zu files)...\n", (long long)vocab,
+              sources.size());
+  std::fflush(stdout);
+  std::vector<std::string> files;
+  for (auto& s : sources) {
+    if (fs::is_directory(s)) {
+      for (auto& e : fs::recursive_directory_iterator(s))
+        if (e.is_regular_file()) files.push_back(e.path().string());
+    } else {
+      files.push_back(s);
+    }
+  }
+  std::sort(files.begin(), files.end());
+  const std::string json = train_bpe(files, static_cast<int>(vocab), {"<|endoftext|>"});
+  fs::create_directories(dir);
+  const std::string tmp = path.string() + ".tmp";
+  std::ofstream(tmp) << json;
+  fs::rename(tmp, path);
+  return path.string();
+}
+
+// Samples `n` tokens after `prompt` (temperature 0.8, top-k 40, seeded), recomputing the full
+// context each token (no KV cache: fine for a short sample of a small model).
+std::vector<int32_t> generate(Qwen3Model& model, std::vector<int32_t> ids, int64_t n, int64_t max_context,
+                              uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t V = model.config().vocab_size;
+  const int64_t start = static_cast<int64_t>(ids.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t T = std::min<int64_t>(static_cast<int64_t>(ids.size()), max_context);
+    std::vector<int32_t> ctx(ids.end() - T, ids.end()), labels(T, -100);
+    ForwardOptions fo;
+    fo.compute_grad = false;
+    fo.keep_logits = true;
+    model.forward(ctx.data(), labels.data(), 1, T, fo);
+    const float* last = model.logits().f32() + (T - 1) * V;
+    std::vector<std::pair<float, int32_t>> top(V);
+    for (int64_t v = 0; v < V; ++v) top[v] = {last[v], static_cast<int32_t>(v)};
+    const int64_t k = std::min<int64_t>(40, V);
+    std::partial_sort(top.begin(), top.begin() + k, top.end(), std::greater<>());
+    std::vector<double> w(k);
+    for (int64_t j = 0; j < k; ++j) w[j] = std::exp((top[j].first - top[0].first) / 0.8);
+    double total = 0;
+    for (double x : w) total += x;
+    double r = (rng() >> 11) * 0x1.0p-53 * total;
+    int64_t pick = 0;
+    while (pick + 1 < k && r >= w[pick]) r -= w[pick++];
+    ids.push_back(top[pick].second);
+  }
+  return std::vector<int32_t>(ids.begin() + start, ids.end());
+}
+
+// Every [kernels] entry names a registered op and one of its implementations.
+void validate_kernel_choice(const std::map<std::string, std::string>& kernels) {
+  for (auto& [op, impl] : kernels) {
+    auto ops = KernelRegistry::global().ops();
+    std::string valid_ops;
+    for (auto& o : ops) valid_ops += (valid_ops.empty() ? "" : ", ") + o;
+    TITAN_CHECK(std::find(ops.begin(), ops.end(), op) != ops.end(), "kernels.", op, ": unknown op (valid: ", valid_ops,
+                ")");
+    auto impls = KernelRegistry::global().impls(op, DeviceType::CPU);
+    std::string valid;
+    for (auto& i : impls) valid += (valid.empty() ? "" : ", ") + i;
+    TITAN_CHECK(std::find(impls.begin(), impls.end(), impl) != impls.end(), "kernels.", op, " = '", impl,
+                "': no such implementation (valid: ", valid, ")");
+  }
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+std::vector<std::string> fortune_files() {
+  std::vector<std::string> files;
+  if (!fs::is_directory(kFortuneDir)) return files;
+  for (auto& e : fs::directory_iterator(kFortuneDir)) {
+    // Text files have no extension; *.dat are strfile indexes, *.u8 links to the same text.
+    if (!e.is_regular_file() || e.path().has_extension()) continue;
+    files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+TrainResult run_training(const TrainConfig& cfg) {
+  cfg.validate();
+  TrainResult result;
+  const int64_t world = 1, rank = 0;
+  const int64_t dp_shard = cfg.parallelism.data_parallel_shard_degree > 0 ? cfg.parallelism.data_parallel_shard_degree
+                                                                           : world / cfg.parallelism.data_parallel_replicate_degree;
+  Qwen3Config mc = model_config(cfg);
+  const RunPlan plan = make_plan(mc, world, cfg.parallelism.data_parallel_replicate_degree, dp_shard,
+                                 cfg.training.local_batch_size, cfg.training.global_batch_size, cfg.training.seq_len,
+                                 cfg.activation_checkpoint.mode);
+  if (cfg.job.print_config) std::printf("# titan train: resolved config\n%s", cfg.to_toml().c_str());
+  std::printf("# plan\n%s\n", plan.describe().c_str());
+  TITAN_CHECK(cfg.activation_checkpoint.mode == "none",
+              "activation_checkpoint.mode = 'full' is not supported by this model yet (use 'none')");
+  if (cfg.dry_run) {
+    // Validate everything that can be checked without allocating the model.
+    validate_kernel_choice(cfg.kernels);
+    if (!cfg.checkpoint.initial_load_path.empty())
+      TITAN_CHECK(fs::exists(cfg.checkpoint.initial_load_path) || !cfg.checkpoint.initial_load_in_hf,
+                  "checkpoint.initial_load_path '", cfg.checkpoint.initial_load_path,
+                  "' does not exist (dry run: the plan above is still valid)");
+    result.dry_run = true;
+    return result;
+  }
+
+  fs::create_directories(cfg.job.dump_folder);
+  {
+    std::ofstream f(fs::path(cfg.job.dump_folder) / "config.toml");
+    f << cfg.to_toml();
+  }
+  // Data.
+  const std::vector<std::string> sources = resolve_sources(cfg.training.dataset);
+  data::DataConfig dc;
+  dc.sources = sources;
+  dc.format = data::parse_data_format(cfg.training.dataset_format);
+  dc.delimiter = data::parse_doc_delimiter(cfg.training.dataset_delimiter);
+  dc.text_field = cfg.training.text_field;
+  dc.seq_len = cfg.training.seq_len;
+  dc.batch_size = cfg.training.local_batch_size;
+  dc.seed = cfg.training.seed;
+  dc.dp_rank = static_cast<int>(rank);
+  dc.dp_world = static_cast<int>(world);
+  dc.val_fraction = cfg.training.val_fraction;
+  std::string tokenizer_path;
+  if (is_text_dataset(cfg, sources)) {
+    tokenizer_path = resolve_tokenizer(cfg, sources, mc.vocab_size);
+    dc.tokenizer = tokenizer_path;
+  }
+  data::DataLoader loader(dc);
+  TITAN_CHECK(loader.vocab_size() <= mc.vocab_size, "the data's vocabulary (", loader.vocab_size(),
+              " ids) does not fit the model's vocab_size (", mc.vocab_size, ")");
+
+  // Model.
+  validate_kernel_choice(cfg.kernels);
+  Qwen3Model model(mc, cfg.kernels);
+  model.init_weights(cfg.training.seed);
+  if (!cfg.checkpoint.initial_load_path.empty()) {
+    TITAN_CHECK(cfg.checkpoint.initial_load_in_hf,
+                "checkpoint.initial_load_in_hf = false: only HF checkpoints can be loaded here");
+    std::printf("loading HF weights from %s\n", cfg.checkpoint.initial_load_path.c_str());
+    model.load_hf(cfg.checkpoint.initial_load_path);
+  }
+  std::printf("kernels:");
+  for (auto& [op, impl] : model.kernel_names()) std::printf(" %s=%s", op.c_str(), impl.c_str());
+  std::printf("\n");
+  const bool bf16 = cfg.training.mixed_precision_param == "bfloat16";
+  // bf16 compute with f32 master weights: AdamW steps the master copy, the model computes with its
+  // bf16-rounded image (refreshed after every step).
+  std::vector<Tensor> master;
+  if (bf16) {
+    for (auto& p : model.flat_params()) master.push_back(p.clone());
+    model.set_bf16_compute(true);
+    std::printf("mixed precision: bf16 compute (f32 kernels on bf16-rounded operands), f32 master weights\n");
+  }
+  AdamW optimizer(bf16 ? master : model.flat_params(), model.flat_grads(),
+                  AdamWConfig{(float)cfg.optimizer.lr, (float)cfg.optimizer.beta1, (float)cfg.optimizer.beta2,
+                              (float)cfg.optimizer.eps, (float)cfg.optimizer.weight_decay},
+                  cfg.optimizer.implementation);
+  LRSchedule schedule(LRScheduleConfig{cfg.lr_scheduler.warmup_steps, cfg.lr_scheduler.decay_ratio,
+                                       cfg.lr_scheduler.decay_type, cfg.lr_scheduler.min_lr_factor},
+                      cfg.training.steps);
+  double peak_tflops = cfg.metrics.peak_tflops;
+  if (peak_tflops > 0) {
+    std::printf("MFU peak: %.3f TFLOP/s (metrics.peak_tflops)\n", peak_tflops);
+  } else {
+    peak_tflops = measure_gemm_tflops();
+    std::printf("MFU peak: %.3f TFLOP/s (measured SGEMM rate of the BLAS, %d threads)\n", peak_tflops,
+                device_interface(DeviceType::CPU).num_threads());
+  }
+  MetricsLogger metrics(cfg.metrics.enable_jsonl ? (fs::path(cfg.job.dump_folder) / "metrics.jsonl").string() : "",
+                        cfg.training.steps, cfg.metrics.progress_bar, true);
+  const auto& mem = device_interface(DeviceType::CPU).allocator->stats;
+  const double phys_gib = physical_memory_bytes() / double(int64_t(1) << 30);
+
+  data::Batch batch;
+  const int64_t tokens_per_micro = cfg.training.local_batch_size * cfg.training.seq_len;
+  for (int64_t step = 1; step <= cfg.training.steps; ++step) {
+    const double t0 = now_s();
+    model.zero_grad();
+    double loss_sum = 0;
+    int64_t valid = 0;
+    for (int64_t micro = 0; micro < plan.grad_accum; ++micro) {
+      TITAN_CHECK(loader.next_batch(batch), "the dataset ran out of data at step ", step);
+      ForwardOptions fo;
+      // Mean over every target of the accumulation window (HF num_items_in_batch semantics).
+      fo.grad_scale = 1.0f / static_cast<float>(tokens_per_micro * plan.grad_accum);
+      ForwardResult r = model.forward(batch.input_ids.data(), batch.labels.data(), batch.batch_size, batch.seq_len, fo);
+      model.backward();
+      loss_sum += r.loss_sum;
+      valid += r.num_valid;
+    }
+    // Packed windows have no ignored targets, so the window mean above is the plain mean.
+    const double loss = valid > 0 ? loss_sum / static_cast<double>(valid) : std::nan("");
+    if (!std::isfinite(loss)) {
+      TITAN_CHECK(cfg.training.skip_nan_inf, "loss is ", loss, " at step ", step,
+                  " (set training.skip_nan_inf = true to skip such steps)");
+      std::printf("step %lld: loss is %f, step skipped (training.skip_nan_inf)\n", (long long)step, loss);
+      result.losses.push_back(loss);
+      continue;
+    }
+    const double grad_norm = clip_grad_norm(model.flat_grads(), cfg.training.max_norm);
+    const double lr = cfg.optimizer.lr * schedule.factor(step - 1);
+    optimizer.step(static_cast<float>(lr));
+    if (bf16) {
+      for (size_t i = 0; i < master.size(); ++i) model.flat_params()[i].copy_from(master[i]);
+      model.set_bf16_compute(true);
+    }
+    const double dt = now_s() - t0;
+    result.losses.push_back(loss);
+    if (step % cfg.metrics.log_freq == 0 || step == cfg.training.steps) {
+      StepMetrics m;
+      m.step = step;
+      m.loss = loss;
+      m.grad_norm = grad_norm;
+      m.lr = lr;
+      m.tokens = tokens_per_micro * plan.grad_accum;
+      m.tps = m.tokens / dt;
+      m.tflops = plan.flops_per_token * m.tps / 1e12;
+      m.mfu = 100.0 * m.tflops / peak_tflops;
+      m.mem_gib = mem.peak.load() / double(int64_t(1) << 30);
+      m.mem_pct = 100.0 * m.mem_gib / phys_gib;
+      m.time_s = dt;
+      metrics.log(m);
+    }
+  }
+  metrics.finish();
+
+  // Artifacts: HF checkpoint (+ tokenizer), loss curve, sample.
+  if (cfg.checkpoint.last_save_in_hf) {
+    const fs::path dir = fs::path(cfg.job.dump_folder) / cfg.checkpoint.folder / ("step-" + std::to_string(cfg.training.steps));
+    model.save_hf(dir.string(), cfg.checkpoint.export_dtype == "bfloat16" ? DType::BF16 : DType::F32);
+    if (!tokenizer_path.empty()) {
+      fs::path tok = fs::is_directory(tokenizer_path) ? fs::path(tokenizer_path) / "tokenizer.json" : fs::path(tokenizer_path);
+      fs::copy_file(tok, dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+    }
+    result.export_dir = dir.string();
+    std::printf("saved HF checkpoint: %s\n", dir.c_str());
+  }
+  const std::string svg = (fs::path(cfg.job.dump_folder) / "loss.svg").string();
+  write_loss_svg(svg, result.losses, "titan train: " + mc.to_hf_json().value("model_type", "qwen3") + " loss");
+  std::printf("loss curve: %s\n", svg.c_str());
+  if (cfg.training.sample_tokens > 0 && !tokenizer_path.empty()) {
+    Tokenizer tok = Tokenizer::load(tokenizer_path);
+    std::vector<int32_t> prompt = tok.encode(cfg.training.sample_prompt);
+    if (prompt.empty()) prompt.push_back(loader.eos_id() >= 0 ? loader.eos_id() : 0);
+    if (bf16) model.set_bf16_compute(true);
+    auto ids = generate(model, prompt, cfg.training.sample_tokens, cfg.training.seq_len, cfg.training.seed);
+    result.sample = cfg.training.sample_prompt + tok.decode(ids, true);
+    std::ofstream(fs::path(cfg.job.dump_folder) / "sample.txt") << result.sample << "\n";
+    std::printf("sample:\n%s\n", result.sample.c_str());
+  }
+  return result;
+}
+
+}  // namespace titan

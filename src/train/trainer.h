@@ -1,0 +1,25 @@
+// The trainer loop: config -> model spec (flavor or HF dir) -> data -> forward/backward with
+// gradient accumulation -> clip -> AdamW -> metrics; HF export, loss curve and a sample at the end.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "train/config.h"
+
+namespace titan {
+
+struct TrainResult {
+  std::vector<double> losses;  // per step
+  std::string export_dir;      // HF checkpoint written at the end ("" if none)
+  std::string sample;          // text generated at the end ("" if none)
+  bool dry_run = false;
+};
+
+// Runs `config` to completion (or validates and prints the plan with dry_run). Throws titan::Error.
+TrainResult run_training(const TrainConfig& config);
+
+// The fortune(6) text files of the Debian `fortunes` packages (the embedded default corpus).
+std::vector<std::string> fortune_files();
+
+}  // namespace titan
