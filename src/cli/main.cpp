@@ -5,6 +5,7 @@
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "dist/runtime.h"
 
 namespace titan::cli {
 std::map<std::string, Command>& command_registry() {
@@ -44,12 +45,17 @@ int main(int argc, char** argv) {
     print_usage(stderr);
     return 2;
   }
+  // In a multi-rank job (mpirun/srun/titan run) a failing rank must take the whole job down: the dist
+  // hooks print "[rank R] titan <cmd>: error: ..." and MPI_Abort instead of returning while the other
+  // ranks wait in a collective; on success they finalize MPI. Alone they change nothing.
   try {
-    return it->second.fn(argc - 1, argv + 1);
+    return titan::dist::finish_command(name, it->second.fn(argc - 1, argv + 1));
   } catch (const titan::Error& e) {
+    titan::dist::report_fatal_error(name, e.what());
     std::fprintf(stderr, "titan %s: error: %s\n", name, e.what());
     return 1;
   } catch (const std::exception& e) {
+    titan::dist::report_fatal_error(name, e.what());
     std::fprintf(stderr, "titan %s: error: %s\n", name, e.what());
     return 1;
   }

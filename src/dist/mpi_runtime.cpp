@@ -1,4 +1,7 @@
 // The MPI process group, the watchdog and the distributed runtime (init, finalize, abort).
+// Only the C API: the deprecated C++ bindings would need libmpi_cxx.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 #include <sched.h>
 #include <unistd.h>

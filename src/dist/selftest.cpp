@@ -1,0 +1,398 @@
+// Checks of every collective and of DDP / FSDP / HSDP / clipping / sharded AdamW / expert exchange.
+// Reference values are computed locally on every rank (a tiny Qwen3 model on the global batch stands in
+// for the 1-rank run), so one run checks the whole distributed path.
+#include "dist/selftest.h"
+
+#include <csignal>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <ostream>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "dist/data_parallel.h"
+#include "dist/expert_parallel.h"
+#include "dist/runtime.h"
+#include "models/qwen3/model.h"
+#include "optim/optimizer.h"
+
+namespace titan::dist {
+
+namespace {
+
+struct Checker {
+  ProcessGroup& world;
+  std::ostream& log;
+  bool verbose;
+  int failed = 0, passed = 0;
+
+  // Records one check; `err` is the maximum error against the reference.
+  void expect(const std::string& name, double err, double tol) {
+    const bool ok = std::isfinite(err) && err <= tol;
+    if (ok) ++passed;
+    else ++failed;
+    if (!ok || verbose)
+      log << rank_prefix() << (ok ? "ok   " : "FAIL ") << name << ": error " << err << " (tolerance " << tol
+          << ")\n";
+  }
+};
+
+template <class T>
+double max_abs_diff(const T* a, const std::vector<double>& ref) {
+  double e = 0;
+  for (size_t i = 0; i < ref.size(); ++i) e = std::max(e, std::abs(double(a[i]) - ref[i]));
+  return e;
+}
+
+// ||a - b|| / ||b|| over n floats.
+double rel_err(const float* a, const float* b, int64_t n) {
+  double d = 0, r = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    r += double(b[i]) * b[i];
+  }
+  return r > 0 ? std::sqrt(d / r) : std::sqrt(d);
+}
+
+void check_collectives(Checker& c) {
+  ProcessGroup& w = c.world;
+  const int N = w.size(), me = w.rank();
+  // all_reduce on f32 and f64 with every op.
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+    const int n = 1000;
+    std::vector<float> f(n);
+    std::vector<double> d(n), ref(n);
+    for (int i = 0; i < n; ++i) {
+      f[i] = float(me + 1) + 0.5f * i;
+      d[i] = f[i];
+      double sum = 0, mx = -1e300, mn = 1e300;
+      for (int r = 0; r < N; ++r) {
+        const double v = double(r + 1) + 0.5 * i;
+        sum += v;
+        mx = std::max(mx, v);
+        mn = std::min(mn, v);
+      }
+      ref[i] = op == ReduceOp::Sum ? sum : op == ReduceOp::Avg ? sum / N : op == ReduceOp::Max ? mx : mn;
+    }
+    w.all_reduce(f.data(), n, op);
+    w.all_reduce(d.data(), n, op);
+    c.expect(std::string("all_reduce f32 ") + reduce_op_name(op), max_abs_diff(f.data(), ref), 1e-3);
+    c.expect(std::string("all_reduce f64 ") + reduce_op_name(op), max_abs_diff(d.data(), ref), 1e-9);
+  }
+  // reduce_scatter with uneven counts (rank r receives r+2 elements).
+  {
+    std::vector<int64_t> counts(N);
+    int64_t total = 0;
+    for (int r = 0; r < N; ++r) total += counts[r] = r + 2;
+    std::vector<float> send(total), recv(counts[me]);
+    for (int64_t j = 0; j < total; ++j) send[j] = float(me * 1000 + j);
+    w.reduce_scatter(send.data(), recv.data(), counts, CommType::F32, ReduceOp::Sum);
+    int64_t displ = 0;
+    for (int r = 0; r < me; ++r) displ += counts[r];
+    std::vector<double> ref(counts[me]);
+    for (int64_t k = 0; k < counts[me]; ++k)
+      for (int r = 0; r < N; ++r) ref[k] += r * 1000 + displ + k;
+    c.expect("reduce_scatter (uneven)", max_abs_diff(recv.data(), ref), 1e-3);
+  }
+  // all_gather with uneven counts, out of place and in place.
+  {
+    std::vector<int64_t> counts(N);
+    int64_t total = 0;
+    for (int r = 0; r < N; ++r) total += counts[r] = r + 1;
+    std::vector<float> send(counts[me]), recv(total, -1.0f);
+    for (int k = 0; k < counts[me]; ++k) send[k] = float(me * 100 + k);
+    std::vector<double> ref;
+    for (int r = 0; r < N; ++r)
+      for (int k = 0; k < counts[r]; ++k) ref.push_back(r * 100 + k);
+    w.all_gather(send.data(), recv.data(), counts, CommType::F32);
+    c.expect("all_gather (uneven)", max_abs_diff(recv.data(), ref), 0);
+    std::vector<float> inplace(total, -1.0f);
+    const int64_t displ = me * (me + 1) / 2;
+    for (int k = 0; k < counts[me]; ++k) inplace[displ + k] = send[k];
+    w.all_gather(inplace.data() + displ, inplace.data(), counts, CommType::F32);
+    c.expect("all_gather (in place)", max_abs_diff(inplace.data(), ref), 0);
+  }
+  // broadcast from the last rank, f64 and bf16 (moved as raw 16-bit words).
+  {
+    std::vector<double> d(17);
+    std::vector<uint16_t> h(9);
+    for (int i = 0; i < 17; ++i) d[i] = me == N - 1 ? 3.25 * i : -1;
+    for (int i = 0; i < 9; ++i) h[i] = me == N - 1 ? uint16_t(1000 + i) : 0;
+    w.broadcast(d.data(), 17, CommType::F64, N - 1);
+    w.broadcast(h.data(), 9, CommType::BF16, N - 1);
+    std::vector<double> ref(17), href(9);
+    for (int i = 0; i < 17; ++i) ref[i] = 3.25 * i;
+    for (int i = 0; i < 9; ++i) href[i] = 1000 + i;
+    c.expect("broadcast f64", max_abs_diff(d.data(), ref), 0);
+    c.expect("broadcast bf16", max_abs_diff(h.data(), href), 0);
+  }
+  // all_to_all: block r of rank s arrives as block s on rank r.
+  {
+    const int k = 3;
+    std::vector<int32_t> send(N * k), recv(N * k);
+    std::vector<double> ref(N * k);
+    for (int r = 0; r < N; ++r)
+      for (int j = 0; j < k; ++j) {
+        send[r * k + j] = me * 100 + r * 10 + j;
+        ref[r * k + j] = r * 100 + me * 10 + j;
+      }
+    w.all_to_all(send.data(), recv.data(), k, CommType::I32);
+    c.expect("all_to_all i32", max_abs_diff(recv.data(), ref), 0);
+  }
+  // all_to_all_v: rank s sends (s + r) % 3 elements to rank r (zero-length blocks included).
+  {
+    std::vector<int64_t> sc(N), rc(N);
+    std::vector<float> send;
+    std::vector<double> ref;
+    for (int r = 0; r < N; ++r) {
+      sc[r] = (me + r) % 3;
+      rc[r] = (r + me) % 3;
+      for (int j = 0; j < sc[r]; ++j) send.push_back(float(me * 1000 + r * 100 + j));
+      for (int j = 0; j < rc[r]; ++j) ref.push_back(r * 1000 + me * 100 + j);
+    }
+    std::vector<float> recv(ref.size() + 1);
+    w.all_to_all_v(send.data(), sc, recv.data(), rc, CommType::F32);
+    c.expect("all_to_all_v f32", max_abs_diff(recv.data(), ref), 0);
+  }
+  w.barrier();
+  c.expect("barrier", 0, 0);
+}
+
+void check_ddp_buckets(Checker& c) {
+  ProcessGroup& w = c.world;
+  const int N = w.size(), me = w.rank();
+  // Small and large buffers with a 4 KiB bucket: coalesced buckets and in-place chunks.
+  std::vector<int64_t> sizes = {7, 3000, 3, 50, 10000, 1};
+  std::vector<Tensor> grads;
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    grads.push_back(Tensor::empty({sizes[t]}));
+    for (int64_t i = 0; i < sizes[t]; ++i) grads[t].f32()[i] = float((me + 1) * (i % 97 + t));
+  }
+  DdpReducer ddp(w, grads, 4096);
+  ddp.all_reduce_mean();
+  double err = 0;
+  for (size_t t = 0; t < sizes.size(); ++t)
+    for (int64_t i = 0; i < sizes[t]; ++i)
+      err = std::max(err, std::abs(grads[t].f32()[i] - (N + 1) / 2.0 * double(i % 97 + t)));
+  c.expect("ddp bucketed all-reduce = mean (" + std::to_string(ddp.num_buckets()) + " buckets)", err, 1e-3);
+}
+
+// A tiny Qwen3 so the data-parallel checks run real forward/backward passes in milliseconds.
+Qwen3Config tiny_config() {
+  Qwen3Config cfg;
+  cfg.vocab_size = 96;
+  cfg.hidden_size = 32;
+  cfg.intermediate_size = 48;
+  cfg.num_hidden_layers = 2;
+  cfg.num_attention_heads = 4;
+  cfg.num_key_value_heads = 2;
+  cfg.head_dim = 8;
+  cfg.tie_word_embeddings = false;
+  cfg.max_position_embeddings = 64;
+  cfg.bos_token_id = cfg.eos_token_id = 0;
+  return cfg;
+}
+
+void check_data_parallel_model(Checker& c) {
+  ProcessGroup& w = c.world;
+  const int N = w.size(), me = w.rank();
+  const Qwen3Config cfg = tiny_config();
+  const int64_t B = 2, T = 8;
+  // The global batch: B rows per rank; rank r's rows are rows [r*B, (r+1)*B).
+  std::vector<int32_t> ids(N * B * T), labels(N * B * T);
+  uint64_t s = 12345;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    ids[i] = int32_t((s >> 33) % cfg.vocab_size);
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    labels[i] = int32_t((s >> 33) % cfg.vocab_size);
+  }
+  const int32_t* my_ids = ids.data() + me * B * T;
+  const int32_t* my_labels = labels.data() + me * B * T;
+
+  // The 1-rank reference: the whole global batch on one model (HF mean over all targets).
+  Qwen3Model ref(cfg);
+  ref.init_weights(7);
+  ref.zero_grad();
+  ref.forward(ids.data(), labels.data(), N * B, T);
+  ref.backward();
+  const double ref_norm = std::sqrt(grad_sq_norm(ref.flat_grads()));
+
+  // DDP: local batch, averaged gradients (equal targets per rank, so the mean of means is the mean).
+  {
+    Qwen3Model m(cfg);
+    m.init_weights(7);
+    m.zero_grad();
+    m.forward(my_ids, my_labels, B, T);
+    m.backward();
+    DdpReducer ddp(w, m.flat_grads(), 16 << 10);
+    ddp.all_reduce_mean();
+    double err = 0;
+    for (size_t g = 0; g < ref.flat_grads().size(); ++g)
+      err = std::max(err, rel_err(m.flat_grads()[g].f32(), ref.flat_grads()[g].f32(), ref.flat_grads()[g].numel()));
+    c.expect("ddp model gradients = 1-rank gradients", err, 2e-5);
+    const double norm = global_grad_norm(m.flat_grads(), nullptr);
+    c.expect("ddp global grad norm = 1-rank norm", std::abs(norm - ref_norm) / ref_norm, 1e-5);
+  }
+
+  // FSDP: gather -> forward/backward -> reduce-scatter; clipping over shards; sharded AdamW.
+  {
+    Qwen3Model m(cfg);
+    m.init_weights(7);
+    FsdpShards fsdp(w, m.flat_params(), m.flat_grads());
+    for (auto& p : m.flat_params()) p.zero_();  // the gather alone must restore the parameters
+    fsdp.gather_all_params();
+    double perr = 0;
+    for (size_t g = 0; g < ref.flat_params().size(); ++g)
+      perr = std::max(perr, rel_err(m.flat_params()[g].f32(), ref.flat_params()[g].f32(), ref.flat_params()[g].numel()));
+    c.expect("fsdp all-gather restores parameters", perr, 0);
+    m.zero_grad();
+    m.forward(my_ids, my_labels, B, T);
+    m.backward();
+    fsdp.reduce_scatter_all_grads();
+    double gerr = 0;
+    for (int g = 0; g < fsdp.num_groups(); ++g) {
+      const int64_t v = fsdp.shard_valid(g);
+      gerr = std::max(gerr, rel_err(fsdp.shard_grads()[g].f32(), ref.flat_grads()[g].f32() + fsdp.shard_offset(g), v));
+      for (int64_t i = v; i < fsdp.shard_numel(g); ++i)  // padding stays zero
+        gerr = std::max(gerr, double(std::abs(fsdp.shard_grads()[g].f32()[i])));
+    }
+    c.expect("fsdp reduce-scattered gradients = 1-rank gradient shards", gerr, 2e-5);
+
+    // Clip to half the norm on both sides, then two AdamW steps: sharded and unsharded must agree.
+    const double max_norm = 0.5 * ref_norm;
+    const double norm = clip_grad_norm(fsdp.shard_grads(), max_norm, &fsdp.shard_group());
+    c.expect("fsdp global grad norm (shard sums) = 1-rank norm", std::abs(norm - ref_norm) / ref_norm, 1e-5);
+    titan::clip_grad_norm(ref.flat_grads(), max_norm);
+    AdamWConfig acfg;
+    acfg.lr = 1e-2f;
+    AdamW sharded(fsdp.shard_params(), fsdp.shard_grads(), acfg);
+    AdamW full(ref.flat_params(), ref.flat_grads(), acfg);
+    for (int step = 0; step < 2; ++step) {
+      sharded.step(acfg.lr);
+      full.step(acfg.lr);
+    }
+    fsdp.gather_all_params();
+    double aerr = 0;
+    for (size_t g = 0; g < ref.flat_params().size(); ++g)
+      aerr = std::max(aerr, rel_err(m.flat_params()[g].f32(), ref.flat_params()[g].f32(), ref.flat_params()[g].numel()));
+    c.expect("sharded AdamW = unsharded AdamW", aerr, 1e-5);
+  }
+}
+
+// HSDP on a 2-D mesh, with the owned (ZeRO-3 memory) mode of FsdpShards.
+void check_hsdp(Checker& c) {
+  ProcessGroup& w = c.world;
+  const int N = w.size(), me = w.rank();
+  const int shard_size = N % 2 == 0 && N >= 4 ? N / 2 : (N % 2 == 0 ? 1 : N);
+  HsdpMesh mesh = make_hsdp_mesh(w, shard_size);
+  c.expect("hsdp mesh sizes", std::abs(mesh.shard->size() - shard_size) +
+                                  std::abs(mesh.replicate->size() - N / shard_size), 0);
+  const std::vector<int64_t> numels = {10, 37, 4};
+  FsdpShards fsdp(*mesh.shard, numels, mesh.replicate.get());
+  // Parameters: full values v_g[i] = g + i/100 loaded into shards, then gathered into owned buffers.
+  std::vector<Tensor> full;
+  for (size_t g = 0; g < numels.size(); ++g) {
+    full.push_back(Tensor::empty({numels[g]}));
+    for (int64_t i = 0; i < numels[g]; ++i) full[g].f32()[i] = float(g) + i / 100.0f;
+  }
+  fsdp.load_shards(full);
+  double perr = 0;
+  for (int g = 0; g < fsdp.num_groups(); ++g) {
+    fsdp.gather_params(g);
+    perr = std::max(perr, rel_err(fsdp.full_params(g).f32(), full[g].f32(), numels[g]));
+    fsdp.release_params(g);
+  }
+  c.expect("hsdp gather (owned buffers)", perr, 0);
+  // Gradients: rank r contributes (r+1) * (i+1); the mean over all N ranks is (N+1)/2 * (i+1).
+  double gerr = 0, sq = 0;
+  for (int g = 0; g < fsdp.num_groups(); ++g) {
+    Tensor fg = fsdp.full_grads(g);
+    for (int64_t i = 0; i < numels[g]; ++i) {
+      fg.f32()[i] = float((me + 1) * (i + 1));
+      sq += std::pow((N + 1) / 2.0 * (i + 1), 2);
+    }
+    fsdp.reduce_scatter_grads(g);
+    for (int64_t i = 0; i < fsdp.shard_valid(g); ++i)
+      gerr = std::max(gerr, std::abs(fsdp.shard_grads()[g].f32()[i] - (N + 1) / 2.0 * (fsdp.shard_offset(g) + i + 1)));
+  }
+  c.expect("hsdp reduce-scatter + replica average = global mean", gerr, 1e-4);
+  const double norm = global_grad_norm(fsdp.shard_grads(), mesh.shard.get());
+  c.expect("hsdp grad norm (shard group only)", std::abs(norm - std::sqrt(sq)) / std::sqrt(sq), 1e-6);
+}
+
+// Expert parallel: a toy permutation. Row i of rank s goes to rank (s + i) % N, which multiplies it by
+// (its rank + 1); combine brings it back. Backward: the gradient of each row is dy * (dest + 1).
+void check_expert_exchange(Checker& c) {
+  ProcessGroup& w = c.world;
+  const int N = w.size(), me = w.rank();
+  const int64_t rows = 5 + me, D = 3;
+  std::vector<int> dest(rows);
+  for (int64_t i = 0; i < rows; ++i) dest[i] = int((me + i * (i + 1) / 2) % N);
+  auto [order, counts] = group_rows_by_destination(dest, N);
+  std::vector<float> packed(rows * D), dy(rows * D);
+  for (int64_t p = 0; p < rows; ++p)
+    for (int64_t k = 0; k < D; ++k) {
+      packed[p * D + k] = float(me * 100 + order[p] + 0.25 * k);
+      dy[p * D + k] = float(1 + order[p] + k);
+    }
+  AllToAllExchange ex(w, counts, D);
+  std::vector<float> recv(ex.total_recv() * D), back(rows * D);
+  ex.dispatch(packed.data(), recv.data());
+  for (float& v : recv) v *= float(me + 1);  // the "expert"
+  ex.combine(recv.data(), back.data());
+  double ferr = 0, berr = 0;
+  for (int64_t p = 0; p < rows; ++p)
+    for (int64_t k = 0; k < D; ++k)
+      ferr = std::max(ferr, double(std::abs(back[p * D + k] - packed[p * D + k] * (dest[order[p]] + 1))));
+  c.expect("expert exchange forward (dispatch, expert, combine)", ferr, 1e-3);
+  // Backward of y = combine(f(dispatch(x))): dx = combine(f'(dispatch(dy))).
+  std::vector<float> g_recv(ex.total_recv() * D), dx(rows * D);
+  ex.dispatch(dy.data(), g_recv.data());
+  for (float& v : g_recv) v *= float(me + 1);
+  ex.combine(g_recv.data(), dx.data());
+  for (int64_t p = 0; p < rows; ++p)
+    for (int64_t k = 0; k < D; ++k)
+      berr = std::max(berr, double(std::abs(dx[p * D + k] - dy[p * D + k] * (dest[order[p]] + 1))));
+  c.expect("expert exchange backward", berr, 1e-4);
+}
+
+[[noreturn]] void inject_failure(const std::string& mode) {
+  if (mode == "throw") fail("injected failure (--fail-mode throw)");
+  if (mode == "exit") {
+    std::fprintf(stderr, "%sinjected failure: exiting with status 3 (--fail-mode exit)\n", rank_prefix().c_str());
+    std::fflush(nullptr);
+    std::_Exit(3);
+  }
+  if (mode == "kill") {
+    std::fflush(nullptr);
+    std::raise(SIGKILL);
+  }
+  if (mode == "hang") {
+    std::fprintf(stderr, "%sinjected failure: hanging (--fail-mode hang)\n", rank_prefix().c_str());
+    std::fflush(nullptr);
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  fail("unknown --fail-mode '", mode, "' (throw, exit, kill, hang)");
+}
+
+}  // namespace
+
+int run_selftest(ProcessGroup& world, const SelftestOptions& options, std::ostream& log) {
+  Checker c{world, log, options.verbose};
+  world.barrier();
+  if (options.fail_rank == world.rank()) inject_failure(options.fail_mode);
+  check_collectives(c);
+  check_ddp_buckets(c);
+  check_data_parallel_model(c);
+  check_hsdp(c);
+  check_expert_exchange(c);
+  log.flush();
+  int64_t counts[2] = {c.failed, c.passed};
+  world.all_reduce(counts, 2, ReduceOp::Sum);
+  return int(counts[0]);
+}
+
+}  // namespace titan::dist
