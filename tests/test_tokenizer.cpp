@@ -72,8 +72,8 @@ size_t check_cases(const titan::Tokenizer& tok, const std::vector<Case>& cases, 
   size_t ok = 0, reported = 0;
   for (const Case& c : cases) {
     auto ids = tok.encode(c.text);
-    bool good = ids == c.ids && tok.encode(c.text, true) == c.ids_special &&
-                tok.decode(c.ids) == c.decoded && tok.decode(c.ids, true) == c.decoded_skip;
+    bool good = ids == c.ids && tok.encode(c.text, true) == c.ids_special && tok.decode(c.ids) == c.decoded &&
+                tok.decode(c.ids, true) == c.decoded_skip;
     ok += good;
     if (!good && reported++ < 5) {
       ADD_FAILURE() << name << ": mismatch for " << json(c.text).dump() << "\n ids ok: " << (ids == c.ids)
@@ -94,10 +94,11 @@ CliRun run_titan(const std::string& args, const std::string& input) {
   fs::path dir = fs::temp_directory_path() / ("titan_tok_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / "in") << input;
-  std::string cmd = std::string("\"") + TITAN_BINARY + "\" " + args + " < \"" + (dir / "in").string() + "\" > \"" +
-                    (dir / "out").string() + "\" 2> \"" + (dir / "err").string() + "\"";
+  std::string cmd = std::string("\"") + TITAN_BINARY + "\" " + args + " < \"" + (dir / "in").string() +
+                    "\" > \"" + (dir / "out").string() + "\" 2> \"" + (dir / "err").string() + "\"";
   int status = std::system(cmd.c_str());
-  CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp((dir / "out").string()), slurp((dir / "err").string())};
+  CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp((dir / "out").string()),
+           slurp((dir / "err").string())};
   fs::remove_all(dir);
   return r;
 }
@@ -170,7 +171,8 @@ TEST(Tokenizer, VariantsMatchHF) {
 }
 
 TEST(Tokenizer, TrainerReproducesCommittedFile) {
-  std::string got = titan::train_bpe({kGolden + "/small/train.txt"}, 600, {"<|endoftext|>", "<|im_start|>", "<|im_end|>"});
+  std::string got =
+      titan::train_bpe({kGolden + "/small/train.txt"}, 600, {"<|endoftext|>", "<|im_start|>", "<|im_end|>"});
   json a = json::parse(got), b = json::parse(slurp(kGolden + "/small/tokenizer.json"));
   EXPECT_EQ(a["model"]["vocab"], b["model"]["vocab"]);
   EXPECT_EQ(a["model"]["merges"], b["model"]["merges"]);
@@ -180,7 +182,8 @@ TEST(Tokenizer, TrainerReproducesCommittedFile) {
 
 TEST(Tokenizer, TrainerStreamingAndDefaults) {
   titan::BpeTrainer trainer;  // default special token <|endoftext|>
-  for (int i = 0; i < 50; ++i) trainer.add_text("the cat sat on the mat<|endoftext|>the dog sat on the log\n");
+  for (int i = 0; i < 50; ++i)
+    trainer.add_text("the cat sat on the mat<|endoftext|>the dog sat on the log\n");
   json j = json::parse(trainer.train(300));
   EXPECT_EQ(j["added_tokens"].size(), 1u);
   EXPECT_EQ(j["added_tokens"][0]["content"], "<|endoftext|>");
@@ -198,9 +201,12 @@ TEST(Tokenizer, TrainerStreamingAndDefaults) {
 
 TEST(Tokenizer, InvalidUtf8BecomesReplacementChar) {
   auto tok = titan::Tokenizer::load(kGolden + "/small/tokenizer.json");
-  EXPECT_EQ(tok.encode("a\xff" "b"), tok.encode("a\xEF\xBF\xBD" "b"));
-  EXPECT_EQ(tok.encode("x\xE2\x82"), tok.encode("x\xEF\xBF\xBD"));                 // truncated sequence: one U+FFFD
-  EXPECT_EQ(tok.encode("\xC0\xAF"), tok.encode("\xEF\xBF\xBD\xEF\xBF\xBD"));      // overlong: one per byte
+  EXPECT_EQ(tok.encode("a\xff"
+                       "b"),
+            tok.encode("a\xEF\xBF\xBD"
+                       "b"));
+  EXPECT_EQ(tok.encode("x\xE2\x82"), tok.encode("x\xEF\xBF\xBD"));  // truncated sequence: one U+FFFD
+  EXPECT_EQ(tok.encode("\xC0\xAF"), tok.encode("\xEF\xBF\xBD\xEF\xBF\xBD"));  // overlong: one per byte
   EXPECT_EQ(tok.encode("\xED\xA0\x80"), tok.encode("\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"));  // surrogate
   EXPECT_EQ(tok.decode(tok.encode("a\xff")), "a\xEF\xBF\xBD");
   // Ids that decode to broken UTF-8 come back with U+FFFD; unknown ids are dropped.
@@ -290,6 +296,14 @@ TEST(TokenizerCli, EncodeDecodeRoundTrip) {
   EXPECT_EQ(json::parse(keep.out).get<std::string>(), "<|endoftext|>" + tok.decode(one) + "<|im_end|>");
 }
 
+TEST(TokenizerCli, InvalidUtf8InInputIsReplaced) {
+  std::string path = kGolden + "/small";
+  auto tok = titan::Tokenizer::load(path);
+  CliRun r = run_titan("tokenizer encode --tokenizer " + path, "\"a\xff\xfe b\"\n");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out).get<std::vector<int32_t>>(), tok.encode("a\xEF\xBF\xBD\xEF\xBF\xBD b"));
+}
+
 TEST(TokenizerCli, AddSpecialTokens) {
   std::string path = kGolden + "/variants/llama3_style.json";
   auto tok = titan::Tokenizer::load(path);
@@ -317,8 +331,11 @@ TEST(TokenizerCli, ErrorsExitNonZero) {
 
 TEST(TokenizerCli, TrainWritesLoadableFile) {
   std::string out = write_temp("cli_trained.json", "");
-  CliRun r = run_titan("tokenizer train --input " + kGolden + "/small/train.txt --vocab-size 600 --special-tokens "
-                    "'<|endoftext|>' '<|im_start|>' '<|im_end|>' --output " + out, "");
+  CliRun r = run_titan("tokenizer train --input " + kGolden +
+                           "/small/train.txt --vocab-size 600 --special-tokens "
+                           "'<|endoftext|>' '<|im_start|>' '<|im_end|>' --output " +
+                           out,
+                       "");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(json::parse(slurp(out)), json::parse(slurp(kGolden + "/small/tokenizer.json")));
   fs::remove(out);

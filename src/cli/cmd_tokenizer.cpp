@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/trainer.h"
+#include "tokenizer/unicode.h"
 
 namespace {
 
@@ -38,6 +39,8 @@ int run_encode(const std::string& path, bool add_special) {
     ++lineno;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
+    // Raw invalid UTF-8 inside a JSON string becomes U+FFFD, as the library does for its input.
+    if (!titan::tok::is_valid_utf8(line)) line = titan::tok::repair_utf8(line);
     json j;
     try {
       j = json::parse(line);
@@ -85,8 +88,8 @@ int run_decode(const std::string& path, bool skip_special) {
   return std::fflush(stdout) == 0 ? 0 : 1;
 }
 
-int run_train(const std::vector<std::string>& inputs, int vocab_size, const std::vector<std::string>& specials,
-              const std::string& output) {
+int run_train(const std::vector<std::string>& inputs, int vocab_size,
+              const std::vector<std::string>& specials, const std::string& output) {
   std::string text = titan::train_bpe(inputs, vocab_size, specials);
   // Write to a temporary name and rename, so a failure never leaves a partial file.
   std::string tmp = output + ".tmp";
@@ -174,7 +177,8 @@ int tokenizer_main(int argc, char** argv) {
   tr->add_option("--output", output, "tokenizer.json to write")->required();
   std::string bench_input;
   int runs = 5;
-  auto* bench = app.add_subcommand("bench", "load time and encode MB/s on a JSONL corpus (one JSON string per line)");
+  auto* bench =
+      app.add_subcommand("bench", "load time and encode MB/s on a JSONL corpus (one JSON string per line)");
   bench->add_option("--tokenizer", path, "tokenizer.json or a directory holding one")->required();
   bench->add_option("--input", bench_input, "JSONL corpus")->required();
   bench->add_option("--runs", runs, "repetitions (the median is reported)");

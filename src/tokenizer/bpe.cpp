@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <queue>
 
@@ -61,7 +61,8 @@ struct WordCache {
     for (size_t h = hash & (kSlots - 1);; h = (h + 1) & (kSlots - 1)) {
       Slot& s = slots[h];
       if (!s.used) return s;
-      if (s.hash == hash && s.key_len == word.size() && !std::memcmp(keys.data() + s.key_off, word.data(), word.size()))
+      if (s.hash == hash && s.key_len == word.size() &&
+          !std::memcmp(keys.data() + s.key_off, word.data(), word.size()))
         return s;
     }
   }
@@ -78,7 +79,6 @@ void BpeModel::add_merge(int32_t left, int32_t right, int32_t rank, int32_t merg
   if (merges_[h].key == key) return;  // a repeated merge keeps its first (best) rank, as HF does
   merges_[h] = MergeSlot{key, rank, merged};
 }
-
 
 int32_t BpeModel::find_token(std::string_view token) const {
   if (slots_.empty()) return -1;
@@ -106,7 +106,8 @@ void BpeModel::load(const nlohmann::json& model, std::vector<std::pair<std::stri
     size_t mask = cap - 1, h = hash_bytes(tok) & mask;
     while (slots_[h] >= 0 && id_to_token_[slots_[h]] != tok) h = (h + 1) & mask;
     TITAN_CHECK(slots_[h] < 0, where("vocab"), ": token '", tok, "' appears twice");
-    TITAN_CHECK(!has_id_[id], where("vocab"), ": id ", id, " is used by '", id_to_token_[id], "' and '", tok, "'");
+    TITAN_CHECK(!has_id_[id], where("vocab"), ": id ", id, " is used by '", id_to_token_[id], "' and '", tok,
+                "'");
     id_to_token_[id] = std::move(tok);
     has_id_[id] = 1;
     slots_[h] = id;
@@ -247,7 +248,8 @@ void BpeModel::merge_symbols(std::vector<int32_t>& syms) const {
         if (rank[i] < rank[best]) best = i;
       if (rank[best] == INT32_MAX) break;
       syms[best] = merged[best];
-      for (size_t i = best + 1; i + 1 < len; ++i) syms[i] = syms[i + 1], rank[i] = rank[i + 1], merged[i] = merged[i + 1];
+      for (size_t i = best + 1; i + 1 < len; ++i)
+        syms[i] = syms[i + 1], rank[i] = rank[i + 1], merged[i] = merged[i + 1];
       --len;
       if (best > 0) rank_pair(best - 1);
       if (best + 1 < len) rank_pair(best);
@@ -266,7 +268,8 @@ void BpeModel::merge_symbols(std::vector<int32_t>& syms) const {
   std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
   auto push = [&](int32_t pos) {
     if (pos < 0 || next[pos] < 0) return;
-    if (const MergeSlot* m = find_merge(syms[pos], syms[next[pos]])) heap.push({m->rank, pos, syms[pos], syms[next[pos]]});
+    if (const MergeSlot* m = find_merge(syms[pos], syms[next[pos]]))
+      heap.push({m->rank, pos, syms[pos], syms[next[pos]]});
   };
   for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
   while (!heap.empty()) {
@@ -300,7 +303,8 @@ void BpeModel::encode_word(std::string_view word, bool byte_level, std::vector<i
   if (cacheable) {
     WordCache::Slot& slot = cache.find(word, hash);
     if (slot.used) {
-      out.insert(out.end(), cache.ids.begin() + slot.ids_off, cache.ids.begin() + slot.ids_off + slot.ids_len);
+      out.insert(out.end(), cache.ids.begin() + slot.ids_off,
+                 cache.ids.begin() + slot.ids_off + slot.ids_len);
       return;
     }
   }
@@ -319,8 +323,12 @@ void BpeModel::encode_word(std::string_view word, bool byte_level, std::vector<i
   if (cacheable) {
     if (cache.used * 2 >= WordCache::kSlots) cache.reset(instance_);
     WordCache::Slot& slot = cache.find(word, hash);
-    slot = WordCache::Slot{hash, static_cast<uint32_t>(cache.keys.size()), static_cast<uint32_t>(cache.ids.size()),
-                           static_cast<uint16_t>(word.size()), static_cast<uint16_t>(syms.size()), true};
+    slot = WordCache::Slot{hash,
+                           static_cast<uint32_t>(cache.keys.size()),
+                           static_cast<uint32_t>(cache.ids.size()),
+                           static_cast<uint16_t>(word.size()),
+                           static_cast<uint16_t>(syms.size()),
+                           true};
     cache.keys.append(word);
     cache.ids.insert(cache.ids.end(), syms.begin(), syms.end());
     ++cache.used;

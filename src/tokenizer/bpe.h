@@ -3,13 +3,12 @@
 // never touches strings; a per-thread cache remembers recent words.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace titan::tok {
 

@@ -30,7 +30,8 @@ class Reader : public nlohmann::json_sax<json> {
       if (merge_depth_ == 1) {
         size_t sp = s.find(' ');
         if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-          return bad(str_cat("model.merges[", out_.merges.size(), "]: expected \"left right\", got \"", s, "\""));
+          return bad(
+              str_cat("model.merges[", out_.merges.size(), "]: expected \"left right\", got \"", s, "\""));
         out_.merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
         return true;
       }
@@ -47,7 +48,8 @@ class Reader : public nlohmann::json_sax<json> {
       if (++vocab_depth_ == 1) return true;
       return bad("model.vocab: ids must be integers");
     }
-    if (mode_ == kMerges) return bad(str_cat("model.merges[", out_.merges.size(), "]: expected a pair of strings"));
+    if (mode_ == kMerges)
+      return bad(str_cat("model.merges[", out_.merges.size(), "]: expected a pair of strings"));
     return open(json::object());
   }
   bool key(string_t& k) override {
@@ -83,7 +85,8 @@ class Reader : public nlohmann::json_sax<json> {
       return true;
     }
     if (mode_ == kMerges) {
-      if (merge_depth_ != 1) return bad(str_cat("model.merges[", out_.merges.size(), "]: expected a pair of strings"));
+      if (merge_depth_ != 1)
+        return bad(str_cat("model.merges[", out_.merges.size(), "]: expected a pair of strings"));
       merge_depth_ = 2;
       pair_.clear();
       return true;
@@ -94,7 +97,8 @@ class Reader : public nlohmann::json_sax<json> {
   bool end_array() override {
     if (mode_ == kMerges) {
       if (merge_depth_ == 2) {
-        if (pair_.size() != 2) return bad(str_cat("model.merges[", out_.merges.size(), "]: expected a pair of strings"));
+        if (pair_.size() != 2)
+          return bad(str_cat("model.merges[", out_.merges.size(), "]: expected a pair of strings"));
         out_.merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
         merge_depth_ = 1;
         return true;
@@ -118,7 +122,8 @@ class Reader : public nlohmann::json_sax<json> {
     return false;
   }
   bool vocab_id(int64_t id) {
-    if (id < 0 || id >= INT32_MAX) return bad(str_cat("model.vocab: id ", id, " of '", key_, "' out of range"));
+    if (id < 0 || id >= INT32_MAX)
+      return bad(str_cat("model.vocab: id ", id, " of '", key_, "' out of range"));
     out_.vocab.emplace_back(std::move(key_), id);
     return true;
   }
@@ -141,7 +146,8 @@ class Reader : public nlohmann::json_sax<json> {
     if (pending_ == kVocab) return bad("model.vocab: expected an object of token -> id");
     if (pending_ == kMerges) return bad("model.merges: expected an array");
     if (mode_ == kVocab) return bad(str_cat("model.vocab: id of '", key_, "' is not an integer"));
-    if (mode_ == kMerges) return bad(str_cat("model.merges[", out_.merges.size(), "]: expected a pair of strings"));
+    if (mode_ == kMerges)
+      return bad(str_cat("model.merges[", out_.merges.size(), "]: expected a pair of strings"));
     place(std::move(v));
     return true;
   }

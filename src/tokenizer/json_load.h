@@ -3,18 +3,17 @@
 // for ~300k entries), so the 151k-vocab Qwen file loads in well under half a second.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace titan::tok {
 
 struct TokenizerFile {
   nlohmann::json rest;  // the document without model.vocab / model.merges
   bool has_vocab = false, has_merges = false;
-  std::vector<std::pair<std::string, int64_t>> vocab;   // in file order
+  std::vector<std::pair<std::string, int64_t>> vocab;       // in file order
   std::vector<std::pair<std::string, std::string>> merges;  // by rank
 };
 

@@ -55,20 +55,26 @@ class Regex {
 // HF compiles patterns with Oniguruma, whose \s is the White_Space set without U+180E; PCRE2's
 // \s also matches U+180E (MONGOLIAN VOWEL SEPARATOR). Spell \s and \S out so both agree.
 static std::string oniguruma_compatible(const std::string& p) {
-  static const char* kSpace = R"(\t\n\x0B\f\r\x20\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
+  static const char* kSpace =
+      R"(\t\n\x0B\f\r\x20\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
   std::string out;
   int class_depth = 0;
   for (size_t i = 0; i < p.size(); ++i) {
     char c = p[i];
     if (c == '\\' && i + 1 < p.size()) {
       char e = p[++i];
-      if (e == 's') out += class_depth ? std::string(kSpace) : str_cat("[", kSpace, "]");
-      else if (e == 'S' && !class_depth) out += str_cat("[^", kSpace, "]");
-      else out += c, out += e;
+      if (e == 's')
+        out += class_depth ? std::string(kSpace) : str_cat("[", kSpace, "]");
+      else if (e == 'S' && !class_depth)
+        out += str_cat("[^", kSpace, "]");
+      else
+        out += c, out += e;
       continue;
     }
-    if (c == '[') ++class_depth;
-    else if (c == ']' && class_depth) --class_depth;
+    if (c == '[')
+      ++class_depth;
+    else if (c == ']' && class_depth)
+      --class_depth;
     out += c;
   }
   return out;
@@ -161,8 +167,10 @@ void Normalizer::add(const json& j, const std::string& where) {
     for (size_t i = 0; i < it->size(); ++i) add((*it)[i], str_cat(where, ".normalizers[", i, "]"));
     return;
   } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
-    step.form = type == "NFC" ? NormForm::kNFC : type == "NFD" ? NormForm::kNFD
-              : type == "NFKC" ? NormForm::kNFKC : NormForm::kNFKD;
+    step.form = type == "NFC"    ? NormForm::kNFC
+                : type == "NFD"  ? NormForm::kNFD
+                : type == "NFKC" ? NormForm::kNFKC
+                                 : NormForm::kNFKD;
   } else if (type == "Lowercase") {
     step.kind = NormStep::kLowercase;
   } else if (type == "Strip") {
@@ -250,12 +258,18 @@ void PreTokenizer::add(const json& j, const std::string& where) {
   } else if (type == "Split") {
     step.regex = get_pattern(j, where);
     std::string b = get_string(j, "behavior", where);
-    if (b == "Removed") step.behavior = SplitBehavior::kRemoved;
-    else if (b == "Isolated") step.behavior = SplitBehavior::kIsolated;
-    else if (b == "MergedWithPrevious") step.behavior = SplitBehavior::kMergedWithPrevious;
-    else if (b == "MergedWithNext") step.behavior = SplitBehavior::kMergedWithNext;
-    else if (b == "Contiguous") step.behavior = SplitBehavior::kContiguous;
-    else fail(where, ".behavior: unsupported split behavior '", b, "'");
+    if (b == "Removed")
+      step.behavior = SplitBehavior::kRemoved;
+    else if (b == "Isolated")
+      step.behavior = SplitBehavior::kIsolated;
+    else if (b == "MergedWithPrevious")
+      step.behavior = SplitBehavior::kMergedWithPrevious;
+    else if (b == "MergedWithNext")
+      step.behavior = SplitBehavior::kMergedWithNext;
+    else if (b == "Contiguous")
+      step.behavior = SplitBehavior::kContiguous;
+    else
+      fail(where, ".behavior: unsupported split behavior '", b, "'");
     step.invert = get_bool(j, "invert", false, where);
   } else if (type == "ByteLevel") {
     step.kind = PreStep::kByteLevel;
@@ -279,8 +293,8 @@ void PreTokenizer::add(const json& j, const std::string& where) {
 namespace {
 // Turns matched/unmatched pieces into the kept word ranges for a split behavior (HF's
 // NormalizedString::split); empty words are dropped.
-void split_by_behavior(std::string_view w, const std::vector<Piece>& pieces, SplitBehavior behavior, bool invert,
-                       std::vector<std::string_view>& out) {
+void split_by_behavior(std::string_view w, const std::vector<Piece>& pieces, SplitBehavior behavior,
+                       bool invert, std::vector<std::string_view>& out) {
   std::vector<std::pair<size_t, size_t>> acc;
   bool prev_match = false;
   for (size_t k = 0; k < pieces.size(); ++k) {
@@ -294,12 +308,16 @@ void split_by_behavior(std::string_view w, const std::vector<Piece>& pieces, Spl
         if (!m) acc.push_back({p.start, p.end});
         break;
       case SplitBehavior::kContiguous:
-        if (m == prev_match && !acc.empty()) acc.back().second = p.end;
-        else acc.push_back({p.start, p.end});
+        if (m == prev_match && !acc.empty())
+          acc.back().second = p.end;
+        else
+          acc.push_back({p.start, p.end});
         break;
       case SplitBehavior::kMergedWithPrevious:
-        if (m && !prev_match && !acc.empty()) acc.back().second = p.end;
-        else acc.push_back({p.start, p.end});
+        if (m && !prev_match && !acc.empty())
+          acc.back().second = p.end;
+        else
+          acc.push_back({p.start, p.end});
         break;
       case SplitBehavior::kMergedWithNext:
         break;  // handled below, right to left
@@ -311,8 +329,10 @@ void split_by_behavior(std::string_view w, const std::vector<Piece>& pieces, Spl
     for (size_t k = pieces.size(); k-- > 0;) {
       Piece p = pieces[k];
       bool m = p.match != invert;
-      if (m && !prev_match && !acc.empty()) acc.back().first = p.start;
-      else acc.push_back({p.start, p.end});
+      if (m && !prev_match && !acc.empty())
+        acc.back().first = p.start;
+      else
+        acc.push_back({p.start, p.end});
       prev_match = m;
     }
     std::reverse(acc.begin(), acc.end());
@@ -369,8 +389,8 @@ void PostProcessor::add(const json& j, const std::string& where) {
     TITAN_CHECK(!has_template_, where, ": more than one template post-processor");
     auto id_of = [&](const char* key) {
       auto it = j.find(key);
-      TITAN_CHECK(it != j.end() && it->is_array() && it->size() == 2 && (*it)[1].is_number_integer(), where, ".",
-                  key, ": expected [token, id]");
+      TITAN_CHECK(it != j.end() && it->is_array() && it->size() == 2 && (*it)[1].is_number_integer(), where,
+                  ".", key, ": expected [token, id]");
       return (*it)[1].get<int32_t>();
     };
     prefix_ = {id_of("cls")};

@@ -3,13 +3,12 @@
 // the file, the field and the type.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
-#include <deque>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "tokenizer/unicode.h"
 
@@ -46,14 +45,15 @@ struct PreStep {
   SplitBehavior behavior = SplitBehavior::kIsolated;
   bool invert = false;
   bool add_prefix_space = false, use_regex = true;  // ByteLevel
-  bool individual_digits = false;                  // Digits
+  bool individual_digits = false;                   // Digits
 };
 
 class PreTokenizer {
  public:
   void load(const nlohmann::json& j, const std::string& where);
   // Splits text into words (views into text or into arena, which keeps prefixed copies alive).
-  void apply(std::string_view text, std::vector<std::string_view>& words, std::deque<std::string>& arena) const;
+  void apply(std::string_view text, std::vector<std::string_view>& words,
+             std::deque<std::string>& arena) const;
   // True when a ByteLevel step maps words to the byte alphabet (the model then sees raw bytes).
   bool byte_level() const { return byte_level_; }
 

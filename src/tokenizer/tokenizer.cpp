@@ -103,9 +103,10 @@ Tokenizer Tokenizer::load(const std::string& path) {
     const json& model = section("model");
     TITAN_CHECK(model.is_object(), file, ": model: missing or not an object");
     std::string type = model.contains("type") && model["type"].is_string() ? model["type"].get<std::string>()
-                       : parsed.has_merges                                  ? "BPE"
-                                                                            : "";
-    TITAN_CHECK(type == "BPE", file, ": model.type: unsupported model type '", type, "' (only BPE is supported)");
+                       : parsed.has_merges                                 ? "BPE"
+                                                                           : "";
+    TITAN_CHECK(type == "BPE", file, ": model.type: unsupported model type '", type,
+                "' (only BPE is supported)");
     TITAN_CHECK(parsed.has_vocab, file, ": model.vocab: missing");
     TITAN_CHECK(parsed.has_merges, file, ": model.merges: missing");
     impl->model.load(model, std::move(parsed.vocab), parsed.merges, file);
@@ -208,8 +209,10 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
     }
     im.normalized_matcher.split(norm, norm_segments);
     for (const tok::Segment& ns : norm_segments) {
-      if (ns.id >= 0) out.push_back(ns.id);
-      else im.encode_plain(norm.substr(ns.start, ns.end - ns.start), out);
+      if (ns.id >= 0)
+        out.push_back(ns.id);
+      else
+        im.encode_plain(norm.substr(ns.start, ns.end - ns.start), out);
     }
   }
   if (add_special_tokens) im.post_processor.apply(out);
@@ -233,7 +236,9 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
   return im.decoder.apply(tokens);
 }
 
-int32_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
+int32_t Tokenizer::vocab_size() const {
+  return impl_->vocab_size;
+}
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
   auto it = impl_->added_by_content.find(token);
@@ -241,6 +246,8 @@ std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
   return impl_->model.token_to_id(token);
 }
 
-std::optional<int32_t> Tokenizer::eos_id() const { return impl_->eos; }
+std::optional<int32_t> Tokenizer::eos_id() const {
+  return impl_->eos;
+}
 
 }  // namespace titan

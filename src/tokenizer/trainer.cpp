@@ -26,7 +26,8 @@ const char* kQwenPattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 ordered_json byte_level_json() {
-  return ordered_json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  return ordered_json{
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
 }
 ordered_json pre_tokenizer_json() {
   return ordered_json{
@@ -52,8 +53,10 @@ struct BpeTrainer::State {
     pre_tokenizer.apply(text, pieces, arena);
     for (std::string_view w : pieces) {
       auto it = words.find(w);
-      if (it == words.end()) words.emplace(std::string(w), 1);
-      else ++it->second;
+      if (it == words.end())
+        words.emplace(std::string(w), 1);
+      else
+        ++it->second;
     }
   }
 };
@@ -173,8 +176,10 @@ std::string BpeTrainer::train(int vocab_size) const {
       auto& s = words[w];
       merged.clear();
       for (size_t i = 0; i < s.size(); ++i) {
-        if (i + 1 < s.size() && s[i] == a && s[i + 1] == b) merged.push_back(new_id), ++i;
-        else merged.push_back(s[i]);
+        if (i + 1 < s.size() && s[i] == a && s[i + 1] == b)
+          merged.push_back(new_id), ++i;
+        else
+          merged.push_back(s[i]);
       }
       if (merged.size() == s.size()) continue;
       for (size_t i = 0; i + 1 < s.size(); ++i) delta[key(s[i], s[i + 1])] -= freq[w];
@@ -206,11 +211,22 @@ std::string BpeTrainer::train(int vocab_size) const {
   for (auto [a, b] : merges) merge_list.push_back(ordered_json::array({tokens[a], tokens[b]}));
   ordered_json added = ordered_json::array();
   for (int i = 0; i < n_special; ++i)
-    added.push_back(ordered_json{{"id", tokens.size() + i}, {"content", st.specials[i]}, {"single_word", false},
-                                 {"lstrip", false}, {"rstrip", false}, {"normalized", false}, {"special", true}});
-  ordered_json model{{"type", "BPE"},          {"dropout", nullptr},         {"unk_token", nullptr},
-                     {"continuing_subword_prefix", ""}, {"end_of_word_suffix", ""}, {"fuse_unk", false},
-                     {"byte_fallback", false}, {"ignore_merges", false},    {"vocab", vocab},
+    added.push_back(ordered_json{{"id", tokens.size() + i},
+                                 {"content", st.specials[i]},
+                                 {"single_word", false},
+                                 {"lstrip", false},
+                                 {"rstrip", false},
+                                 {"normalized", false},
+                                 {"special", true}});
+  ordered_json model{{"type", "BPE"},
+                     {"dropout", nullptr},
+                     {"unk_token", nullptr},
+                     {"continuing_subword_prefix", ""},
+                     {"end_of_word_suffix", ""},
+                     {"fuse_unk", false},
+                     {"byte_fallback", false},
+                     {"ignore_merges", false},
+                     {"vocab", vocab},
                      {"merges", merge_list}};
   ordered_json out{{"version", "1.0"},
                    {"truncation", nullptr},

@@ -122,9 +122,15 @@ const ByteTables& byte_tables() {
 }
 }  // namespace
 
-uint32_t byte_to_char(uint8_t b) { return byte_tables().to_char[b]; }
-int char_to_byte(uint32_t cp) { return cp < 512 ? byte_tables().from_char[cp] : -1; }
-const std::string& byte_level_char(uint8_t b) { return byte_tables().to_text[b]; }
+uint32_t byte_to_char(uint8_t b) {
+  return byte_tables().to_char[b];
+}
+int char_to_byte(uint32_t cp) {
+  return cp < 512 ? byte_tables().from_char[cp] : -1;
+}
+const std::string& byte_level_char(uint8_t b) {
+  return byte_tables().to_text[b];
+}
 
 std::string to_byte_level(std::string_view raw) {
   const auto& t = byte_tables();
@@ -169,9 +175,9 @@ struct QuickCheck {
           utf8proc_uint8_t* out = nullptr;
           std::string s;
           append_utf8(s, cp);
-          utf8proc_ssize_t m = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                                            static_cast<utf8proc_ssize_t>(s.size()), &out,
-                                            static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+          utf8proc_ssize_t m = utf8proc_map(
+              reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+              &out, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
           if (m >= 0 && std::string_view(reinterpret_cast<char*>(out), m) == s) bits |= 0x1;
           std::free(out);
         }
@@ -206,15 +212,23 @@ bool normalize(NormForm form, std::string_view text, std::string& out) {
   if (all_safe) return false;
   int options = UTF8PROC_STABLE;
   switch (form) {
-    case NormForm::kNFC: options |= UTF8PROC_COMPOSE; break;
-    case NormForm::kNFD: options |= UTF8PROC_DECOMPOSE; break;
-    case NormForm::kNFKC: options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-    case NormForm::kNFKD: options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    case NormForm::kNFC:
+      options |= UTF8PROC_COMPOSE;
+      break;
+    case NormForm::kNFD:
+      options |= UTF8PROC_DECOMPOSE;
+      break;
+    case NormForm::kNFKC:
+      options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+      break;
+    case NormForm::kNFKD:
+      options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+      break;
   }
   utf8proc_uint8_t* buf = nullptr;
-  utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                                    static_cast<utf8proc_ssize_t>(text.size()), &buf,
-                                    static_cast<utf8proc_option_t>(options));
+  utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                   static_cast<utf8proc_ssize_t>(text.size()), &buf, static_cast<utf8proc_option_t>(options));
   if (n < 0) {
     std::free(buf);
     return false;  // cannot happen on valid UTF-8; keep the text as is
@@ -239,14 +253,22 @@ std::string lowercase(std::string_view text) {
 }
 
 bool is_word_char(uint32_t cp) {
-  if (cp < 0x80) return (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') || cp == '_';
+  if (cp < 0x80)
+    return (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') || cp == '_';
   if (cp == 0x200C || cp == 0x200D) return true;
   if ((cp >= 0x24B6 && cp <= 0x24E9) || (cp >= 0x1F130 && cp <= 0x1F189)) return true;  // Other_Alphabetic So
   switch (utf8proc_category(static_cast<utf8proc_int32_t>(cp))) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN:
-    case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_PC:
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_PC:
       return true;
     default:
       return false;
