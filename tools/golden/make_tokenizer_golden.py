@@ -60,9 +60,11 @@ def variants(base):
     gpt2["normalizer"] = None
     gpt2["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     gpt2["post_processor"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}
+    gpt2["model"]["merges"] = [" ".join(m) for m in gpt2["model"]["merges"]]  # the older "a b" merge form
     v["gpt2"] = gpt2
 
     prefix = copy.deepcopy(gpt2)
+    prefix["model"]["merges"] = base["model"]["merges"]
     prefix["pre_tokenizer"]["add_prefix_space"] = True
     prefix["post_processor"] = {"type": "RobertaProcessing", "sep": ["<|endoftext|>", base["added_tokens"][0]["id"]],
                                 "cls": ["<|endoftext|>", base["added_tokens"][0]["id"]], "trim_offsets": True,
