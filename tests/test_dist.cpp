@@ -1,0 +1,369 @@
+// Distributed: single-process collectives and sharding math, the launcher's argument and output
+// handling, and multi-rank runs under mpirun (dist-selftest checks every collective, DDP, FSDP, HSDP,
+// clipping, sharded AdamW and the expert exchange against 1-rank references) including failures.
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/error.h"
+#include "dist/data_parallel.h"
+#include "dist/expert_parallel.h"
+#include "dist/launcher.h"
+#include "dist/runtime.h"
+#include "dist/selftest.h"
+#include "optim/optimizer.h"
+#include "support/testing.h"
+
+namespace titan::dist {
+namespace {
+
+// Reports a chosen rank and size without communicating: for the sharding arithmetic of rank r of N.
+class FakeGroup final : public ProcessGroup {
+ public:
+  FakeGroup(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int world_rank_of(int r) const override { return r; }
+  std::string backend() const override { return "fake"; }
+  void all_reduce(void*, int64_t, CommType, ReduceOp) override { fail("fake group: no collectives"); }
+  void reduce_scatter(const void*, void*, const std::vector<int64_t>&, CommType, ReduceOp) override {
+    fail("fake group: no collectives");
+  }
+  void all_gather(const void*, void*, const std::vector<int64_t>&, CommType) override {
+    fail("fake group: no collectives");
+  }
+  void broadcast(void*, int64_t, CommType, int) override { fail("fake group: no collectives"); }
+  void all_to_all(const void*, void*, int64_t, CommType) override { fail("fake group: no collectives"); }
+  void all_to_all_v(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&,
+                    CommType) override {
+    fail("fake group: no collectives");
+  }
+  void barrier() override {}
+  std::shared_ptr<ProcessGroup> split(int, int) override { return nullptr; }
+
+ private:
+  int rank_, size_;
+};
+
+Tensor iota(int64_t n, float start = 0) {
+  Tensor t = Tensor::empty({n});
+  for (int64_t i = 0; i < n; ++i) t.f32()[i] = start + float(i);
+  return t;
+}
+
+TEST(DistSingle, InitWithoutLauncherIsOneRankWithoutMpi) {
+  ASSERT_FALSE(detect_env().launched()) << "run the unit tests without mpirun";
+  ProcessGroup& w = init();
+  EXPECT_EQ(w.size(), 1);
+  EXPECT_EQ(w.rank(), 0);
+  EXPECT_EQ(w.backend(), "single");
+  EXPECT_FALSE(mpi_active());
+  EXPECT_EQ(rank_prefix(), "");
+  EXPECT_EQ(&world(), &w);
+}
+
+TEST(DistSingle, CollectivesAreIdentities) {
+  SingleProcessGroup g;
+  std::vector<float> f = {1, 2, 3};
+  g.all_reduce(f.data(), 3, ReduceOp::Avg);
+  EXPECT_EQ(f, (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(g.all_reduce(2.5, ReduceOp::Sum), 2.5);
+  std::vector<float> out(3);
+  g.reduce_scatter(f.data(), out.data(), {3}, CommType::F32, ReduceOp::Sum);
+  EXPECT_EQ(out, f);
+  std::vector<float> gathered(3);
+  g.all_gather(f.data(), gathered.data(), {3}, CommType::F32);
+  EXPECT_EQ(gathered, f);
+  std::vector<int64_t> a = {4, 5}, b(2);
+  g.all_to_all(a.data(), b.data(), 2, CommType::I64);
+  EXPECT_EQ(b, a);
+  g.all_to_all_v(a.data(), {2}, b.data(), {2}, CommType::I64);
+  EXPECT_EQ(b, a);
+  g.broadcast(f.data(), 3, CommType::F32, 0);
+  EXPECT_THROW(g.broadcast(f.data(), 3, CommType::F32, 1), Error);
+  uint16_t h[2] = {1, 2};
+  EXPECT_THROW(g.all_reduce(h, 2, CommType::BF16, ReduceOp::Sum), Error);  // bf16 only moves
+  EXPECT_EQ(g.split(0, 0)->size(), 1);
+}
+
+TEST(DistSingle, SelftestPassesOnOneRank) {
+  SingleProcessGroup g;
+  std::ostringstream log;
+  EXPECT_EQ(run_selftest(g, SelftestOptions{}, log), 0) << log.str();
+}
+
+TEST(DistSharding, ShardSizesOffsetsAndPadding) {
+  // 10 elements over 4 ranks: shards of 3, the last one holds 1 real element and 2 of padding.
+  const int64_t expect_valid[4] = {3, 3, 3, 1};
+  for (int r = 0; r < 4; ++r) {
+    FakeGroup g(r, 4);
+    FsdpShards s(g, {iota(10, 1), iota(5, 100)}, {Tensor::zeros({10}), Tensor::zeros({5})});
+    EXPECT_EQ(s.shard_numel(0), 3);
+    EXPECT_EQ(s.shard_offset(0), 3 * r);
+    EXPECT_EQ(s.shard_valid(0), expect_valid[r]);
+    // 5 over 4: shards of 2; rank 3 owns nothing.
+    EXPECT_EQ(s.shard_numel(1), 2);
+    EXPECT_EQ(s.shard_valid(1), std::vector<int64_t>({2, 2, 1, 0})[r]);
+    const float* p = s.shard_params()[0].f32();
+    for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(p[i], i < expect_valid[r] ? float(1 + 3 * r + i) : 0.0f);
+    EXPECT_EQ(s.shard_params()[0].numel(), 3);
+  }
+}
+
+TEST(DistSharding, OneRankGatherAndReduceScatterRoundTrip) {
+  SingleProcessGroup g;
+  Tensor p = iota(7), grad = iota(7, 10);
+  FsdpShards s(g, {p}, {grad});
+  EXPECT_EQ(s.shard_numel(0), 7);
+  s.shard_params()[0].f32()[2] = 42;
+  s.gather_params(0);
+  EXPECT_EQ(p.f32()[2], 42);
+  s.reduce_scatter_grads(0);
+  EXPECT_EQ(s.shard_grads()[0].f32()[6], 16);
+  s.reduce_scatter_grads(0, /*accumulate=*/true);
+  EXPECT_EQ(s.shard_grads()[0].f32()[6], 32);
+}
+
+TEST(DistSharding, OwnedBuffersAreReleasedAndReused) {
+  SingleProcessGroup g;
+  FsdpShards s(g, std::vector<int64_t>{8, 8, 6});
+  s.load_shards({iota(8), iota(8, 100), iota(6, 200)});
+  s.gather_params(0);
+  const float* first = s.full_params(0).f32();
+  EXPECT_EQ(first[3], 3);
+  s.release_params(0);
+  s.gather_params(1);  // same size: the released buffer comes back
+  EXPECT_EQ(s.full_params(1).f32(), first);
+  EXPECT_EQ(s.full_params(1).f32()[3], 103);
+  s.release_params(1);
+  s.gather_params(2);  // smaller: re-uses it too
+  EXPECT_EQ(s.full_params(2).f32(), first);
+  EXPECT_EQ(s.full_params(2).f32()[5], 205);
+  Tensor fg = s.full_grads(2);  // a fresh zeroed gradient buffer
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(fg.f32()[i], 0);
+}
+
+TEST(DistSharding, ShardedAdamWOnOneRankEqualsAdamW) {
+  SingleProcessGroup g;
+  Tensor p = iota(9, -4), grad = iota(9, 1), p_ref = p.clone(), g_ref = grad.clone();
+  FsdpShards s(g, {p}, {grad});
+  s.reduce_scatter_all_grads();
+  AdamW sharded(s.shard_params(), s.shard_grads(), AdamWConfig{});
+  AdamW full({p_ref}, {g_ref}, AdamWConfig{});
+  sharded.step(1e-2f);
+  full.step(1e-2f);
+  s.gather_all_params();
+  EXPECT_LT(testing::rel_error(p, p_ref), 1e-7);
+}
+
+TEST(DistDdp, BucketsCoalesceSmallAndChunkLargeBuffers) {
+  SingleProcessGroup g;
+  // 40-byte buckets (10 floats): {3, 4} share one, 25 -> 3 chunks, {2} alone.
+  std::vector<Tensor> grads = {iota(3), iota(4), iota(25), iota(2)};
+  DdpReducer ddp(g, grads, 40);
+  EXPECT_EQ(ddp.num_buckets(), 5);
+  ddp.all_reduce_mean();
+  EXPECT_EQ(grads[2].f32()[24], 24);
+  EXPECT_EQ(grads[1].f32()[3], 3);
+  EXPECT_THROW(DdpReducer(g, {Tensor::zeros({2}, DType::BF16)}), Error);
+}
+
+TEST(DistClip, ReplicatedNormEqualsLocalClipping) {
+  Tensor a = Tensor::from_vector({3, 0}, {2}), b = Tensor::from_vector({4}, {1});
+  std::vector<Tensor> grads{a, b};
+  EXPECT_DOUBLE_EQ(clip_grad_norm(grads, 1.0, nullptr), 5.0);
+  EXPECT_NEAR(std::sqrt(grad_sq_norm(grads)), 1.0, 1e-5);
+  SingleProcessGroup g;
+  EXPECT_NEAR(global_grad_norm(grads, &g), 1.0, 1e-5);
+}
+
+TEST(DistExpert, GroupRowsByDestinationIsStable) {
+  auto [order, counts] = group_rows_by_destination({2, 0, 2, 1, 0}, 3);
+  EXPECT_EQ(order, (std::vector<int64_t>{1, 4, 3, 0, 2}));
+  EXPECT_EQ(counts, (std::vector<int64_t>{2, 1, 2}));
+  EXPECT_THROW(group_rows_by_destination({3}, 3), Error);
+}
+
+TEST(DistEnv, DetectsLaunchersFromEnvironment) {
+  auto with = [](std::vector<std::pair<const char*, const char*>> vars) {
+    for (auto& [k, v] : vars) setenv(k, v, 1);
+    DistEnv e = detect_env();
+    for (auto& [k, v] : vars) unsetenv(k);
+    return e;
+  };
+  DistEnv o = with({{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "8"},
+                    {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
+  EXPECT_EQ(o.launcher, "openmpi");
+  EXPECT_EQ(o.rank, 5);
+  EXPECT_EQ(o.world_size, 8);
+  EXPECT_EQ(o.local_rank, 1);
+  EXPECT_EQ(o.node_rank, 1);
+  DistEnv p = with({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}});
+  EXPECT_EQ(p.launcher, "pmi");
+  EXPECT_EQ(p.rank, 3);
+  EXPECT_EQ(p.world_size, 4);
+  EXPECT_EQ(p.local_rank, 1);
+  DistEnv s = with({{"SLURM_PROCID", "2"}, {"SLURM_STEP_NUM_TASKS", "6"}, {"SLURM_LOCALID", "0"},
+                    {"SLURM_NODEID", "2"}});
+  EXPECT_EQ(s.launcher, "slurm");
+  EXPECT_EQ(s.rank, 2);
+  EXPECT_EQ(s.world_size, 6);
+  EXPECT_EQ(s.node_rank, 2);
+  // An sbatch script outside srun is one process.
+  EXPECT_FALSE(with({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}}).launched());
+}
+
+std::vector<char*> argv_of(std::vector<std::string>& args) {
+  std::vector<char*> v;
+  for (auto& a : args) v.push_back(a.data());
+  return v;
+}
+
+TEST(DistLauncher, ParsesTorchrunStyleArguments) {
+  std::vector<std::string> args = {"--nproc_per_node=4", "--nnodes", "2", "--node-rank", "0", "--hosts", "a,b",
+                                   "--local-ranks-filter", "0,2", "--timeout", "30", "train", "--steps", "3"};
+  auto argv = argv_of(args);
+  LaunchOptions o = parse_launch_args(int(argv.size()), argv.data());
+  EXPECT_EQ(o.nproc_per_node, 4);
+  EXPECT_EQ(o.nnodes, 2);
+  EXPECT_EQ(o.hosts, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(o.local_ranks_filter, (std::vector<int>{0, 2}));
+  EXPECT_EQ(o.command, (std::vector<std::string>{"train", "--steps", "3"}));
+  auto cmd = mpirun_command(o, "/bin/titan");
+  std::string line;
+  for (auto& a : cmd) line += a + " ";
+  EXPECT_NE(line.find("mpirun -np 8 --oversubscribe --bind-to none --tag-output"), std::string::npos) << line;
+  EXPECT_NE(line.find("--host a:4,b:4"), std::string::npos) << line;
+  EXPECT_NE(line.find("-x OMP_NUM_THREADS="), std::string::npos) << line;
+  EXPECT_NE(line.find("-x TITAN_DIST_TIMEOUT=30"), std::string::npos) << line;
+  EXPECT_NE(line.find("/bin/titan train --steps 3"), std::string::npos) << line;
+
+  std::vector<std::string> bad = {"--nproc-per-node", "x", "train"};
+  auto bv = argv_of(bad);
+  EXPECT_THROW(parse_launch_args(int(bv.size()), bv.data()), Error);
+  std::vector<std::string> none = {"--nproc-per-node", "2"};
+  auto nv = argv_of(none);
+  EXPECT_THROW(parse_launch_args(int(nv.size()), nv.data()), Error);
+}
+
+TEST(DistLauncher, RelayPrefixesFiltersAndFindsTheFailedRank) {
+  RankOutputRelay relay(2, {0});
+  EXPECT_EQ(relay.relay("[1,0]<stdout>:step 1 loss 3.2").value(), "[rank0]: step 1 loss 3.2");
+  EXPECT_FALSE(relay.relay("[1,1]<stdout>:step 1 loss 3.2").has_value());  // local rank 1 filtered
+  EXPECT_EQ(relay.relay("[1,2]<stderr>:x").value(), "[rank2]: x");            // local rank 0 of node 1
+  // Errors always pass and name the failed rank.
+  EXPECT_EQ(relay.relay("[1,1]<stderr>:[rank 1] titan train: error: boom").value(),
+            "[rank1]: [rank 1] titan train: error: boom");
+  EXPECT_EQ(relay.failed_rank(), 1);
+  EXPECT_EQ(relay.relay("MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD").value(),
+            "MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD");
+
+  RankOutputRelay exited(2, {});
+  exited.relay("  Process name: [[12274,1],3]");
+  exited.relay("  Exit code:    3");
+  EXPECT_EQ(exited.failed_rank(), 3);
+  EXPECT_EQ(exited.failure_reason(), "exit code 3");
+
+  RankOutputRelay hang(2, {});
+  hang.relay("[1,0]<stderr>:[rank 0] error: watchdog: all_reduce ... rank 1 did not arrive (hung)");
+  EXPECT_EQ(hang.failed_rank(), 1);
+}
+
+// ---- multi-rank runs (mpirun as a child, bounded by `timeout 60`) ----
+
+struct RunResult {
+  int rc;
+  std::string output;
+  double seconds;
+};
+
+RunResult run_shell(const std::string& cmd) {
+  testing::TempDir tmp;
+  const std::string log = tmp / "out.txt";
+  // OpenMPI refuses to run as root unless told (CI containers); OMP_NUM_THREADS=1 keeps 2-core CI fast.
+  const std::string full = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " + cmd +
+                           " > " + log + " 2>&1";
+  const auto start = std::chrono::steady_clock::now();
+  const int status = std::system(full.c_str());
+  RunResult r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  FILE* f = std::fopen(log.c_str(), "rb");
+  if (f) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) r.output.append(buf, n);
+    std::fclose(f);
+  }
+  return r;
+}
+
+const std::string kTitan = TITAN_BINARY;
+
+TEST(DistMpi, SelftestOnTwoRanks) {
+  RunResult r = run_shell("timeout 60 mpirun --oversubscribe -np 2 " + kTitan + " dist-selftest");
+  EXPECT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("all checks passed on 2 rank(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1/2 (local 1/2, node 0, mpi via openmpi): ok"), std::string::npos) << r.output;
+}
+
+TEST(DistMpi, SelftestOnFourRanks) {
+  // Four ranks: uneven shards, HSDP 2 x 2 mesh, all_to_all_v with empty blocks.
+  RunResult r = run_shell("timeout 60 mpirun --oversubscribe -np 4 " + kTitan + " dist-selftest");
+  EXPECT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("all checks passed on 4 rank(s)"), std::string::npos) << r.output;
+}
+
+TEST(DistMpi, SelftestOnThreeRanks) {
+  RunResult r = run_shell("timeout 60 mpirun --oversubscribe -np 3 " + kTitan + " dist-selftest");
+  EXPECT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("all checks passed on 3 rank(s)"), std::string::npos) << r.output;
+}
+
+TEST(DistMpi, SelftestWithoutWatchdogUsesBlockingCollectives) {
+  RunResult r = run_shell("TITAN_DIST_TIMEOUT=0 timeout 60 mpirun --oversubscribe -np 2 " + kTitan + " dist-selftest");
+  EXPECT_EQ(r.rc, 0) << r.output;
+}
+
+TEST(DistRun, PrefixesAndFiltersRanks) {
+  RunResult r = run_shell("timeout 60 " + kTitan + " run --nproc-per-node 2 dist-selftest");
+  EXPECT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank1]: dist-selftest: rank 1/2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank0]: dist-selftest: all checks passed on 2 rank(s)"), std::string::npos) << r.output;
+  RunResult f = run_shell("timeout 60 " + kTitan + " run --nproc-per-node 2 --local-ranks-filter 0 dist-selftest");
+  EXPECT_EQ(f.rc, 0) << f.output;
+  EXPECT_NE(f.output.find("[rank0]: dist-selftest: all checks passed"), std::string::npos) << f.output;
+  EXPECT_EQ(f.output.find("[rank1]:"), std::string::npos) << f.output;
+}
+
+TEST(DistRun, DryRunPrintsTheMpirunCommand) {
+  RunResult r = run_shell(kTitan + " run --nproc-per-node 3 --dry-run forward --help");
+  EXPECT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("mpirun -np 3 --oversubscribe --bind-to none"), std::string::npos) << r.output;
+}
+
+// Every failure mode: non-zero exit, a message naming rank 1, well within 60 s.
+void expect_job_fails(const std::string& mode, const std::string& extra = "") {
+  RunResult r = run_shell("timeout 60 " + kTitan + " run --nproc-per-node 2 " + extra +
+                          " dist-selftest --fail-rank 1 --fail-mode " + mode);
+  EXPECT_NE(r.rc, 0) << r.output;
+  EXPECT_NE(r.rc, 124) << "the job hung: " << r.output;
+  EXPECT_NE(r.output.find("titan run: rank 1 failed"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 60) << r.output;
+}
+
+TEST(DistFailure, RankThrows) { expect_job_fails("throw"); }
+TEST(DistFailure, RankExitsNonZero) { expect_job_fails("exit"); }
+TEST(DistFailure, RankIsKilled) { expect_job_fails("kill"); }
+TEST(DistFailure, RankHangsAndTheWatchdogNamesIt) { expect_job_fails("hang", "--timeout 3"); }
+
+TEST(DistFailure, ThrowUnderPlainMpirunNamesTheRank) {
+  RunResult r = run_shell("timeout 60 mpirun --oversubscribe -np 2 " + kTitan +
+                          " dist-selftest --fail-rank 1 --fail-mode throw");
+  EXPECT_NE(r.rc, 0) << r.output;
+  EXPECT_NE(r.rc, 124) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] titan dist-selftest: error: injected failure"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace titan::dist
