@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -435,6 +437,30 @@ TEST_F(DataTest, MissingOrUnreadableFilesFail) {
   }
 }
 
+TEST_F(DataTest, RandomBytesNeverCrash) {
+  std::mt19937_64 rng(1);
+  for (int trial = 0; trial < 30; ++trial) {
+    std::string junk(1 + rng() % 3000, '\0');
+    for (char& c : junk) c = static_cast<char>(rng() % 4 == 0 ? '\n' : rng() % 4 == 1 ? '{' : rng());
+    const std::string t = write("junk" + std::to_string(trial) + ".txt", junk);
+    const std::string j = write("junk" + std::to_string(trial) + ".jsonl", junk);
+    for (const auto& f : {t, j}) {
+      for (auto delimiter : {DocDelimiter::File, DocDelimiter::Percent, DocDelimiter::BlankLine}) {
+        auto cfg = config({f}, 7, 2);
+        cfg.delimiter = delimiter;
+        cfg.max_piece_bytes = 100;
+        try {
+          DataLoader loader(cfg, byte_encoder());
+          for (const auto& w : read_windows(loader, 10))
+            for (int32_t id : w) ASSERT_TRUE(id >= 0 && id <= 256);
+        } catch (const titan::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("junk"), std::string::npos) << e.what();
+        }
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- shuffling and epochs
 
 TEST_F(DataTest, ShuffleIsDeterministicAndReshufflesEachEpoch) {
@@ -729,6 +755,20 @@ TEST_F(DataTest, CorruptTokenShardsFailClearly) {
   EXPECT_NE(e.find("shard_0.bin"), std::string::npos) << e;
   e = with_bytes(pristine.substr(0, 30));
   EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+  // Corrupt document offsets: found when the document is read, not by a crash.
+  b = pristine;
+  const size_t offsets_at = b.size() - 8 * 11;  // doc_offsets[0..10] end the file
+  const uint64_t huge = 1ull << 40;
+  std::memcpy(&b[offsets_at + 8 * 5], &huge, 8);
+  e = with_bytes(b);
+  EXPECT_EQ(e, "<no titan::Error thrown>");  // opening checks only the first and last offset
+  e = error_of([&] {
+    auto cfg = config({ds});
+    DataLoader l(cfg, {});
+    read_windows(l, 20);
+  });
+  EXPECT_NE(e.find("'doc_offsets'"), std::string::npos) << e;
+  EXPECT_NE(e.find("shard_0.bin"), std::string::npos) << e;
   // A well-formed shard that disagrees with the index.
   {
     ShardWriter w(shard, 11000, 0);
