@@ -192,8 +192,10 @@ TEST(DistEnv, DetectsLaunchersFromEnvironment) {
     for (auto& [k, v] : vars) unsetenv(k);
     return e;
   };
-  DistEnv o = with({{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "8"},
-                    {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
+  DistEnv o = with({{"OMPI_COMM_WORLD_RANK", "5"},
+                    {"OMPI_COMM_WORLD_SIZE", "8"},
+                    {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
   EXPECT_EQ(o.launcher, "openmpi");
   EXPECT_EQ(o.rank, 5);
   EXPECT_EQ(o.world_size, 8);
@@ -204,8 +206,8 @@ TEST(DistEnv, DetectsLaunchersFromEnvironment) {
   EXPECT_EQ(p.rank, 3);
   EXPECT_EQ(p.world_size, 4);
   EXPECT_EQ(p.local_rank, 1);
-  DistEnv s = with({{"SLURM_PROCID", "2"}, {"SLURM_STEP_NUM_TASKS", "6"}, {"SLURM_LOCALID", "0"},
-                    {"SLURM_NODEID", "2"}});
+  DistEnv s = with(
+      {{"SLURM_PROCID", "2"}, {"SLURM_STEP_NUM_TASKS", "6"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "2"}});
   EXPECT_EQ(s.launcher, "slurm");
   EXPECT_EQ(s.rank, 2);
   EXPECT_EQ(s.world_size, 6);
@@ -221,8 +223,9 @@ std::vector<char*> argv_of(std::vector<std::string>& args) {
 }
 
 TEST(DistLauncher, ParsesTorchrunStyleArguments) {
-  std::vector<std::string> args = {"--nproc_per_node=4", "--nnodes", "2", "--node-rank", "0", "--hosts", "a,b",
-                                   "--local-ranks-filter", "0,2", "--timeout", "30", "train", "--steps", "3"};
+  std::vector<std::string> args = {
+      "--nproc_per_node=4",   "--nnodes", "2",         "--node-rank", "0",     "--hosts", "a,b",
+      "--local-ranks-filter", "0,2",      "--timeout", "30",          "train", "--steps", "3"};
   auto argv = argv_of(args);
   LaunchOptions o = parse_launch_args(int(argv.size()), argv.data());
   EXPECT_EQ(o.nproc_per_node, 4);
@@ -251,7 +254,7 @@ TEST(DistLauncher, RelayPrefixesFiltersAndFindsTheFailedRank) {
   RankOutputRelay relay(2, {0});
   EXPECT_EQ(relay.relay("[1,0]<stdout>:step 1 loss 3.2").value(), "[rank0]: step 1 loss 3.2");
   EXPECT_FALSE(relay.relay("[1,1]<stdout>:step 1 loss 3.2").has_value());  // local rank 1 filtered
-  EXPECT_EQ(relay.relay("[1,2]<stderr>:x").value(), "[rank2]: x");            // local rank 0 of node 1
+  EXPECT_EQ(relay.relay("[1,2]<stderr>:x").value(), "[rank2]: x");         // local rank 0 of node 1
   // Errors always pass and name the failed rank.
   EXPECT_EQ(relay.relay("[1,1]<stderr>:[rank 1] titan train: error: boom").value(),
             "[rank1]: [rank 1] titan train: error: boom");
@@ -282,8 +285,8 @@ RunResult run_shell(const std::string& cmd) {
   testing::TempDir tmp;
   const std::string log = tmp / "out.txt";
   // OpenMPI refuses to run as root unless told (CI containers); OMP_NUM_THREADS=1 keeps 2-core CI fast.
-  const std::string full = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " + cmd +
-                           " > " + log + " 2>&1";
+  const std::string full = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " +
+                           cmd + " > " + log + " 2>&1";
   const auto start = std::chrono::steady_clock::now();
   const int status = std::system(full.c_str());
   RunResult r;
@@ -304,7 +307,8 @@ TEST(DistMpi, SelftestOnTwoRanks) {
   RunResult r = run_shell("timeout 60 mpirun --oversubscribe -np 2 " + kTitan + " dist-selftest");
   EXPECT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("all checks passed on 2 rank(s)"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("rank 1/2 (local 1/2, node 0, mpi via openmpi): ok"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1/2 (local 1/2, node 0, mpi via openmpi): ok"), std::string::npos)
+      << r.output;
 }
 
 TEST(DistMpi, SelftestOnFourRanks) {
@@ -321,7 +325,8 @@ TEST(DistMpi, SelftestOnThreeRanks) {
 }
 
 TEST(DistMpi, SelftestWithoutWatchdogUsesBlockingCollectives) {
-  RunResult r = run_shell("TITAN_DIST_TIMEOUT=0 timeout 60 mpirun --oversubscribe -np 2 " + kTitan + " dist-selftest");
+  RunResult r =
+      run_shell("TITAN_DIST_TIMEOUT=0 timeout 60 mpirun --oversubscribe -np 2 " + kTitan + " dist-selftest");
   EXPECT_EQ(r.rc, 0) << r.output;
 }
 
@@ -329,8 +334,10 @@ TEST(DistRun, PrefixesAndFiltersRanks) {
   RunResult r = run_shell("timeout 60 " + kTitan + " run --nproc-per-node 2 dist-selftest");
   EXPECT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("[rank1]: dist-selftest: rank 1/2"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("[rank0]: dist-selftest: all checks passed on 2 rank(s)"), std::string::npos) << r.output;
-  RunResult f = run_shell("timeout 60 " + kTitan + " run --nproc-per-node 2 --local-ranks-filter 0 dist-selftest");
+  EXPECT_NE(r.output.find("[rank0]: dist-selftest: all checks passed on 2 rank(s)"), std::string::npos)
+      << r.output;
+  RunResult f =
+      run_shell("timeout 60 " + kTitan + " run --nproc-per-node 2 --local-ranks-filter 0 dist-selftest");
   EXPECT_EQ(f.rc, 0) << f.output;
   EXPECT_NE(f.output.find("[rank0]: dist-selftest: all checks passed"), std::string::npos) << f.output;
   EXPECT_EQ(f.output.find("[rank1]:"), std::string::npos) << f.output;
@@ -352,17 +359,26 @@ void expect_job_fails(const std::string& mode, const std::string& extra = "") {
   EXPECT_LT(r.seconds, 60) << r.output;
 }
 
-TEST(DistFailure, RankThrows) { expect_job_fails("throw"); }
-TEST(DistFailure, RankExitsNonZero) { expect_job_fails("exit"); }
-TEST(DistFailure, RankIsKilled) { expect_job_fails("kill"); }
-TEST(DistFailure, RankHangsAndTheWatchdogNamesIt) { expect_job_fails("hang", "--timeout 3"); }
+TEST(DistFailure, RankThrows) {
+  expect_job_fails("throw");
+}
+TEST(DistFailure, RankExitsNonZero) {
+  expect_job_fails("exit");
+}
+TEST(DistFailure, RankIsKilled) {
+  expect_job_fails("kill");
+}
+TEST(DistFailure, RankHangsAndTheWatchdogNamesIt) {
+  expect_job_fails("hang", "--timeout 3");
+}
 
 TEST(DistFailure, ThrowUnderPlainMpirunNamesTheRank) {
   RunResult r = run_shell("timeout 60 mpirun --oversubscribe -np 2 " + kTitan +
                           " dist-selftest --fail-rank 1 --fail-mode throw");
   EXPECT_NE(r.rc, 0) << r.output;
   EXPECT_NE(r.rc, 124) << r.output;
-  EXPECT_NE(r.output.find("[rank 1] titan dist-selftest: error: injected failure"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] titan dist-selftest: error: injected failure"), std::string::npos)
+      << r.output;
 }
 
 }  // namespace

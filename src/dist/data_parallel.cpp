@@ -73,8 +73,8 @@ void DdpReducer::all_reduce_mean() {
 FsdpShards::FsdpShards(ProcessGroup& shard, std::vector<Tensor> full_params, std::vector<Tensor> full_grads,
                        ProcessGroup* replicate)
     : shard_(shard), full_params_(std::move(full_params)), full_grads_(std::move(full_grads)) {
-  TITAN_CHECK(full_params_.size() == full_grads_.size(), "FSDP: ", full_params_.size(), " parameter buffers but ",
-              full_grads_.size(), " gradient buffers");
+  TITAN_CHECK(full_params_.size() == full_grads_.size(), "FSDP: ", full_params_.size(),
+              " parameter buffers but ", full_grads_.size(), " gradient buffers");
   for (size_t g = 0; g < full_params_.size(); ++g) {
     TITAN_CHECK(full_params_[g].dtype() == DType::F32 && full_grads_[g].dtype() == DType::F32,
                 "FSDP buffers must be f32 (group ", g, ")");
@@ -169,7 +169,8 @@ void FsdpShards::reduce_scatter_grads(int g, bool accumulate) {
   const int64_t valid = shard_valid(g);
   float* out = shard_grads_[g].f32();
   if (accumulate) {
-    if (!scratch_.defined() || scratch_.numel() < shard_numel_[g]) scratch_ = Tensor::empty({shard_numel_[g]});
+    if (!scratch_.defined() || scratch_.numel() < shard_numel_[g])
+      scratch_ = Tensor::empty({shard_numel_[g]});
     out = scratch_.f32();
   }
   shard_.reduce_scatter(full.f32(), out, counts(g), CommType::F32, ReduceOp::Avg);
@@ -187,7 +188,8 @@ void FsdpShards::reduce_scatter_all_grads(bool accumulate) {
 }
 
 void FsdpShards::load_shards(const std::vector<Tensor>& full) {
-  TITAN_CHECK(int(full.size()) == num_groups(), "FSDP: ", full.size(), " buffers for ", num_groups(), " groups");
+  TITAN_CHECK(int(full.size()) == num_groups(), "FSDP: ", full.size(), " buffers for ", num_groups(),
+              " groups");
   for (int g = 0; g < num_groups(); ++g) {
     TITAN_CHECK(full[g].numel() == numel_[g], "FSDP group ", g, ": buffer has ", full[g].numel(),
                 " elements, expected ", numel_[g]);

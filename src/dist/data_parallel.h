@@ -77,7 +77,8 @@ class FsdpShards {
   // ZeRO-3 memory mode: full buffers of these sizes are allocated by gather_params()/full_grads() and
   // dropped by release_params()/reduce_scatter_grads() (a freed buffer is re-used for the next group of
   // a fitting size). Shards start at zero: fill them with load_shards() or shard_params().
-  FsdpShards(ProcessGroup& shard, const std::vector<int64_t>& group_numels, ProcessGroup* replicate = nullptr);
+  FsdpShards(ProcessGroup& shard, const std::vector<int64_t>& group_numels,
+             ProcessGroup* replicate = nullptr);
 
   int num_groups() const { return int(numel_.size()); }
   int64_t group_numel(int g) const { return numel_[g]; }

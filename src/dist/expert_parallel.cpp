@@ -8,7 +8,8 @@ namespace titan::dist {
 AllToAllExchange::AllToAllExchange(ProcessGroup& pg, std::vector<int64_t> send_counts, int64_t row_elems)
     : pg_(pg), row_elems_(row_elems), send_rows_(std::move(send_counts)) {
   const int n = pg.size();
-  TITAN_CHECK(int(send_rows_.size()) == n, "expert exchange: ", send_rows_.size(), " counts for ", n, " ranks");
+  TITAN_CHECK(int(send_rows_.size()) == n, "expert exchange: ", send_rows_.size(), " counts for ", n,
+              " ranks");
   TITAN_CHECK(row_elems > 0, "expert exchange: row size must be positive");
   recv_rows_.assign(n, 0);
   // Each rank learns how many rows every other rank sends it.
@@ -31,7 +32,7 @@ void AllToAllExchange::combine(const float* recv_side, float* send_side) {
 }
 
 std::pair<std::vector<int64_t>, std::vector<int64_t>> group_rows_by_destination(const std::vector<int>& dest,
-                                                                                 int world) {
+                                                                                int world) {
   std::vector<int64_t> counts(world, 0), start(world, 0), order(dest.size());
   for (int d : dest) {
     TITAN_CHECK(d >= 0 && d < world, "destination rank ", d, " outside [0, ", world, ")");

@@ -42,6 +42,6 @@ class AllToAllExchange {
 // Stable grouping of rows by destination rank: order[i] is the row packed at position i, counts[r] the
 // number of rows going to rank r.
 std::pair<std::vector<int64_t>, std::vector<int64_t>> group_rows_by_destination(const std::vector<int>& dest,
-                                                                                 int world);
+                                                                                int world);
 
 }  // namespace titan::dist

@@ -93,17 +93,26 @@ LaunchOptions parse_launch_args(int argc, char** argv) {
       TITAN_CHECK(i + 1 < argc, "titan run: ", a, " needs a value\n", launch_usage());
       value = argv[++i];
     }
-    if (a == "--nproc-per-node") o.nproc_per_node = parse_int(a, value);
-    else if (a == "--nnodes") o.nnodes = parse_int(a, value);
-    else if (a == "--node-rank") o.node_rank = parse_int(a, value);
-    else if (a == "--master-addr") o.master_addr = value;
-    else if (a == "--master-port") o.master_port = parse_int(a, value);
-    else if (a == "--hosts") o.hosts = split_list(value);
+    if (a == "--nproc-per-node")
+      o.nproc_per_node = parse_int(a, value);
+    else if (a == "--nnodes")
+      o.nnodes = parse_int(a, value);
+    else if (a == "--node-rank")
+      o.node_rank = parse_int(a, value);
+    else if (a == "--master-addr")
+      o.master_addr = value;
+    else if (a == "--master-port")
+      o.master_port = parse_int(a, value);
+    else if (a == "--hosts")
+      o.hosts = split_list(value);
     else if (a == "--local-ranks-filter") {
       for (auto& r : split_list(value)) o.local_ranks_filter.push_back(parse_int(a, r));
-    } else if (a == "--timeout") o.timeout = std::atof(value.c_str());
-    else if (a == "--mpirun-arg") o.mpirun_args.push_back(value);
-    else fail("titan run: unknown option ", a, "\n", launch_usage());
+    } else if (a == "--timeout")
+      o.timeout = std::atof(value.c_str());
+    else if (a == "--mpirun-arg")
+      o.mpirun_args.push_back(value);
+    else
+      fail("titan run: unknown option ", a, "\n", launch_usage());
   }
   for (; i < argc; ++i) o.command.push_back(argv[i]);
   TITAN_CHECK(!o.command.empty(), "titan run: no subcommand given\n", launch_usage());
@@ -118,8 +127,9 @@ LaunchOptions parse_launch_args(int argc, char** argv) {
 }
 
 std::vector<std::string> mpirun_command(const LaunchOptions& o, const std::string& titan_exe) {
-  std::vector<std::string> cmd = {"mpirun", "-np", std::to_string(o.nproc_per_node * o.nnodes),
-                                  "--oversubscribe", "--bind-to", "none", "--tag-output"};
+  std::vector<std::string> cmd = {"mpirun",          "-np",       std::to_string(o.nproc_per_node * o.nnodes),
+                                  "--oversubscribe", "--bind-to", "none",
+                                  "--tag-output"};
   // OpenMPI refuses root unless told; containers and CI often run as root.
   if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
   if (o.nnodes > 1) {
@@ -130,8 +140,10 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o, const std::strin
   // Threads per rank: an explicit OMP_NUM_THREADS wins; otherwise share this node's cores (ranks x threads
   // <= cores, so ranks do not fight over cores).
   std::string omp;
-  if (const char* v = std::getenv("OMP_NUM_THREADS"); v && *v) omp = v;
-  else omp = std::to_string(std::max(1, available_cores() / o.nproc_per_node));
+  if (const char* v = std::getenv("OMP_NUM_THREADS"); v && *v)
+    omp = v;
+  else
+    omp = std::to_string(std::max(1, available_cores() / o.nproc_per_node));
   auto export_var = [&](const std::string& kv) { cmd.insert(cmd.end(), {"-x", kv}); };
   export_var("OMP_NUM_THREADS=" + omp);
   export_var("TITAN_MASTER_ADDR=" + o.master_addr);
@@ -166,15 +178,18 @@ std::optional<std::string> RankOutputRelay::relay(const std::string& line) {
   static const std::regex process_name(R"(Process name:\s*\[\[\d+,\d+\],(\d+)\])");
   static const std::regex exit_code(R"(Exit code:\s*(-?\d+))");
   static const std::regex abort_on(R"(MPI_ABORT was invoked on rank (\d+))");
-  static const std::regex process_rank(R"(process rank (\d+) with PID .* (exited on signal \d+[^.]*|exiting improperly))");
+  static const std::regex process_rank(
+      R"(process rank (\d+) with PID .* (exited on signal \d+[^.]*|exiting improperly))");
   std::smatch m;
   if (std::regex_match(line, m, tag)) {
     const int rank = std::stoi(m[1]);
     const std::string text = m[3];
     const bool is_error = text.find("error:") != std::string::npos || text.find("FAIL") != std::string::npos;
     std::smatch w;
-    if (std::regex_search(text, w, not_arrived)) note_failure(std::stoi(w[1]), 4, "did not arrive at a collective");
-    else if (text.find("error:") != std::string::npos) note_failure(rank, 3, text.substr(text.find("error:")));
+    if (std::regex_search(text, w, not_arrived))
+      note_failure(std::stoi(w[1]), 4, "did not arrive at a collective");
+    else if (text.find("error:") != std::string::npos)
+      note_failure(rank, 3, text.substr(text.find("error:")));
     if (!filter_.empty() && !is_error) {
       const int local = rank % std::max(1, nproc_per_node_);
       bool keep = false;
@@ -184,7 +199,8 @@ std::optional<std::string> RankOutputRelay::relay(const std::string& line) {
     return "[rank" + std::to_string(rank) + "]: " + text;
   }
   // mpirun's own lines: keep them, and learn which rank failed.
-  if (std::regex_search(line, m, process_name)) pending_process_rank_ = std::stoi(m[1]);
+  if (std::regex_search(line, m, process_name))
+    pending_process_rank_ = std::stoi(m[1]);
   else if (pending_process_rank_ >= 0 && std::regex_search(line, m, exit_code)) {
     note_failure(pending_process_rank_, 2, "exit code " + m[1].str());
     pending_process_rank_ = -1;
@@ -200,14 +216,15 @@ std::optional<std::string> RankOutputRelay::relay(const std::string& line) {
 
 int launch(const LaunchOptions& o) {
   if (o.nnodes > 1 && o.node_rank > 0) {
-    std::fprintf(stderr,
-                 "titan run: node %d of %d: the ranks of this node are started by node 0's mpirun (over ssh); "
-                 "nothing to do here\n",
-                 o.node_rank, o.nnodes);
+    std::fprintf(
+        stderr,
+        "titan run: node %d of %d: the ranks of this node are started by node 0's mpirun (over ssh); "
+        "nothing to do here\n",
+        o.node_rank, o.nnodes);
     return 0;
   }
-  TITAN_CHECK(o.nnodes == 1 || !o.hosts.empty(),
-              "titan run: --nnodes ", o.nnodes, " needs --hosts h1,h2,... (node 0 starts every rank through "
+  TITAN_CHECK(o.nnodes == 1 || !o.hosts.empty(), "titan run: --nnodes ", o.nnodes,
+              " needs --hosts h1,h2,... (node 0 starts every rank through "
               "mpirun over ssh); under Slurm use `srun titan ...` instead");
   const std::vector<std::string> cmd = mpirun_command(o, self_exe());
   if (o.dry_run) {
@@ -232,7 +249,8 @@ int launch(const LaunchOptions& o) {
     for (auto& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     execvp(argv[0], argv.data());
-    std::fprintf(stderr, "titan run: cannot start mpirun: %s (is OpenMPI installed?)\n", std::strerror(errno));
+    std::fprintf(stderr, "titan run: cannot start mpirun: %s (is OpenMPI installed?)\n",
+                 std::strerror(errno));
     _exit(127);
   }
   close(out_pipe[1]);
@@ -299,7 +317,8 @@ int launch(const LaunchOptions& o) {
   int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (rc != 0) {
     if (relay.failed_rank() >= 0)
-      std::fprintf(stderr, "titan run: rank %d failed (%s); the job was stopped on every rank (exit status %d)\n",
+      std::fprintf(stderr,
+                   "titan run: rank %d failed (%s); the job was stopped on every rank (exit status %d)\n",
                    relay.failed_rank(), relay.failure_reason().c_str(), rc);
     else
       std::fprintf(stderr, "titan run: the job failed (mpirun exit status %d)\n", rc);

@@ -23,12 +23,12 @@ namespace {
 
 struct Runtime {
   bool inited = false;
-  bool mpi = false;       // MPI_Init was called by us
+  bool mpi = false;  // MPI_Init was called by us
   bool finalized = false;
   bool env_known = false;
   DistEnv env;
   std::unique_ptr<ProcessGroup> world;
-  double timeout = -1;    // < 0: not read from the environment yet
+  double timeout = -1;  // < 0: not read from the environment yet
 };
 
 Runtime& rt() {
@@ -42,16 +42,24 @@ const char* getenv_any(std::initializer_list<const char*> names) {
   return nullptr;
 }
 
-int env_int(const char* v, int fallback) { return v ? std::atoi(v) : fallback; }
+int env_int(const char* v, int fallback) {
+  return v ? std::atoi(v) : fallback;
+}
 
 MPI_Datatype mpi_type(CommType t) {
   switch (t) {
-    case CommType::F32: return MPI_FLOAT;
-    case CommType::F64: return MPI_DOUBLE;
-    case CommType::I32: return MPI_INT32_T;
-    case CommType::I64: return MPI_INT64_T;
-    case CommType::BF16: return MPI_UINT16_T;
-    case CommType::U8: return MPI_UINT8_T;
+    case CommType::F32:
+      return MPI_FLOAT;
+    case CommType::F64:
+      return MPI_DOUBLE;
+    case CommType::I32:
+      return MPI_INT32_T;
+    case CommType::I64:
+      return MPI_INT64_T;
+    case CommType::BF16:
+      return MPI_UINT16_T;
+    case CommType::U8:
+      return MPI_UINT8_T;
   }
   return MPI_DATATYPE_NULL;
 }
@@ -59,9 +67,12 @@ MPI_Datatype mpi_type(CommType t) {
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg: return MPI_SUM;  // Avg divides afterwards
-    case ReduceOp::Max: return MPI_MAX;
-    case ReduceOp::Min: return MPI_MIN;
+    case ReduceOp::Avg:
+      return MPI_SUM;  // Avg divides afterwards
+    case ReduceOp::Max:
+      return MPI_MAX;
+    case ReduceOp::Min:
+      return MPI_MIN;
   }
   return MPI_OP_NULL;
 }
@@ -104,7 +115,8 @@ void divide(void* buf, int64_t n, CommType t, int d) {
       for (int64_t i = 0; i < n; ++i) p[i] /= d;
       break;
     }
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -170,9 +182,11 @@ class MpiProcessGroup final : public ProcessGroup {
     for (int64_t done = 0; done < count; done += INT_MAX / 2) {
       const int n = int(std::min<int64_t>(count - done, INT_MAX / 2));
       void* b = p + done * comm_type_size(type);
-      run("all_reduce",
-          [&] { return MPI_Allreduce(MPI_IN_PLACE, b, n, mpi_type(type), mpi_op(op), comm_); },
-          [&](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, b, n, mpi_type(type), mpi_op(op), comm_, r); });
+      run(
+          "all_reduce", [&] { return MPI_Allreduce(MPI_IN_PLACE, b, n, mpi_type(type), mpi_op(op), comm_); },
+          [&](MPI_Request* r) {
+            return MPI_Iallreduce(MPI_IN_PLACE, b, n, mpi_type(type), mpi_op(op), comm_, r);
+          });
     }
     if (op == ReduceOp::Avg) divide(buf, count, type, size_);
   }
@@ -183,7 +197,8 @@ class MpiProcessGroup final : public ProcessGroup {
     check_size(recv_counts, "reduce_scatter");
     std::vector<int> c, d;
     to_int_counts(recv_counts, c, d, "reduce_scatter");
-    run("reduce_scatter",
+    run(
+        "reduce_scatter",
         [&] { return MPI_Reduce_scatter(send, recv, c.data(), mpi_type(type), mpi_op(op), comm_); },
         [&](MPI_Request* r) {
           return MPI_Ireduce_scatter(send, recv, c.data(), mpi_type(type), mpi_op(op), comm_, r);
@@ -198,10 +213,14 @@ class MpiProcessGroup final : public ProcessGroup {
     // In place when this rank's block of recv already holds its data (FSDP gathers into the full buffer).
     const bool in_place = send == static_cast<const char*>(recv) + size_t(d[rank_]) * comm_type_size(type);
     const void* s = in_place ? MPI_IN_PLACE : send;
-    run("all_gather",
-        [&] { return MPI_Allgatherv(s, c[rank_], mpi_type(type), recv, c.data(), d.data(), mpi_type(type), comm_); },
+    run(
+        "all_gather",
+        [&] {
+          return MPI_Allgatherv(s, c[rank_], mpi_type(type), recv, c.data(), d.data(), mpi_type(type), comm_);
+        },
         [&](MPI_Request* r) {
-          return MPI_Iallgatherv(s, c[rank_], mpi_type(type), recv, c.data(), d.data(), mpi_type(type), comm_, r);
+          return MPI_Iallgatherv(s, c[rank_], mpi_type(type), recv, c.data(), d.data(), mpi_type(type), comm_,
+                                 r);
         });
   }
 
@@ -211,7 +230,8 @@ class MpiProcessGroup final : public ProcessGroup {
     for (int64_t done = 0; done < count; done += INT_MAX / 2) {
       const int n = int(std::min<int64_t>(count - done, INT_MAX / 2));
       void* b = p + done * comm_type_size(type);
-      run("broadcast", [&] { return MPI_Bcast(b, n, mpi_type(type), root, comm_); },
+      run(
+          "broadcast", [&] { return MPI_Bcast(b, n, mpi_type(type), root, comm_); },
           [&](MPI_Request* r) { return MPI_Ibcast(b, n, mpi_type(type), root, comm_, r); });
     }
   }
@@ -219,8 +239,11 @@ class MpiProcessGroup final : public ProcessGroup {
   void all_to_all(const void* send, void* recv, int64_t count, CommType type) override {
     TITAN_CHECK(count * size_ <= INT_MAX, "all_to_all: ", count * size_, " elements exceed MPI's int counts");
     const int n = int(count);
-    run("all_to_all", [&] { return MPI_Alltoall(send, n, mpi_type(type), recv, n, mpi_type(type), comm_); },
-        [&](MPI_Request* r) { return MPI_Ialltoall(send, n, mpi_type(type), recv, n, mpi_type(type), comm_, r); });
+    run(
+        "all_to_all", [&] { return MPI_Alltoall(send, n, mpi_type(type), recv, n, mpi_type(type), comm_); },
+        [&](MPI_Request* r) {
+          return MPI_Ialltoall(send, n, mpi_type(type), recv, n, mpi_type(type), comm_, r);
+        });
   }
 
   void all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
@@ -231,7 +254,8 @@ class MpiProcessGroup final : public ProcessGroup {
     to_int_counts(send_counts, sc, sd, "all_to_all_v");
     to_int_counts(recv_counts, rc, rd, "all_to_all_v");
     const MPI_Datatype t = mpi_type(type);
-    run("all_to_all_v",
+    run(
+        "all_to_all_v",
         [&] { return MPI_Alltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_); },
         [&](MPI_Request* r) {
           return MPI_Ialltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_, r);
@@ -239,7 +263,9 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   void barrier() override {
-    run("barrier", [&] { return MPI_Barrier(comm_); }, [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
+    run(
+        "barrier", [&] { return MPI_Barrier(comm_); },
+        [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
   }
 
   std::shared_ptr<ProcessGroup> split(int color, int key) override {
@@ -310,8 +336,8 @@ class MpiProcessGroup final : public ProcessGroup {
     std::string missing;
     for (int r = 0; r < size_; ++r)
       if (!arrived[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(world_rank_of(r));
-    std::string msg = str_cat(rank_prefix(), "error: watchdog: ", what, " (collective #", seq_, " of a group of ",
-                              size_, ") did not complete within ", timeout, " s; ");
+    std::string msg = str_cat(rank_prefix(), "error: watchdog: ", what, " (collective #", seq_,
+                              " of a group of ", size_, ") did not complete within ", timeout, " s; ");
     if (!missing.empty())
       msg += str_cat("rank ", missing, " did not arrive (hung, stuck outside collectives or dead)");
     else
@@ -403,9 +429,15 @@ ProcessGroup& init() {
   return *r.world;
 }
 
-bool initialized() { return rt().inited; }
-ProcessGroup& world() { return init(); }
-bool mpi_active() { return rt().mpi && !rt().finalized; }
+bool initialized() {
+  return rt().inited;
+}
+ProcessGroup& world() {
+  return init();
+}
+bool mpi_active() {
+  return rt().mpi && !rt().finalized;
+}
 
 const DistEnv& env() {
   Runtime& r = rt();
@@ -442,7 +474,9 @@ double watchdog_timeout() {
   return r.timeout;
 }
 
-void set_watchdog_timeout(double seconds) { rt().timeout = seconds < 0 ? 0 : seconds; }
+void set_watchdog_timeout(double seconds) {
+  rt().timeout = seconds < 0 ? 0 : seconds;
+}
 
 std::string rank_prefix() {
   const DistEnv& e = env();
@@ -459,7 +493,8 @@ int finish_command(const char* command, int rc) {
     finalize();
     return 0;
   }
-  if (env().world_size > 1) abort_job(str_cat(rank_prefix(), "titan ", command, ": exited with status ", rc), rc);
+  if (env().world_size > 1)
+    abort_job(str_cat(rank_prefix(), "titan ", command, ": exited with status ", rc), rc);
   return rc;
 }
 

@@ -9,48 +9,69 @@ namespace titan::dist {
 
 size_t comm_type_size(CommType t) {
   switch (t) {
-    case CommType::F32: return 4;
-    case CommType::F64: return 8;
-    case CommType::I32: return 4;
-    case CommType::I64: return 8;
-    case CommType::BF16: return 2;
-    case CommType::U8: return 1;
+    case CommType::F32:
+      return 4;
+    case CommType::F64:
+      return 8;
+    case CommType::I32:
+      return 4;
+    case CommType::I64:
+      return 8;
+    case CommType::BF16:
+      return 2;
+    case CommType::U8:
+      return 1;
   }
   return 0;
 }
 
 const char* comm_type_name(CommType t) {
   switch (t) {
-    case CommType::F32: return "f32";
-    case CommType::F64: return "f64";
-    case CommType::I32: return "i32";
-    case CommType::I64: return "i64";
-    case CommType::BF16: return "bf16";
-    case CommType::U8: return "u8";
+    case CommType::F32:
+      return "f32";
+    case CommType::F64:
+      return "f64";
+    case CommType::I32:
+      return "i32";
+    case CommType::I64:
+      return "i64";
+    case CommType::BF16:
+      return "bf16";
+    case CommType::U8:
+      return "u8";
   }
   return "?";
 }
 
 CommType comm_type_of(DType t) {
   switch (t) {
-    case DType::F32: return CommType::F32;
-    case DType::BF16: return CommType::BF16;
-    case DType::I32: return CommType::I32;
+    case DType::F32:
+      return CommType::F32;
+    case DType::BF16:
+      return CommType::BF16;
+    case DType::I32:
+      return CommType::I32;
   }
   fail("no communication type for dtype ", dtype_name(t));
 }
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Avg: return "avg";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Avg:
+      return "avg";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Min:
+      return "min";
   }
   return "?";
 }
 
-std::vector<int64_t> equal_counts(int size, int64_t n) { return std::vector<int64_t>(size, n); }
+std::vector<int64_t> equal_counts(int size, int64_t n) {
+  return std::vector<int64_t>(size, n);
+}
 
 void ProcessGroup::all_gather(const Tensor& send, const Tensor& recv) {
   TITAN_CHECK(send.dtype() == recv.dtype(), "all_gather: dtypes differ (", dtype_name(send.dtype()), " vs ",

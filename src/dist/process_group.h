@@ -83,7 +83,9 @@ class ProcessGroup {
     return v;
   }
   // Tensor forms (contiguous tensors; dtype F32 for reductions).
-  void all_reduce(const Tensor& t, ReduceOp op) { all_reduce(t.raw(), t.numel(), comm_type_of(t.dtype()), op); }
+  void all_reduce(const Tensor& t, ReduceOp op) {
+    all_reduce(t.raw(), t.numel(), comm_type_of(t.dtype()), op);
+  }
   void broadcast(const Tensor& t, int root) { broadcast(t.raw(), t.numel(), comm_type_of(t.dtype()), root); }
   // Equal blocks: recv (size()*n) from send (n) / send (size()*n) to recv (n).
   void all_gather(const Tensor& send, const Tensor& recv);

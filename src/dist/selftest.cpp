@@ -3,10 +3,12 @@
 // for the 1-rank run), so one run checks the whole distributed path.
 #include "dist/selftest.h"
 
-#include <csignal>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <ostream>
 #include <thread>
 #include <vector>
@@ -31,8 +33,10 @@ struct Checker {
   // Records one check; `err` is the maximum error against the reference.
   void expect(const std::string& name, double err, double tol) {
     const bool ok = std::isfinite(err) && err <= tol;
-    if (ok) ++passed;
-    else ++failed;
+    if (ok)
+      ++passed;
+    else
+      ++failed;
     if (!ok || verbose)
       log << rank_prefix() << (ok ? "ok   " : "FAIL ") << name << ": error " << err << " (tolerance " << tol
           << ")\n";
@@ -231,7 +235,8 @@ void check_data_parallel_model(Checker& c) {
     ddp.all_reduce_mean();
     double err = 0;
     for (size_t g = 0; g < ref.flat_grads().size(); ++g)
-      err = std::max(err, rel_err(m.flat_grads()[g].f32(), ref.flat_grads()[g].f32(), ref.flat_grads()[g].numel()));
+      err = std::max(
+          err, rel_err(m.flat_grads()[g].f32(), ref.flat_grads()[g].f32(), ref.flat_grads()[g].numel()));
     c.expect("ddp model gradients = 1-rank gradients", err, 2e-5);
     const double norm = global_grad_norm(m.flat_grads(), nullptr);
     c.expect("ddp global grad norm = 1-rank norm", std::abs(norm - ref_norm) / ref_norm, 1e-5);
@@ -246,7 +251,8 @@ void check_data_parallel_model(Checker& c) {
     fsdp.gather_all_params();
     double perr = 0;
     for (size_t g = 0; g < ref.flat_params().size(); ++g)
-      perr = std::max(perr, rel_err(m.flat_params()[g].f32(), ref.flat_params()[g].f32(), ref.flat_params()[g].numel()));
+      perr = std::max(
+          perr, rel_err(m.flat_params()[g].f32(), ref.flat_params()[g].f32(), ref.flat_params()[g].numel()));
     c.expect("fsdp all-gather restores parameters", perr, 0);
     m.zero_grad();
     m.forward(my_ids, my_labels, B, T);
@@ -255,7 +261,8 @@ void check_data_parallel_model(Checker& c) {
     double gerr = 0;
     for (int g = 0; g < fsdp.num_groups(); ++g) {
       const int64_t v = fsdp.shard_valid(g);
-      gerr = std::max(gerr, rel_err(fsdp.shard_grads()[g].f32(), ref.flat_grads()[g].f32() + fsdp.shard_offset(g), v));
+      gerr = std::max(
+          gerr, rel_err(fsdp.shard_grads()[g].f32(), ref.flat_grads()[g].f32() + fsdp.shard_offset(g), v));
       for (int64_t i = v; i < fsdp.shard_numel(g); ++i)  // padding stays zero
         gerr = std::max(gerr, double(std::abs(fsdp.shard_grads()[g].f32()[i])));
     }
@@ -277,7 +284,8 @@ void check_data_parallel_model(Checker& c) {
     fsdp.gather_all_params();
     double aerr = 0;
     for (size_t g = 0; g < ref.flat_params().size(); ++g)
-      aerr = std::max(aerr, rel_err(m.flat_params()[g].f32(), ref.flat_params()[g].f32(), ref.flat_params()[g].numel()));
+      aerr = std::max(
+          aerr, rel_err(m.flat_params()[g].f32(), ref.flat_params()[g].f32(), ref.flat_params()[g].numel()));
     c.expect("sharded AdamW = unsharded AdamW", aerr, 1e-5);
   }
 }
@@ -288,8 +296,8 @@ void check_hsdp(Checker& c) {
   const int N = w.size(), me = w.rank();
   const int shard_size = N % 2 == 0 && N >= 4 ? N / 2 : (N % 2 == 0 ? 1 : N);
   HsdpMesh mesh = make_hsdp_mesh(w, shard_size);
-  c.expect("hsdp mesh sizes", std::abs(mesh.shard->size() - shard_size) +
-                                  std::abs(mesh.replicate->size() - N / shard_size), 0);
+  c.expect("hsdp mesh sizes",
+           std::abs(mesh.shard->size() - shard_size) + std::abs(mesh.replicate->size() - N / shard_size), 0);
   const std::vector<int64_t> numels = {10, 37, 4};
   FsdpShards fsdp(*mesh.shard, numels, mesh.replicate.get());
   // Parameters: full values v_g[i] = g + i/100 loaded into shards, then gathered into owned buffers.
@@ -316,7 +324,8 @@ void check_hsdp(Checker& c) {
     }
     fsdp.reduce_scatter_grads(g);
     for (int64_t i = 0; i < fsdp.shard_valid(g); ++i)
-      gerr = std::max(gerr, std::abs(fsdp.shard_grads()[g].f32()[i] - (N + 1) / 2.0 * (fsdp.shard_offset(g) + i + 1)));
+      gerr = std::max(
+          gerr, std::abs(fsdp.shard_grads()[g].f32()[i] - (N + 1) / 2.0 * (fsdp.shard_offset(g) + i + 1)));
   }
   c.expect("hsdp reduce-scatter + replica average = global mean", gerr, 1e-4);
   const double norm = global_grad_norm(fsdp.shard_grads(), mesh.shard.get());
@@ -362,7 +371,8 @@ void check_expert_exchange(Checker& c) {
 [[noreturn]] void inject_failure(const std::string& mode) {
   if (mode == "throw") fail("injected failure (--fail-mode throw)");
   if (mode == "exit") {
-    std::fprintf(stderr, "%sinjected failure: exiting with status 3 (--fail-mode exit)\n", rank_prefix().c_str());
+    std::fprintf(stderr, "%sinjected failure: exiting with status 3 (--fail-mode exit)\n",
+                 rank_prefix().c_str());
     std::fflush(nullptr);
     std::_Exit(3);
   }
@@ -393,6 +403,45 @@ int run_selftest(ProcessGroup& world, const SelftestOptions& options, std::ostre
   int64_t counts[2] = {c.failed, c.passed};
   world.all_reduce(counts, 2, ReduceOp::Sum);
   return int(counts[0]);
+}
+
+void run_collective_bench(ProcessGroup& world, int64_t bytes, int iters, std::ostream& out) {
+  const int N = world.size();
+  const int64_t n = std::max<int64_t>(N, bytes / 4 / N * N);
+  Tensor buf = Tensor::zeros({n}), shard = Tensor::zeros({n / N});
+  const std::vector<int64_t> counts = equal_counts(N, n / N);
+  const double saved = watchdog_timeout();
+  for (double timeout : {saved > 0 ? saved : 600.0, 0.0}) {
+    set_watchdog_timeout(timeout);
+    struct Case {
+      const char* name;
+      double bus_factor;  // bytes each rank moves per byte of buffer (nccl-tests "busbw")
+      std::function<void()> fn;
+    } cases[] = {
+        {"all_reduce", 2.0 * (N - 1) / N, [&] { world.all_reduce(buf.f32(), n, ReduceOp::Avg); }},
+        {"reduce_scatter", double(N - 1) / N,
+         [&] { world.reduce_scatter(buf.f32(), shard.f32(), counts, CommType::F32, ReduceOp::Avg); }},
+        {"all_gather", double(N - 1) / N,
+         [&] { world.all_gather(shard.f32(), buf.f32(), counts, CommType::F32); }},
+    };
+    for (auto& c : cases) {
+      c.fn();  // warm-up
+      world.barrier();
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) c.fn();
+      double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+      sec = world.all_reduce(sec, ReduceOp::Max);
+      if (world.rank() == 0) {
+        char line[256];
+        std::snprintf(
+            line, sizeof line, "bench %-14s %8.1f MB  %2d ranks  watchdog %-3s  %9.3f ms  busbw %7.2f GB/s\n",
+            c.name, n * 4 / 1e6, N, timeout > 0 ? "on" : "off", sec * 1e3, n * 4 * c.bus_factor / sec / 1e9);
+        out << line;
+      }
+    }
+  }
+  set_watchdog_timeout(saved);
+  out.flush();
 }
 
 }  // namespace titan::dist

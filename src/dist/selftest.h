@@ -22,4 +22,9 @@ struct SelftestOptions {
 // Failures are reported on `log` as "[rank R] FAIL <check>: <detail>".
 int run_selftest(ProcessGroup& world, const SelftestOptions& options, std::ostream& log);
 
+// Times all_reduce, reduce_scatter and all_gather of `bytes` of f32 (mean of `iters` after a warm-up),
+// with the watchdog on (non-blocking MPI, polled) and off (blocking MPI); rank 0 prints one line per
+// collective with its time and bus bandwidth (nccl-tests convention). Collective.
+void run_collective_bench(ProcessGroup& world, int64_t bytes, int iters, std::ostream& out);
+
 }  // namespace titan::dist
