@@ -131,6 +131,7 @@ PrepareStats prepare_token_dataset(const PrepareOptions& options, const TextEnco
     pieces.clear();
   };
 
+  constexpr size_t kMaxListedFiles = 10000;
   nlohmann::json files = nlohmann::json::array();
   for (const SourceFile& f : sources.files) {
     ++stats.files;
@@ -161,7 +162,9 @@ PrepareStats prepare_token_dataset(const PrepareOptions& options, const TextEnco
     }
     if (pieces_in_file == 0)
       warn(options.on_warning, f.path + ": no documents (only whitespace or delimiters), skipped");
-    files.push_back({{"path", f.path}, {"docs", stats.docs - docs_before}});
+    // Per-file counts help to audit a corpus; past a few thousand files they only bloat the index.
+    if (files.size() < kMaxListedFiles)
+      files.push_back({{"path", f.path}, {"docs", stats.docs - docs_before}});
   }
   TITAN_CHECK(stats.docs > 0, "data prepare: the inputs hold no documents (", options.inputs.front(),
               options.inputs.size() > 1 ? " ..." : "", ")");
@@ -173,6 +176,7 @@ PrepareStats prepare_token_dataset(const PrepareOptions& options, const TextEnco
                     {"delimiter", to_string(options.delimiter)},
                     {"text_field", options.text_field},
                     {"invalid_utf8_replaced", stats.invalid_utf8},
+                    {"num_files", stats.files},
                     {"inputs", files}};
   write_token_index(temp.path.string(), index);
 
