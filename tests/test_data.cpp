@@ -918,8 +918,8 @@ TEST_F(DataTest, PrepareWithTheRealTokenizer) {
   write("in/a.jsonl",
         "{\"text\": \"hello world\"}\n{\"text\": \"all well \xE2\x82\xAC\"}\n{\"text\": \"hell\"}\n");
   std::string log;
-  ASSERT_EQ(run_titan("data prepare --tokenizer " + tok_path + " --input " + path("in") + " --output " +
-                          path("out"),
+  ASSERT_EQ(run_titan("data prepare --threads 3 --tokenizer " + tok_path + " --input " + path("in") +
+                          " --output " + path("out"),
                       &log),
             0)
       << log;
