@@ -24,7 +24,7 @@ namespace {
 int parse_int(const std::string& flag, const std::string& v) {
   char* end = nullptr;
   const long x = std::strtol(v.c_str(), &end, 10);
-  TITAN_CHECK(!v.empty() && end && *end == '\0', "titan run: ", flag, " expects an integer, got '", v, "'");
+  TITAN_CHECK(!v.empty() && end && *end == '\0', "", flag, " expects an integer, got '", v, "'");
   return int(x);
 }
 
@@ -45,7 +45,7 @@ int available_cores() {
 std::string self_exe() {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  TITAN_CHECK(n > 0, "titan run: cannot resolve /proc/self/exe");
+  TITAN_CHECK(n > 0, "cannot resolve /proc/self/exe");
   return std::string(buf, size_t(n));
 }
 
@@ -84,13 +84,16 @@ LaunchOptions parse_launch_args(int argc, char** argv) {
     }
     for (char& ch : a)
       if (ch == '_') ch = '-';
-    if (a == "--help" || a == "-h") fail(launch_usage());
+    if (a == "--help" || a == "-h") {
+      o.help = true;
+      return o;
+    }
     if (a == "--dry-run") {
       o.dry_run = true;
       continue;
     }
     if (!has_value) {
-      TITAN_CHECK(i + 1 < argc, "titan run: ", a, " needs a value\n", launch_usage());
+      TITAN_CHECK(i + 1 < argc, "", a, " needs a value\n", launch_usage());
       value = argv[++i];
     }
     if (a == "--nproc-per-node")
@@ -112,16 +115,16 @@ LaunchOptions parse_launch_args(int argc, char** argv) {
     else if (a == "--mpirun-arg")
       o.mpirun_args.push_back(value);
     else
-      fail("titan run: unknown option ", a, "\n", launch_usage());
+      fail("unknown option ", a, "\n", launch_usage());
   }
   for (; i < argc; ++i) o.command.push_back(argv[i]);
-  TITAN_CHECK(!o.command.empty(), "titan run: no subcommand given\n", launch_usage());
-  TITAN_CHECK(o.command[0] != "run", "titan run: the subcommand cannot be `run` itself");
-  TITAN_CHECK(o.nproc_per_node >= 1, "titan run: --nproc-per-node must be >= 1");
-  TITAN_CHECK(o.nnodes >= 1, "titan run: --nnodes must be >= 1");
-  TITAN_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "titan run: --node-rank ", o.node_rank,
-              " outside [0, ", o.nnodes, ")");
-  TITAN_CHECK(o.hosts.empty() || int(o.hosts.size()) == o.nnodes, "titan run: --hosts lists ", o.hosts.size(),
+  TITAN_CHECK(!o.command.empty(), "no subcommand given\n", launch_usage());
+  TITAN_CHECK(o.command[0] != "run", "the subcommand cannot be `run` itself");
+  TITAN_CHECK(o.nproc_per_node >= 1, "--nproc-per-node must be >= 1");
+  TITAN_CHECK(o.nnodes >= 1, "--nnodes must be >= 1");
+  TITAN_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank ", o.node_rank, " outside [0, ",
+              o.nnodes, ")");
+  TITAN_CHECK(o.hosts.empty() || int(o.hosts.size()) == o.nnodes, "--hosts lists ", o.hosts.size(),
               " hosts for --nnodes ", o.nnodes);
   return o;
 }
@@ -215,6 +218,10 @@ std::optional<std::string> RankOutputRelay::relay(const std::string& line) {
 // ---- the launch ----
 
 int launch(const LaunchOptions& o) {
+  if (o.help) {
+    std::printf("%s", launch_usage().c_str());
+    return 0;
+  }
   if (o.nnodes > 1 && o.node_rank > 0) {
     std::fprintf(
         stderr,
@@ -223,7 +230,7 @@ int launch(const LaunchOptions& o) {
         o.node_rank, o.nnodes);
     return 0;
   }
-  TITAN_CHECK(o.nnodes == 1 || !o.hosts.empty(), "titan run: --nnodes ", o.nnodes,
+  TITAN_CHECK(o.nnodes == 1 || !o.hosts.empty(), "--nnodes ", o.nnodes,
               " needs --hosts h1,h2,... (node 0 starts every rank through "
               "mpirun over ssh); under Slurm use `srun titan ...` instead");
   const std::vector<std::string> cmd = mpirun_command(o, self_exe());
@@ -234,10 +241,10 @@ int launch(const LaunchOptions& o) {
     return 0;
   }
   int out_pipe[2], err_pipe[2];
-  TITAN_CHECK(pipe(out_pipe) == 0 && pipe(err_pipe) == 0, "titan run: pipe failed: ", std::strerror(errno));
+  TITAN_CHECK(pipe(out_pipe) == 0 && pipe(err_pipe) == 0, "pipe failed: ", std::strerror(errno));
   std::fflush(nullptr);
   const pid_t pid = fork();
-  TITAN_CHECK(pid >= 0, "titan run: fork failed: ", std::strerror(errno));
+  TITAN_CHECK(pid >= 0, "fork failed: ", std::strerror(errno));
   if (pid == 0) {
     dup2(out_pipe[1], 1);
     dup2(err_pipe[1], 2);

@@ -30,6 +30,7 @@ struct LaunchOptions {
   double timeout = -1;                    // >= 0: TITAN_DIST_TIMEOUT for the ranks (watchdog, seconds)
   std::vector<std::string> mpirun_args;   // passed to mpirun before the program
   bool dry_run = false;                   // print the mpirun command instead of running it
+  bool help = false;                      // --help: launch() prints the usage
   std::vector<std::string> command;       // the titan subcommand and its arguments
 };
 

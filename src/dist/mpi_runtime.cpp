@@ -407,6 +407,11 @@ ProcessGroup& init() {
   MPI_Comm world;
   MPI_Comm_dup(MPI_COMM_WORLD, &world);
   auto g = std::make_unique<MpiProcessGroup>(world);
+  // srun without PMI support (or a launcher MPI does not understand) starts N singletons of world 1:
+  // every rank would train alone. Refuse instead of silently diverging.
+  TITAN_CHECK(!(g->size() == 1 && r.env.world_size > 1), "the launcher (", r.env.launcher, ") started ",
+              r.env.world_size, " ranks but MPI sees a world of ", g->size(),
+              "; under Slurm use `srun --mpi=pmix`");
   r.env.rank = g->rank();
   r.env.world_size = g->size();
   // Ranks sharing memory are on one node: local rank/size and the node index come from MPI itself, so
