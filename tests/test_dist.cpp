@@ -53,7 +53,7 @@ Tensor iota(int64_t n, float start = 0) {
 }
 
 TEST(DistSingle, InitWithoutLauncherIsOneRankWithoutMpi) {
-  ASSERT_FALSE(detect_env().launched()) << "run the unit tests without mpirun";
+  if (detect_env().launched()) GTEST_SKIP() << "the unit tests run without a launcher";
   ProcessGroup& w = init();
   EXPECT_EQ(w.size(), 1);
   EXPECT_EQ(w.rank(), 0);
@@ -61,6 +61,7 @@ TEST(DistSingle, InitWithoutLauncherIsOneRankWithoutMpi) {
   EXPECT_FALSE(mpi_active());
   EXPECT_EQ(rank_prefix(), "");
   EXPECT_EQ(&world(), &w);
+  EXPECT_NE(mpi_library_version().find("MPI"), std::string::npos);
 }
 
 TEST(DistSingle, CollectivesAreIdentities) {

@@ -215,6 +215,27 @@ HsdpMesh make_hsdp_mesh(ProcessGroup& world, int shard_size) {
   return m;
 }
 
+// ---- replicas ----
+
+void broadcast_tensors(ProcessGroup& pg, const std::vector<Tensor>& tensors, int root) {
+  for (const Tensor& t : tensors) pg.broadcast(t, root);
+}
+
+bool replicas_in_sync(ProcessGroup& pg, const std::vector<Tensor>& tensors) {
+  // FNV-1a over the bytes, folded to 52 bits so it is exact in a double for the max/min comparison.
+  std::vector<double> sums;
+  for (const Tensor& t : tensors) {
+    const unsigned char* p = static_cast<const unsigned char*>(t.raw());
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    sums.push_back(double(h >> 12));
+  }
+  std::vector<double> hi = sums, lo = sums;
+  pg.all_reduce(hi.data(), int64_t(hi.size()), ReduceOp::Max);
+  pg.all_reduce(lo.data(), int64_t(lo.size()), ReduceOp::Min);
+  return hi == lo;
+}
+
 // ---- clipping ----
 
 double global_grad_norm(const std::vector<Tensor>& grads, ProcessGroup* shard_group) {

@@ -136,6 +136,14 @@ struct HsdpMesh {
 };
 HsdpMesh make_hsdp_mesh(ProcessGroup& world, int shard_size);
 
+// ---- replicas ----
+
+// Every tensor := its value on rank `root` (DDP start from one rank's checkpoint or initialisation).
+void broadcast_tensors(ProcessGroup& pg, const std::vector<Tensor>& tensors, int root = 0);
+// True on every rank when the tensors are bit-identical on all ranks (a checksum per tensor is compared
+// with max/min all-reduces): a cheap check that DDP replicas did not drift. Collective.
+bool replicas_in_sync(ProcessGroup& pg, const std::vector<Tensor>& tensors);
+
 // ---- global-norm clipping ----
 
 // sqrt of the sum over ranks of the sum of squares of `grads`. shard_group: the group across which the

@@ -483,6 +483,15 @@ void set_watchdog_timeout(double seconds) {
   rt().timeout = seconds < 0 ? 0 : seconds;
 }
 
+std::string mpi_library_version() {
+  char buf[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(buf, &len);
+  std::string v(buf, size_t(len));
+  if (auto nl = v.find('\n'); nl != std::string::npos) v.resize(nl);
+  return v;
+}
+
 std::string rank_prefix() {
   const DistEnv& e = env();
   return e.world_size > 1 ? str_cat("[rank ", e.rank, "] ") : std::string();

@@ -13,8 +13,9 @@
 //   titan::dist::finalize();   // main() does this on a clean exit (see dist/runtime.h)
 //
 // Every rank of a group must call the same collectives in the same order with matching sizes
-// (as in MPI). A rank that never arrives is caught by the watchdog (TITAN_DIST_TIMEOUT, see
-// runtime.h): the waiting ranks abort the job with a message naming the rank that did not arrive.
+// (as in MPI), from the thread that called init() (MPI_THREAD_FUNNELED: not inside OpenMP regions). A rank
+// that never arrives is caught by the watchdog (TITAN_DIST_TIMEOUT, see runtime.h): the waiting ranks abort
+// the job with a message naming the rank that did not arrive.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -60,6 +60,9 @@ void finalize();
 double watchdog_timeout();
 void set_watchdog_timeout(double seconds);
 
+// The MPI library's version line (e.g. "Open MPI v4.1.4, ..."); callable before init (for `titan env`).
+std::string mpi_library_version();
+
 // "[rank R] " when the job has more than one rank, "" otherwise: the prefix of error messages.
 std::string rank_prefix();
 

@@ -225,9 +225,14 @@ void check_data_parallel_model(Checker& c) {
   const double ref_norm = std::sqrt(grad_sq_norm(ref.flat_grads()));
 
   // DDP: local batch, averaged gradients (equal targets per rank, so the mean of means is the mean).
+  // Every rank starts from rank 0's parameters (other ranks initialise with a different seed).
   {
     Qwen3Model m(cfg);
-    m.init_weights(7);
+    m.init_weights(me == 0 ? 7 : 100 + me);
+    c.expect("replicas differ before the broadcast", N > 1 && replicas_in_sync(w, m.flat_params()) ? 1 : 0,
+             0);
+    broadcast_tensors(w, m.flat_params(), 0);
+    c.expect("replicas in sync after broadcast_tensors", replicas_in_sync(w, m.flat_params()) ? 0 : 1, 0);
     m.zero_grad();
     m.forward(my_ids, my_labels, B, T);
     m.backward();
@@ -238,6 +243,7 @@ void check_data_parallel_model(Checker& c) {
       err = std::max(
           err, rel_err(m.flat_grads()[g].f32(), ref.flat_grads()[g].f32(), ref.flat_grads()[g].numel()));
     c.expect("ddp model gradients = 1-rank gradients", err, 2e-5);
+    c.expect("ddp replicas in sync after all-reduce", replicas_in_sync(w, m.flat_grads()) ? 0 : 1, 0);
     const double norm = global_grad_norm(m.flat_grads(), nullptr);
     c.expect("ddp global grad norm = 1-rank norm", std::abs(norm - ref_norm) / ref_norm, 1e-5);
   }
