@@ -1,5 +1,6 @@
 // Kernel registry: every registered implementation of every op equals the reference on fresh random
 // inputs (forward and backward), and the reference backward agrees with finite differences.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -246,6 +247,109 @@ TEST(Kernels, ReferenceBackwardMatchesFiniteDifferences) {
     return ce.forward_backward(tmp.data(), tg.data(), N, C, 1.0f, false);
   };
   EXPECT_LE(fd_check(lg, g, ce_loss), 2e-3);
+}
+
+// MoE experts: random routing with repeated experts, an expert with no tokens, and one with most of them.
+TEST(Kernels, MoeExpertsAllImplementations) {
+  const int64_t N = 23, k = 3, E = 6, H = 10, I = 7, R = N * k;
+  auto x = randn(N * H, 40), wgu = randn(E * 2 * I * H, 41, 0.3f), wdown = randn(E * H * I, 42, 0.3f),
+       dout = randn(N * H, 43);
+  std::vector<int32_t> idx(R);
+  std::vector<float> w(R);
+  std::mt19937_64 rng(44);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t s = 0; s < k; ++s) {
+      // distinct experts per token, never expert 4, expert 0 for most tokens
+      int32_t e;
+      do e = s == 0 && n % 4 != 0 ? 0 : int32_t(rng() % E);
+      while (e == 4 || std::find(idx.begin() + n * k, idx.begin() + n * k + s, e) != idx.begin() + n * k + s);
+      idx[n * k + s] = e;
+      w[n * k + s] = 0.1f + float(rng() % 1000) / 1000.0f;
+    }
+  auto run = [&](const MoeExpertsKernels& kk, std::vector<float>& out, std::vector<float>& dx, std::vector<float>& dw,
+                 std::vector<float>& dwgu, std::vector<float>& dwdown) {
+    std::vector<float> gu(R * 2 * I), act(R * I), scratch(moe_experts_scratch_floats(N, k, H, I));
+    std::vector<int32_t> order(R), row_of(R), offsets(E + 1);
+    MoeExpertsBuffers buf{gu.data(), act.data(), order.data(), row_of.data(), offsets.data(), scratch.data()};
+    out.assign(N * H, 9.0f);  // forward overwrites
+    dx.assign(N * H, 0.5f), dw.assign(R, 0.25f), dwgu.assign(wgu.size(), 0.1f), dwdown.assign(wdown.size(), -0.1f);
+    kk.forward(out.data(), buf, x.data(), idx.data(), w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
+    kk.backward(dx.data(), dw.data(), dwgu.data(), dwdown.data(), buf, dout.data(), x.data(), idx.data(), w.data(),
+                wgu.data(), wdown.data(), N, k, E, H, I);
+  };
+  std::vector<float> out_r, dx_r, dw_r, dwgu_r, dwdown_r;
+  run(get_kernel<MoeExpertsKernels>(DeviceType::CPU, "reference"), out_r, dx_r, dw_r, dwgu_r, dwdown_r);
+  ASSERT_GE(impls<MoeExpertsKernels>().size(), 2u);
+  for (auto& name : impls<MoeExpertsKernels>()) {
+    std::vector<float> out, dx, dw, dwgu, dwdown;
+    run(get_kernel<MoeExpertsKernels>(DeviceType::CPU, name), out, dx, dw, dwgu, dwdown);
+    EXPECT_LE(rel(out, out_r), kTol) << name;
+    EXPECT_LE(rel(dx, dx_r), kTol) << name;
+    EXPECT_LE(rel(dw, dw_r), kTol) << name;
+    EXPECT_LE(rel(dwgu, dwgu_r), kTol) << name;
+    EXPECT_LE(rel(dwdown, dwdown_r), kTol) << name;
+  }
+  // Reference backward against finite differences of L = sum(out * dout).
+  const auto& ref = get_kernel<MoeExpertsKernels>(DeviceType::CPU, "reference");
+  std::vector<float> gu(R * 2 * I), act(R * I), scratch(moe_experts_scratch_floats(N, k, H, I)), out(N * H);
+  std::vector<int32_t> order(R), row_of(R), offsets(E + 1);
+  MoeExpertsBuffers buf{gu.data(), act.data(), order.data(), row_of.data(), offsets.data(), scratch.data()};
+  std::vector<float> dx(N * H, 0), dw(R, 0), dwgu(wgu.size(), 0), dwdown(wdown.size(), 0);
+  ref.forward(out.data(), buf, x.data(), idx.data(), w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
+  ref.backward(dx.data(), dw.data(), dwgu.data(), dwdown.data(), buf, dout.data(), x.data(), idx.data(), w.data(),
+               wgu.data(), wdown.data(), N, k, E, H, I);
+  auto loss = [&] {
+    ref.forward(out.data(), buf, x.data(), idx.data(), w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
+    double s = 0;
+    for (size_t i = 0; i < out.size(); ++i) s += double(out[i]) * dout[i];
+    return s;
+  };
+  EXPECT_LE(fd_check(x, dx, loss), 2e-3);
+  EXPECT_LE(fd_check(w, dw, loss), 2e-3);
+  EXPECT_LE(fd_check(wgu, dwgu, loss), 2e-3);
+  EXPECT_LE(fd_check(wdown, dwdown, loss), 2e-3);
+}
+
+// rope_qk against the reference, and the reference against the per-tensor rope reference.
+TEST(Kernels, RopeQKAllImplementations) {
+  const int64_t B = 2, T = 7, nH = 4, nKV = 2, hd = 12, N = B * T;
+  auto q = randn(N * nH * hd, 50), k = randn(N * nKV * hd, 51), dq_rot = randn(q.size(), 52),
+       dk_rot = randn(k.size(), 53);
+  std::vector<float> cos(T * hd / 2), sin(T * hd / 2);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < hd / 2; ++i)
+      cos[t * hd / 2 + i] = std::cos(t * 0.7f / (i + 1)), sin[t * hd / 2 + i] = std::sin(t * 0.7f / (i + 1));
+  const auto& rope = get_kernel<RopeKernels>(DeviceType::CPU, "reference");
+  std::vector<float> q_r(q.size()), k_r(k.size()), dq_r(q.size(), 0.2f), dk_r(k.size(), 0.2f);
+  rope.forward(q_r.data(), q.data(), cos.data(), sin.data(), N, T, nH, hd);
+  rope.forward(k_r.data(), k.data(), cos.data(), sin.data(), N, T, nKV, hd);
+  rope.backward(dq_r.data(), dq_rot.data(), cos.data(), sin.data(), N, T, nH, hd);
+  rope.backward(dk_r.data(), dk_rot.data(), cos.data(), sin.data(), N, T, nKV, hd);
+  ASSERT_GE(impls<RopeQKKernels>().size(), 2u);
+  for (auto& name : impls<RopeQKKernels>()) {
+    const auto& kk = get_kernel<RopeQKKernels>(DeviceType::CPU, name);
+    auto qq = q, kq = k;
+    std::vector<float> dq(q.size(), 0.2f), dk(k.size(), 0.2f);
+    kk.forward(qq.data(), kq.data(), cos.data(), sin.data(), N, T, nH, nKV, hd);
+    kk.backward(dq.data(), dk.data(), dq_rot.data(), dk_rot.data(), cos.data(), sin.data(), N, T, nH, nKV, hd);
+    EXPECT_LE(rel(qq, q_r), kTol) << name;
+    EXPECT_LE(rel(kq, k_r), kTol) << name;
+    EXPECT_LE(rel(dq, dq_r), kTol) << name;
+    EXPECT_LE(rel(dk, dk_r), kTol) << name;
+  }
+}
+
+// Every registered op has an all-implementations test above; a new op must add one here.
+TEST(KernelRegistry, EveryRegisteredOpIsCoveredByATest) {
+  const std::vector<std::string> covered = {"adamw",     "attention", "cross_entropy", "embedding", "matmul",
+                                            "moe_experts", "rmsnorm", "rope",          "rope_qk",   "swiglu"};
+  for (auto& op : KernelRegistry::global().ops())
+    EXPECT_NE(std::find(covered.begin(), covered.end(), op), covered.end())
+        << "op '" << op << "' has no all-implementations test in tests/test_kernels.cpp";
+  auto names = KernelRegistry::global().impls("moe_experts", DeviceType::CPU);
+  EXPECT_NE(std::find(names.begin(), names.end(), "grouped"), names.end());
+  names = KernelRegistry::global().impls("rope_qk", DeviceType::CPU);
+  EXPECT_NE(std::find(names.begin(), names.end(), "fused"), names.end());
 }
 
 }  // namespace

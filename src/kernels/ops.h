@@ -77,4 +77,43 @@ struct AdamWKernels {
                float beta2, float eps, float weight_decay, int64_t step);
 };
 
+// ---- Mixture of experts -------------------------------------------------------------------------------
+// Routed SwiGLU experts (Qwen3-MoE). Token n goes to experts e = idx[n,s], s < k, with weight w[n,s]:
+//   out[n] = sum_s w[n,s] * down_e( silu(gate_e x[n]) * up_e x[n] )          (slots summed in order s)
+// x (N,H), idx (N,k) int32 in [0,E), w (N,k), w_gu (E,2I,H): gate rows then up rows per expert (the HF v5
+// `mlp.experts.gate_up_proj`), w_down (E,H,I), out (N,H) overwritten.
+// backward: dx += dL/dx (N,H), dw += dL/dw (N,k), dw_gu += (E,2I,H), dw_down += (E,H,I).
+// Saved activations and routing tables live in caller buffers planned once per N (no allocation per call);
+// their layout belongs to the implementation, so one implementation runs both forward and backward.
+struct MoeExpertsBuffers {
+  float* gu = nullptr;          // saved (N*k, 2I)   gate|up pre-activations, one row per routed token slot
+  float* act = nullptr;         // saved (N*k, I)    silu(gate) * up
+  int32_t* order = nullptr;     // saved (N*k)       row r of the expert-sorted layout -> token slot n*k+s
+  int32_t* row_of = nullptr;    // saved (N*k)       token slot n*k+s -> sorted row
+  int32_t* offsets = nullptr;   // saved (E+1)       expert e owns sorted rows [offsets[e], offsets[e+1])
+  float* scratch = nullptr;     // moe_experts_scratch_floats(N,k,H,I); contents not kept between calls
+};
+inline int64_t moe_experts_scratch_floats(int64_t N, int64_t k, int64_t H, int64_t I) {
+  return N * k * (2 * H + 4 * I);
+}
+
+struct MoeExpertsKernels {
+  static constexpr const char* kOp = "moe_experts";
+  void (*forward)(float* out, const MoeExpertsBuffers& buf, const float* x, const int32_t* idx, const float* w,
+                  const float* w_gu, const float* w_down, int64_t N, int64_t k, int64_t E, int64_t H, int64_t I);
+  void (*backward)(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeExpertsBuffers& buf,
+                   const float* dout, const float* x, const int32_t* idx, const float* w, const float* w_gu,
+                   const float* w_down, int64_t N, int64_t k, int64_t E, int64_t H, int64_t I);
+};
+
+// RoPE of q and k in one call (rotate-half, position t = row % T, tables as for RopeKernels).
+// q (N,nH,hd) and k (N,nKV,hd) rotated in place; backward: dq += R^T dq_rot, dk += R^T dk_rot.
+struct RopeQKKernels {
+  static constexpr const char* kOp = "rope_qk";
+  void (*forward)(float* q, float* k, const float* cos, const float* sin, int64_t N, int64_t T, int64_t nH,
+                  int64_t nKV, int64_t hd);
+  void (*backward)(float* dq, float* dk, const float* dq_rot, const float* dk_rot, const float* cos,
+                   const float* sin, int64_t N, int64_t T, int64_t nH, int64_t nKV, int64_t hd);
+};
+
 }  // namespace titan

@@ -75,6 +75,9 @@ void run_forward_tool(const ForwardToolOptions& opts) {
   ForwardResult r = model.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T, fo);
   out.emplace_back("logits", model.logits().clone());
   out.emplace_back("loss", Tensor::from_vector({static_cast<float>(r.loss)}, {}));
+  // MoE: HF load_balancing_loss_func value (added to `loss` times router_aux_loss_coef when the config has
+  // output_router_logits).
+  if (model.config().is_moe()) out.emplace_back("aux_loss", Tensor::from_vector({static_cast<float>(r.aux_loss)}, {}));
   if (fo.compute_grad) model.backward();
   if (opts.grads)
     for (auto& p : model.params()) out.emplace_back("grad." + p.name, p.grad.clone());

@@ -12,17 +12,54 @@ int64_t Qwen3Config::params_per_layer() const {
   return H * qkv_dim() + q_dim() * H + 2 * head_dim + 2 * H + 3 * H * intermediate_size;
 }
 
+bool Qwen3Config::is_moe_layer(int64_t layer) const {
+  if (num_experts <= 0) return false;
+  for (int64_t l : mlp_only_layers)
+    if (l == layer) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+int64_t Qwen3Config::num_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) n += is_moe_layer(l);
+  return n;
+}
+
+int64_t Qwen3Config::params_of_layer(int64_t layer) const {
+  if (!is_moe_layer(layer)) return params_per_layer();
+  const int64_t H = hidden_size;
+  return params_per_layer() - 3 * H * intermediate_size + num_experts * H +
+         num_experts * 3 * H * moe_intermediate_size;
+}
+
+int64_t Qwen3Config::active_params_of_layer(int64_t layer) const {
+  if (!is_moe_layer(layer)) return params_per_layer();
+  return params_of_layer(layer) - (num_experts - num_experts_per_tok) * 3 * hidden_size * moe_intermediate_size;
+}
+
 int64_t Qwen3Config::num_params() const {
-  return num_hidden_layers * params_per_layer() + vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2) +
-         hidden_size;
+  int64_t n = vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2) + hidden_size;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) n += params_of_layer(l);
+  return n;
+}
+
+int64_t Qwen3Config::num_active_params() const {
+  int64_t n = vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2) + hidden_size;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) n += active_params_of_layer(l);
+  return n;
 }
 
 double Qwen3Config::training_flops_per_token(int64_t seq_len) const {
-  // 6 FLOPs per GEMM weight (forward 2, backward 4) incl. lm_head; attention scores and values:
-  // 12 * layers * heads * head_dim * seq (torchtitan's get_dense_model_nparams_and_flops convention).
-  const double gemm_params = (double)num_hidden_layers * (hidden_size * qkv_dim() + q_dim() * hidden_size +
-                                                          3.0 * hidden_size * intermediate_size) +
-                             (double)vocab_size * hidden_size;
+  // 6 FLOPs per GEMM weight a token uses (forward 2, backward 4) incl. lm_head and, for MoE layers, the router
+  // and the top-k experts; attention scores and values: 12 * layers * heads * head_dim * seq
+  // (torchtitan's get_dense_model_nparams_and_flops / get_moe_model_nparams_and_flops convention).
+  const double H = (double)hidden_size;
+  double gemm_params = (double)vocab_size * H;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) {
+    gemm_params += H * qkv_dim() + q_dim() * H;
+    gemm_params += is_moe_layer(l) ? H * num_experts + num_experts_per_tok * 3.0 * H * moe_intermediate_size
+                                   : 3.0 * H * intermediate_size;
+  }
   return 6.0 * gemm_params + 12.0 * num_hidden_layers * num_attention_heads * head_dim * (double)seq_len;
 }
 
@@ -58,14 +95,19 @@ int64_t first_token_id(const nlohmann::json& j, const char* key, int64_t fallbac
 
 Qwen3Config Qwen3Config::from_hf_json(const nlohmann::json& j, const std::string& path) {
   TITAN_CHECK(j.is_object(), path, ": not a JSON object");
+  std::string model_type = "qwen3";
   if (j.contains("model_type")) {
-    auto mt = j["model_type"].get<std::string>();
-    TITAN_CHECK(mt == "qwen3", path, ": model_type '", mt, "' is not supported here (expected 'qwen3')");
+    model_type = j["model_type"].get<std::string>();
+    TITAN_CHECK(model_type == "qwen3" || model_type == "qwen3_moe", path, ": model_type '", model_type,
+                "' is not supported here (expected 'qwen3' or 'qwen3_moe')");
   }
+  const bool moe = model_type == "qwen3_moe";
   Qwen3Config c;
   c.vocab_size = required<int64_t>(j, "vocab_size", path);
   c.hidden_size = required<int64_t>(j, "hidden_size", path);
-  c.intermediate_size = required<int64_t>(j, "intermediate_size", path);
+  // Qwen3MoeConfig defaults intermediate_size to 6144 (only mlp_only / non-sparse layers use it).
+  c.intermediate_size = moe ? optional<int64_t>(j, "intermediate_size", 6144, path)
+                            : required<int64_t>(j, "intermediate_size", path);
   c.num_hidden_layers = required<int64_t>(j, "num_hidden_layers", path);
   c.num_attention_heads = required<int64_t>(j, "num_attention_heads", path);
   c.num_key_value_heads = optional<int64_t>(j, "num_key_value_heads", c.num_attention_heads, path);
@@ -97,6 +139,19 @@ Qwen3Config Qwen3Config::from_hf_json(const nlohmann::json& j, const std::string
   c.initializer_range = optional<double>(j, "initializer_range", 0.02, path);
   c.bos_token_id = first_token_id(j, "bos_token_id", 151643);
   c.eos_token_id = first_token_id(j, "eos_token_id", 151645);
+  if (moe) {
+    // transformers v5 writes num_local_experts (attribute_map num_experts -> num_local_experts), v4 num_experts.
+    c.num_experts = j.contains("num_local_experts") && !j["num_local_experts"].is_null()
+                        ? optional<int64_t>(j, "num_local_experts", 0, path)
+                        : optional<int64_t>(j, "num_experts", 128, path);
+    c.num_experts_per_tok = optional<int64_t>(j, "num_experts_per_tok", 8, path);
+    c.moe_intermediate_size = optional<int64_t>(j, "moe_intermediate_size", 768, path);
+    c.norm_topk_prob = optional<bool>(j, "norm_topk_prob", false, path);
+    c.decoder_sparse_step = optional<int64_t>(j, "decoder_sparse_step", 1, path);
+    c.mlp_only_layers = optional<std::vector<int64_t>>(j, "mlp_only_layers", {}, path);
+    c.output_router_logits = optional<bool>(j, "output_router_logits", false, path);
+    c.router_aux_loss_coef = optional<double>(j, "router_aux_loss_coef", 0.001, path);
+  }
   c.validate(path);
   return c;
 }
@@ -127,12 +182,19 @@ void Qwen3Config::validate(const std::string& where) const {
   TITAN_CHECK(head_dim % 2 == 0, where, ": head_dim must be even for rotary embeddings, got ", head_dim);
   TITAN_CHECK(rms_norm_eps > 0, where, ": rms_norm_eps must be positive");
   TITAN_CHECK(rope_theta > 0, where, ": rope_theta must be positive");
+  if (num_experts > 0) {
+    TITAN_CHECK(num_experts_per_tok >= 1 && num_experts_per_tok <= num_experts, where,
+                ": num_experts_per_tok must be in [1, num_experts=", num_experts, "], got ", num_experts_per_tok);
+    positive(moe_intermediate_size, "moe_intermediate_size");
+    positive(decoder_sparse_step, "decoder_sparse_step");
+    TITAN_CHECK(load_balance_coeff >= 0, where, ": load_balance_coeff must be >= 0");
+  }
 }
 
 nlohmann::ordered_json Qwen3Config::to_hf_json(const std::string& torch_dtype) const {
   nlohmann::ordered_json j;
-  j["architectures"] = {"Qwen3ForCausalLM"};
-  j["model_type"] = "qwen3";
+  j["architectures"] = {is_moe() ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"};
+  j["model_type"] = is_moe() ? "qwen3_moe" : "qwen3";
   j["attention_bias"] = false;
   j["attention_dropout"] = 0.0;
   j["bos_token_id"] = bos_token_id;
@@ -156,6 +218,16 @@ nlohmann::ordered_json Qwen3Config::to_hf_json(const std::string& torch_dtype) c
   j["use_cache"] = true;
   j["use_sliding_window"] = false;
   j["vocab_size"] = vocab_size;
+  if (is_moe()) {
+    j["decoder_sparse_step"] = decoder_sparse_step;
+    j["mlp_only_layers"] = mlp_only_layers;
+    j["moe_intermediate_size"] = moe_intermediate_size;
+    j["norm_topk_prob"] = norm_topk_prob;
+    j["num_experts"] = num_experts;  // read by v4 and (through attribute_map) v5
+    j["num_experts_per_tok"] = num_experts_per_tok;
+    j["output_router_logits"] = output_router_logits;
+    j["router_aux_loss_coef"] = router_aux_loss_coef;
+  }
   return j;
 }
 
@@ -163,6 +235,7 @@ namespace {
 struct FlavorShape {
   int64_t H, I, L, nH, nKV;
   bool tied;
+  int64_t E = 0, k = 0, moe_I = 0;  // MoE: experts, top-k, expert intermediate size
 };
 const std::map<std::string, FlavorShape>& flavors() {
   // Released HF shapes (vocab 151936, head_dim 128, theta 1e6); "debug" is tiny for CPU runs.
@@ -170,6 +243,10 @@ const std::map<std::string, FlavorShape>& flavors() {
       {"0.6B", {1024, 3072, 28, 16, 8, true}}, {"1.7B", {2048, 6144, 28, 16, 8, true}},
       {"4B", {2560, 9728, 36, 32, 8, true}},   {"8B", {4096, 12288, 36, 32, 8, false}},
       {"14B", {5120, 17408, 40, 40, 8, false}}, {"32B", {5120, 25600, 64, 64, 8, false}},
+      // MoE releases (norm_topk_prob true, every layer sparse, router_aux_loss_coef 0.001).
+      {"30B-A3B", {2048, 6144, 48, 32, 4, false, 128, 8, 768}},
+      {"235B-A22B", {4096, 12288, 94, 64, 4, false, 128, 8, 1536}},
+      {"30B-A3B-64e-top4-4l", {2048, 6144, 4, 32, 4, false, 64, 4, 768}},
   };
   return f;
 }
@@ -192,9 +269,20 @@ Qwen3Config Qwen3Config::flavor(const std::string& name) {
     c.eos_token_id = 0;
     return c;
   }
+  if (name == "debug_moe") {
+    // The debug model with every layer sparse: 8 experts, top-2 (CPU-sized; torchtitan's debugmodel_moe is
+    // 64 experts of 768 on 8 layers).
+    c = flavor("debug");
+    c.tie_word_embeddings = false;
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 256;
+    c.norm_topk_prob = true;
+    return c;
+  }
   auto it = flavors().find(name);
   if (it == flavors().end()) {
-    std::string valid = "debug";
+    std::string valid = "debug, debug_moe";
     for (auto& [n, _] : flavors()) valid += ", " + n;
     fail("unknown Qwen3 flavor '", name, "' (valid: ", valid, ")");
   }
@@ -208,11 +296,17 @@ Qwen3Config Qwen3Config::flavor(const std::string& name) {
   c.tie_word_embeddings = s.tied;
   c.rope_theta = 1e6;
   c.vocab_size = 151936;
+  if (s.E > 0) {
+    c.num_experts = s.E;
+    c.num_experts_per_tok = s.k;
+    c.moe_intermediate_size = s.moe_I;
+    c.norm_topk_prob = true;
+  }
   return c;
 }
 
 std::vector<std::string> Qwen3Config::flavor_names() {
-  std::vector<std::string> names = {"debug"};
+  std::vector<std::string> names = {"debug", "debug_moe"};
   for (auto& [n, _] : flavors()) names.push_back(n);
   return names;
 }

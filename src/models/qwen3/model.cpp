@@ -1,5 +1,6 @@
 #include "models/qwen3/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -8,6 +9,7 @@
 #include "core/error.h"
 #include "io/hf_checkpoint.h"
 #include "kernels/registry.h"
+#include "models/qwen3/moe_router.h"
 
 namespace titan {
 
@@ -42,14 +44,43 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels) :
   const DeviceType dev = DeviceType::CPU;
   matmul_ = pick<MatmulKernels>(dev, kernels, kernel_names_);
   rmsnorm_ = pick<RmsNormKernels>(dev, kernels, kernel_names_);
-  rope_ = pick<RopeKernels>(dev, kernels, kernel_names_);
+  // The model rotates q and k with one "rope_qk" call. A choice for "rope" names either a rope_qk
+  // implementation ("fused", "reference") or a plain per-tensor rope implementation ("fast"), applied to q and
+  // then to k; an explicit "rope_qk" choice wins.
+  {
+    auto& reg = KernelRegistry::global();
+    auto has = [&](const char* op, const std::string& impl) {
+      auto v = reg.impls(op, dev);
+      return std::find(v.begin(), v.end(), impl) != v.end();
+    };
+    std::string rope_choice = kernels.count("rope") ? kernels.at("rope") : "";
+    KernelChoice rope_only;
+    if (!rope_choice.empty() && has(RopeKernels::kOp, rope_choice)) rope_only["rope"] = rope_choice;
+    rope_ = pick<RopeKernels>(dev, rope_only, kernel_names_);
+    KernelChoice qk;
+    if (kernels.count("rope_qk")) {
+      qk["rope_qk"] = kernels.at("rope_qk");
+    } else if (!rope_choice.empty()) {
+      TITAN_CHECK(has(RopeQKKernels::kOp, rope_choice) || has(RopeKernels::kOp, rope_choice),
+                  "[kernels]: rope has no implementation '", rope_choice, "'");
+      if (has(RopeQKKernels::kOp, rope_choice)) qk["rope_qk"] = rope_choice;
+    }
+    if (rope_choice.empty() || !qk.empty()) {
+      rope_qk_ = pick<RopeQKKernels>(dev, qk, kernel_names_);
+      kernel_names_["rope"] = kernel_names_["rope_qk"];
+    } else {
+      kernel_names_.erase("rope_qk");
+    }
+  }
   attention_ = pick<AttentionKernels>(dev, kernels, kernel_names_);
   swiglu_ = pick<SwigluKernels>(dev, kernels, kernel_names_);
   embedding_ = pick<EmbeddingKernels>(dev, kernels, kernel_names_);
   cross_entropy_ = pick<CrossEntropyKernels>(dev, kernels, kernel_names_);
+  if (config_.is_moe()) moe_ = pick<MoeExpertsKernels>(dev, kernels, kernel_names_);
 
   const auto& c = config_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim, L = c.num_hidden_layers;
+  const int64_t E = c.num_experts, Im = c.moe_intermediate_size;
   std::vector<std::vector<std::pair<std::string, Shape>>> groups;
   groups.push_back({{"model.embed_tokens.weight", {c.vocab_size, H}}});
   for (int64_t l = 0; l < L; ++l) {
@@ -61,10 +92,34 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels) :
                       {p + "self_attn.q_norm.weight", {hd}},
                       {p + "self_attn.k_norm.weight", {hd}},
                       {p + "self_attn.o_proj.weight", {H, c.q_dim()}},
-                      {p + "post_attention_layernorm.weight", {H}},
-                      {p + "mlp.gate_proj.weight", {I, H}},
-                      {p + "mlp.up_proj.weight", {I, H}},
-                      {p + "mlp.down_proj.weight", {H, I}}});
+                      {p + "post_attention_layernorm.weight", {H}}});
+    auto& g = groups.back();
+    if (c.is_moe_layer(l)) {
+      // Flat order: router, then per expert gate|up rows (= v5 gate_up_proj [E,2I,H]), then every down_proj.
+      g.push_back({p + "mlp.gate.weight", {E, H}});
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
+        g.push_back({ep + "gate_proj.weight", {Im, H}});
+        g.push_back({ep + "up_proj.weight", {Im, H}});
+      }
+      for (int64_t e = 0; e < E; ++e)
+        g.push_back({p + "mlp.experts." + std::to_string(e) + ".down_proj.weight", {H, Im}});
+      moe_row_.push_back(static_cast<int>(moe_layers_.size()));
+      moe_layers_.push_back(l);
+    } else {
+      g.push_back({p + "mlp.gate_proj.weight", {I, H}});
+      g.push_back({p + "mlp.up_proj.weight", {I, H}});
+      g.push_back({p + "mlp.down_proj.weight", {H, I}});
+      moe_row_.push_back(-1);
+    }
+  }
+  if (!moe_layers_.empty()) {
+    expert_bias_ = Tensor::zeros({(int64_t)moe_layers_.size(), E});
+    expert_counts_ = Tensor::zeros({(int64_t)moe_layers_.size(), E});
+    aux_counts_.assign(E, 0.0);
+    aux_prob_sum_.assign(E, 0.0);
+    aux_dprob_.assign(E, 0.0f);
+    aux_scaled_.assign(E, 0.0f);
   }
   groups.push_back({{"model.norm.weight", {H}}});
   if (!c.tie_word_embeddings) groups.back().push_back({"lm_head.weight", {c.vocab_size, H}});
@@ -102,10 +157,11 @@ int64_t Qwen3Model::num_params() const {
   return n;
 }
 
-Qwen3Model::LayerView Qwen3Model::layer_view(float* base) const {
+Qwen3Model::LayerView Qwen3Model::layer_view(int64_t layer, float* base) const {
   const auto& c = config_;
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   LayerView v;
+  v.router = nullptr;
   float* p = base;
   v.input_norm = p, p += H;
   v.wq = p, p += c.q_dim() * H;
@@ -115,6 +171,13 @@ Qwen3Model::LayerView Qwen3Model::layer_view(float* base) const {
   v.k_norm = p, p += c.head_dim;
   v.wo = p, p += H * c.q_dim();
   v.post_norm = p, p += H;
+  if (c.is_moe_layer(layer)) {
+    const int64_t E = c.num_experts, Im = c.moe_intermediate_size;
+    v.router = p, p += E * H;
+    v.wgu = p, p += E * 2 * Im * H;
+    v.wdown = p;
+    return v;
+  }
   v.wgu = p, p += 2 * I * H;
   v.wdown = p;
   return v;
@@ -140,10 +203,46 @@ void Qwen3Model::init_weights(uint64_t seed) {
   }
 }
 
+namespace {
+// Keys of the transformers-v5 fused expert tensors of layer l.
+std::string fused_gate_up_key(int64_t l) { return "model.layers." + std::to_string(l) + ".mlp.experts.gate_up_proj"; }
+std::string fused_down_key(int64_t l) { return "model.layers." + std::to_string(l) + ".mlp.experts.down_proj"; }
+}  // namespace
+
+// (name, view) pairs to read or write: the Param list, with each MoE layer's per-expert tensors replaced by
+// the two fused v5 tensors when fused(l).
+template <class Fused>
+static std::vector<std::pair<std::string, Tensor>> io_tensors(const Qwen3Config& c, const std::vector<Param>& params,
+                                                              const std::vector<Tensor>& flat, Fused fused) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  const std::string marker = ".mlp.experts.";
+  for (auto& p : params) {
+    const size_t pos = p.name.find(marker);
+    if (pos == std::string::npos) {
+      out.emplace_back(p.name, p.value);
+      continue;
+    }
+    const int64_t l = p.group - 1;
+    if (!fused(l)) {
+      out.emplace_back(p.name, p.value);
+      continue;
+    }
+    // Emit the fused pair once, at expert 0's gate_proj (the start of the [E,2I,H] block) and down_proj.
+    const int64_t E = c.num_experts, Im = c.moe_intermediate_size, H = c.hidden_size;
+    if (p.name.ends_with(".experts.0.gate_proj.weight"))
+      out.emplace_back(fused_gate_up_key(l), flat[p.group].view_at(p.offset, {E, 2 * Im, H}));
+    else if (p.name.ends_with(".experts.0.down_proj.weight"))
+      out.emplace_back(fused_down_key(l), flat[p.group].view_at(p.offset, {E, H, Im}));
+  }
+  return out;
+}
+
 void Qwen3Model::load_hf(const std::string& dir) {
   HFCheckpointReader ckpt(dir);
+  const auto targets = io_tensors(config_, params_, flat_params_,
+                                  [&](int64_t l) { return ckpt.contains(fused_gate_up_key(l)); });
   std::set<std::string> expected;
-  for (auto& p : params_) expected.insert(p.name);
+  for (auto& [name, _] : targets) expected.insert(name);
   std::vector<std::string> missing, unexpected;
   for (auto& name : expected)
     if (!ckpt.contains(name)) missing.push_back(name);
@@ -163,17 +262,35 @@ void Qwen3Model::load_hf(const std::string& dir) {
   TITAN_CHECK(missing.empty() && unexpected.empty(), dir, ": checkpoint does not match the model config",
               missing.empty() ? "" : "; missing keys: " + join(missing),
               unexpected.empty() ? "" : "; unexpected keys: " + join(unexpected));
-  for (auto& p : params_) ckpt.read_into(p.name, p.value);
+  for (auto [name, view] : targets) ckpt.read_into(name, view);
 }
 
-NamedTensors Qwen3Model::state_dict() const {
+NamedTensors Qwen3Model::state_dict(bool fused_experts) const {
   NamedTensors out;
-  for (auto& p : params_) out.emplace_back(p.name, p.value);
+  for (auto& [name, view] : io_tensors(config_, params_, flat_params_, [&](int64_t) { return fused_experts; }))
+    out.emplace_back(name, view);
   return out;
 }
 
-void Qwen3Model::save_hf(const std::string& dir, DType dtype, int64_t max_shard_bytes) const {
-  save_hf_checkpoint(dir, config_.to_hf_json(), state_dict(), dtype, max_shard_bytes);
+void Qwen3Model::save_hf(const std::string& dir, DType dtype, int64_t max_shard_bytes, bool fused_experts) const {
+  save_hf_checkpoint(dir, config_.to_hf_json(), state_dict(fused_experts), dtype, max_shard_bytes);
+}
+
+NamedTensors Qwen3Model::buffers() const {
+  NamedTensors out;
+  const int64_t E = config_.num_experts;
+  for (size_t m = 0; m < moe_layers_.size(); ++m)
+    out.emplace_back("model.layers." + std::to_string(moe_layers_[m]) + ".mlp.expert_bias",
+                     expert_bias_.view_at(m * E, {E}));
+  return out;
+}
+
+void Qwen3Model::update_expert_bias() {
+  if (moe_layers_.empty() || config_.load_balance_coeff <= 0) return;
+  const int64_t E = config_.num_experts;
+  for (size_t m = 0; m < moe_layers_.size(); ++m)
+    moe_router::update_bias(expert_bias_.f32() + m * E, expert_counts_.f32() + m * E, E, config_.load_balance_coeff);
+  expert_counts_.zero_();
 }
 
 void Qwen3Model::zero_grad() {
@@ -209,13 +326,17 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   const auto& c = config_;
   const int64_t N = B * T, H = c.hidden_size, I = c.intermediate_size, nH = c.num_attention_heads,
                 nKV = c.num_key_value_heads, L = c.num_hidden_layers;
+  const int64_t E = c.num_experts, k = c.num_experts_per_tok, Im = c.moe_intermediate_size;
   acts_.clear();
   layer_acts_.assign(L, {});
-  // One allocation per layer, carved into named pointers.
-  const int64_t per_layer = N * H * 4 + N * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) +
-                            B * nH * T * T + N * 2 * I + N * I;
+  bool any_dense = false;
+  // One float allocation per layer (plus one int32 for MoE routing), carved into named pointers.
+  const int64_t attn = N * H * 4 + N * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) + B * nH * T * T;
   for (int64_t l = 0; l < L; ++l) {
-    acts_.push_back(Tensor::empty({per_layer}));
+    const bool moe = c.is_moe_layer(l);
+    any_dense |= !moe;
+    const int64_t mlp = moe ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 2 * I + N * I;
+    acts_.push_back(Tensor::empty({attn + mlp}));
     float* p = acts_.back().f32();
     auto take = [&p](int64_t n) {
       float* r = p;
@@ -238,8 +359,24 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     a.resid_mid = take(N * H);
     a.ln2 = take(N * H);
     a.rstd2 = take(N);
-    a.gu = take(N * 2 * I);
-    a.act = take(N * I);
+    a.gu = a.act = nullptr;
+    a.router_probs = a.topk_w = nullptr;
+    a.topk_idx = nullptr;
+    if (moe) {
+      a.router_probs = take(N * E);
+      a.topk_w = take(N * k);
+      a.moe.gu = take(N * k * 2 * Im);
+      a.moe.act = take(N * k * Im);
+      acts_.push_back(Tensor::empty({N * k * 3 + E + 1}, DType::I32));
+      int32_t* ip = acts_.back().data<int32_t>();
+      a.topk_idx = ip;
+      a.moe.order = ip + N * k;
+      a.moe.row_of = ip + 2 * N * k;
+      a.moe.offsets = ip + 3 * N * k;
+    } else {
+      a.gu = take(N * 2 * I);
+      a.act = take(N * I);
+    }
   }
   auto alloc = [this](Shape s, DType dt = DType::F32) {
     acts_.push_back(Tensor::empty(std::move(s), dt));
@@ -259,162 +396,19 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   dqr_ = alloc({N, c.q_dim()});
   dkr_ = alloc({N, c.kv_dim()});
   datt_ = alloc({N, c.q_dim()});
-  dgu_ = alloc({N, 2 * I});
-  dact_ = alloc({N, I});
+  if (any_dense) {
+    dgu_ = alloc({N, 2 * I});
+    dact_ = alloc({N, I});
+  }
+  if (!moe_layers_.empty()) {
+    // Scratch shared by all sparse layers (forward and backward).
+    moe_scratch_ = alloc({moe_experts_scratch_floats(N, k, H, Im)});
+    dtopk_w_ = alloc({N, k});
+    dlogits_router_ = alloc({N, E});
+    for (int64_t l : moe_layers_) layer_acts_[l].moe.scratch = moe_scratch_.f32();
+  }
   B_ = B;
   T_ = T;
-}
-
-ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int64_t B, int64_t T,
-                                  const ForwardOptions& opts) {
-  const auto& c = config_;
-  const int64_t N = B * T, H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim,
-                nH = c.num_attention_heads, nKV = c.num_key_value_heads, V = c.vocab_size;
-  TITAN_CHECK(B > 0 && T > 0, "forward: empty batch (B=", B, ", T=", T, ")");
-  for (int64_t n = 0; n < N; ++n)
-    TITAN_CHECK(ids[n] >= 0 && ids[n] < V, "input_ids[", n / T, "][", n % T, "] = ", ids[n],
-                " is outside the vocabulary [0, ", V, ")");
-  plan_activations(B, T);
-  build_rope_tables(T);
-  std::memcpy(ids_.raw(), ids, N * sizeof(int32_t));
-  // HF ForCausalLMLoss: labels padded with -100 on the right and shifted left by one.
-  int32_t* tgt = targets_.data<int32_t>();
-  int64_t num_valid = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      int32_t y = t + 1 < T ? labels[b * T + t + 1] : -100;
-      TITAN_CHECK(y == -100 || (y >= 0 && y < V), "labels[", b, "][", t + 1, "] = ", y,
-                  " is neither -100 nor inside the vocabulary");
-      tgt[b * T + t] = y < 0 ? -1 : y;
-      num_valid += y >= 0;
-    }
-
-  const float* wte = flat_params_[0].f32();
-  const float* cos = rope_cos_.f32();
-  const float* sin = rope_sin_.f32();
-  embedding_->forward(layer_acts_[0].resid_in, ids, wte, N, H);
-  auto bf16 = [this](float* x, int64_t n) {
-    if (bf16_) round_bf16(x, n);
-  };
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    LayerActs& a = layer_acts_[l];
-    LayerView w = layer_view(flat_params_[l + 1].f32());
-    rmsnorm_->forward(a.ln1, a.rstd1, a.resid_in, w.input_norm, N, H, eps);
-    matmul_->forward(a.q_raw, a.ln1, w.wq, N, H, c.q_dim());
-    matmul_->forward(a.k_raw, a.ln1, w.wk, N, H, c.kv_dim());
-    matmul_->forward(a.v, a.ln1, w.wv, N, H, c.kv_dim());
-    bf16(a.ln1, N * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim()), bf16(a.v, N * c.kv_dim());
-    // q_norm / k_norm per head (before RoPE); qr/kr hold the normed values, then rotate in place.
-    rmsnorm_->forward(a.qr, a.q_rstd, a.q_raw, w.q_norm, N * nH, hd, eps);
-    rmsnorm_->forward(a.kr, a.k_rstd, a.k_raw, w.k_norm, N * nKV, hd, eps);
-    rope_->forward(a.qr, a.qr, cos, sin, N, T, nH, hd);
-    rope_->forward(a.kr, a.kr, cos, sin, N, T, nKV, hd);
-    bf16(a.qr, N * c.q_dim()), bf16(a.kr, N * c.kv_dim());
-    attention_->forward(a.att, a.probs, a.qr, a.kr, a.v, B, T, nH, nKV, hd);
-    bf16(a.att, N * c.q_dim());
-    // resid_mid = resid_in + att @ wo^T
-    matmul_->forward(a.resid_mid, a.att, w.wo, N, c.q_dim(), H);
-    float* rm = a.resid_mid;
-    const float* ri = a.resid_in;
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < N * H; ++i) rm[i] += ri[i];
-    bf16(rm, N * H);
-    rmsnorm_->forward(a.ln2, a.rstd2, a.resid_mid, w.post_norm, N, H, eps);
-    matmul_->forward(a.gu, a.ln2, w.wgu, N, H, 2 * I);
-    bf16(a.ln2, N * H), bf16(a.gu, N * 2 * I);
-    swiglu_->forward(a.act, a.gu, N, I);
-    bf16(a.act, N * I);
-    float* out = l + 1 < c.num_hidden_layers ? layer_acts_[l + 1].resid_in : final_resid_.f32();
-    matmul_->forward(out, a.act, w.wdown, N, I, H);
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < N * H; ++i) out[i] += rm[i];
-    bf16(out, N * H);
-  }
-  const int group_head = static_cast<int>(c.num_hidden_layers) + 1;
-  const float* norm_w = flat_params_[group_head].f32();
-  const float* lm_head = c.tie_word_embeddings ? wte : norm_w + H;
-  rmsnorm_->forward(lnf_.f32(), rstdf_.f32(), final_resid_.f32(), norm_w, N, H, eps);
-  bf16(lnf_.f32(), N * H);
-  matmul_->forward(logits_.f32(), lnf_.f32(), lm_head, N, H, V);
-  bf16(logits_.f32(), N * V);
-  if (opts.keep_logits) {
-    if (!logits_copy_.defined() || logits_copy_.numel() != N * V) logits_copy_ = Tensor::empty({B, T, V});
-    logits_copy_ = logits_copy_.view({B, T, V});
-    std::memcpy(logits_copy_.raw(), logits_.raw(), N * V * sizeof(float));
-  }
-  ForwardResult r;
-  r.num_valid = num_valid;
-  const float scale = opts.grad_scale > 0 ? opts.grad_scale : num_valid > 0 ? 1.0f / (float)num_valid : 0.0f;
-  r.loss_sum = cross_entropy_->forward_backward(logits_.f32(), tgt, N, V, scale, opts.compute_grad);
-  r.loss = num_valid > 0 ? r.loss_sum / (double)num_valid : std::nan("");
-  grad_ready_ = opts.compute_grad;
-  return r;
-}
-
-void Qwen3Model::backward() {
-  TITAN_CHECK(grad_ready_, "backward() needs a forward() with compute_grad");
-  grad_ready_ = false;
-  const auto& c = config_;
-  const int64_t B = B_, T = T_, N = B * T, H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim,
-                nH = c.num_attention_heads, nKV = c.num_key_value_heads, V = c.vocab_size;
-  const int group_head = static_cast<int>(c.num_hidden_layers) + 1;
-  float* wte = flat_params_[0].f32();
-  float* dwte = flat_grads_[0].f32();
-  const float* norm_w = flat_params_[group_head].f32();
-  float* dnorm_w = flat_grads_[group_head].f32();
-  const float* lm_head = c.tie_word_embeddings ? wte : norm_w + H;
-  float* dlm_head = c.tie_word_embeddings ? dwte : dnorm_w + H;
-  const float* cos = rope_cos_.f32();
-  const float* sin = rope_sin_.f32();
-
-  // Head: logits_ holds dlogits (written in place by the fused cross-entropy).
-  float* dresid = dresid_.f32();
-  float* dln = dln_.f32();
-  std::memset(dln, 0, N * H * sizeof(float));
-  matmul_->backward(dln, dlm_head, logits_.f32(), lnf_.f32(), lm_head, N, H, V);
-  std::memset(dresid, 0, N * H * sizeof(float));
-  rmsnorm_->backward(dresid, dnorm_w, dln, final_resid_.f32(), norm_w, rstdf_.f32(), N, H);
-
-  for (int64_t l = c.num_hidden_layers - 1; l >= 0; --l) {
-    LayerActs& a = layer_acts_[l];
-    LayerView w = layer_view(flat_params_[l + 1].f32());
-    LayerView g = layer_view(flat_grads_[l + 1].f32());
-    // MLP branch: out = resid_mid + down(swiglu(gu(ln2)))
-    float* dact = dact_.f32();
-    float* dgu = dgu_.f32();
-    std::memset(dact, 0, N * I * sizeof(float));
-    matmul_->backward(dact, g.wdown, dresid, a.act, w.wdown, N, I, H);
-    std::memset(dgu, 0, N * 2 * I * sizeof(float));
-    swiglu_->backward(dgu, dact, a.gu, N, I);
-    std::memset(dln, 0, N * H * sizeof(float));
-    matmul_->backward(dln, g.wgu, dgu, a.ln2, w.wgu, N, H, 2 * I);
-    rmsnorm_->backward(dresid, g.post_norm, dln, a.resid_mid, w.post_norm, a.rstd2, N, H);
-    // Attention branch: resid_mid = resid_in + o(attn(rope(norm(q,k)), v))
-    float* datt = datt_.f32();
-    std::memset(datt, 0, N * c.q_dim() * sizeof(float));
-    matmul_->backward(datt, g.wo, dresid, a.att, w.wo, N, c.q_dim(), H);
-    float *dqr = dqr_.f32(), *dkr = dkr_.f32(), *dq = dq_.f32(), *dk = dk_.f32(), *dv = dv_.f32();
-    std::memset(dqr, 0, N * c.q_dim() * sizeof(float));
-    std::memset(dkr, 0, N * c.kv_dim() * sizeof(float));
-    std::memset(dv, 0, N * c.kv_dim() * sizeof(float));
-    attention_->backward(dqr, dkr, dv, datt, a.qr, a.kr, a.v, a.probs, B, T, nH, nKV, hd);
-    // RoPE backward into dq/dk (as scratch), then q_norm/k_norm backward into dqr/dkr (reused).
-    std::memset(dq, 0, N * c.q_dim() * sizeof(float));
-    std::memset(dk, 0, N * c.kv_dim() * sizeof(float));
-    rope_->backward(dq, dqr, cos, sin, N, T, nH, hd);
-    rope_->backward(dk, dkr, cos, sin, N, T, nKV, hd);
-    std::memset(dqr, 0, N * c.q_dim() * sizeof(float));
-    std::memset(dkr, 0, N * c.kv_dim() * sizeof(float));
-    rmsnorm_->backward(dqr, g.q_norm, dq, a.q_raw, w.q_norm, a.q_rstd, N * nH, hd);
-    rmsnorm_->backward(dkr, g.k_norm, dk, a.k_raw, w.k_norm, a.k_rstd, N * nKV, hd);
-    std::memset(dln, 0, N * H * sizeof(float));
-    matmul_->backward(dln, g.wq, dqr, a.ln1, w.wq, N, H, c.q_dim());
-    matmul_->backward(dln, g.wk, dkr, a.ln1, w.wk, N, H, c.kv_dim());
-    matmul_->backward(dln, g.wv, dv, a.ln1, w.wv, N, H, c.kv_dim());
-    rmsnorm_->backward(dresid, g.input_norm, dln, a.resid_in, w.input_norm, a.rstd1, N, H);
-  }
-  embedding_->backward(dwte, dresid, ids_.data<int32_t>(), N, H, V);
 }
 
 }  // namespace titan

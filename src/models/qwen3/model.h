@@ -1,8 +1,19 @@
-// Qwen3 dense causal LM with explicit forward and backward (HF modeling_qwen3.py math, fp32).
+// Qwen3 causal LM, dense and MoE, with explicit forward and backward (HF modeling_qwen3.py and
+// modeling_qwen3_moe.py math, fp32).
 //
 // Parameters live in flat buffers, one per group: group 0 = embed_tokens, 1..L = decoder layers,
 // L+1 = final norm (+ lm_head when untied). Inside a layer the HF tensors are laid out so that
 // q/k/v and gate/up are contiguous row blocks (one fused GEMM each). Every HF parameter is a view.
+// A sparse (MoE) layer holds mlp.gate.weight (E,H), then the experts' gate/up rows as one (E,2I,H) block
+// (= HF v5 mlp.experts.gate_up_proj) and their down projections as (E,H,I) (= mlp.experts.down_proj);
+// the Param list names them per expert (mlp.experts.E.{gate,up,down}_proj.weight, the on-disk names).
+//
+// MoE usage (trainer):
+//   Qwen3Model m(Qwen3Config::flavor("30B-A3B-64e-top4-4l"), {{"moe_experts", "grouped"}});
+//   r = m.forward(ids, labels, B, T);   // r.loss = CE + router_aux_loss_coef * aux (output_router_logits)
+//   m.backward();
+//   // aux-loss-free balancing (config.load_balance_coeff > 0), before optimizer.step():
+//   //   all-reduce(sum) m.expert_token_counts() across data-parallel ranks, then m.update_expert_bias().
 #pragma once
 #include <cstdint>
 #include <map>
@@ -31,12 +42,18 @@ struct ForwardOptions {
   bool compute_grad = true;   // prepare dlogits (in place) for backward()
   bool keep_logits = false;   // copy the logits out before they are overwritten by their gradient
   float grad_scale = 0.0f;    // d(loss_sum)/d(row loss); 0 = 1/(number of valid targets) (HF mean)
+  // MoE: d(loss)/d(aux_loss) used by backward(); < 0 = router_aux_loss_coef when output_router_logits, else 0
+  // (HF). A trainer accumulating micro-batches passes e.g. router_aux_loss_coef / micro_batches.
+  float aux_loss_scale = -1.0f;
 };
 
 struct ForwardResult {
-  double loss = 0;           // mean over valid targets (HF ForCausalLMLoss)
-  double loss_sum = 0;
+  double loss = 0;           // HF loss: CE mean over valid targets (+ router_aux_loss_coef * aux_loss for MoE
+                             // models with output_router_logits)
+  double loss_sum = 0;       // CE sum over valid targets (no aux term)
   int64_t num_valid = 0;     // targets that are not ignore_index
+  double ce_loss = 0;        // CE mean alone
+  double aux_loss = 0;       // MoE: HF load_balancing_loss_func over all sparse layers (computed always)
 };
 
 class Qwen3Model {
@@ -56,9 +73,12 @@ class Qwen3Model {
   void init_weights(uint64_t seed);
   // Loads HF safetensors (single or sharded). Missing/unexpected keys and shape mismatches are errors.
   void load_hf(const std::string& dir);
-  // HF parameter names -> tensors, as save_pretrained writes them (tied lm_head omitted).
-  NamedTensors state_dict() const;
-  void save_hf(const std::string& dir, DType dtype, int64_t max_shard_bytes = int64_t(5) << 30) const;
+  // Also accepts the transformers-v5 fused expert keys (mlp.experts.gate_up_proj / down_proj) per layer.
+  // HF parameter names -> tensors, as save_pretrained writes them (tied lm_head omitted). MoE experts per
+  // expert (the released layout) unless fused_experts (v5 save_original_format=False layout).
+  NamedTensors state_dict(bool fused_experts = false) const;
+  void save_hf(const std::string& dir, DType dtype, int64_t max_shard_bytes = int64_t(5) << 30,
+               bool fused_experts = false) const;
 
   // ids, labels: (B,T) int32, labels may contain -100 (ignored). Labels are shifted inside (HF).
   ForwardResult forward(const int32_t* ids, const int32_t* labels, int64_t B, int64_t T,
@@ -75,11 +95,28 @@ class Qwen3Model {
   // Bytes of activations currently planned (for memory reports).
   int64_t activation_bytes() const;
 
+  // ---- MoE ----
+  // Indices of the sparse layers (config.is_moe_layer); row m of the tensors below is moe_layers()[m].
+  const std::vector<int64_t>& moe_layers() const { return moe_layers_; }
+  // Aux-loss-free balancing (config.load_balance_coeff > 0): every forward with compute_grad adds the tokens
+  // routed to each expert here ((MoE layers, E), f32). A distributed trainer all-reduces (sum) this tensor
+  // across data-parallel ranks before update_expert_bias().
+  Tensor& expert_token_counts() { return expert_counts_; }
+  // (MoE layers, E): added to the routing probabilities for top-k selection only (gates use the unbiased
+  // probabilities). Persistent training state: checkpoint it with the optimizer state (not an HF tensor).
+  Tensor& expert_bias() { return expert_bias_; }
+  // torchtitan's pre-optimizer-step hook: per layer bias += coeff * sign(mean(counts) - counts), centred
+  // to zero mean, then the counts are zeroed. No-op when load_balance_coeff == 0.
+  void update_expert_bias();
+  // Buffers that are training state but not HF parameters: "model.layers.N.mlp.expert_bias" (E) per layer.
+  NamedTensors buffers() const;
+
  private:
   // Pointers into one decoder layer's flat buffer. q/k/v rows are contiguous (fused wqkv), so are
   // gate/up rows (fused wgu).
+  // Dense layer: wgu (2I,H), wdown (H,I). MoE layer: router (E,H), wgu (E,2I_moe,H), wdown (E,H,I_moe).
   struct LayerView {
-    float *input_norm, *wq, *wk, *wv, *q_norm, *k_norm, *wo, *post_norm, *wgu, *wdown;
+    float *input_norm, *wq, *wk, *wv, *q_norm, *k_norm, *wo, *post_norm, *router, *wgu, *wdown;
   };
 
   // Saved activations of one decoder layer; N = B*T.
@@ -99,11 +136,19 @@ class Qwen3Model {
     float* resid_mid; // (N,H) after the attention residual
     float* ln2;       // (N,H)
     float* rstd2;     // (N)
-    float* gu;        // (N,2I)
-    float* act;       // (N,I)
+    float* gu;        // (N,2I)    dense layers
+    float* act;       // (N,I)     dense layers
+    // MoE layers
+    float* router_probs;   // (N,E) router softmax
+    float* topk_w;         // (N,k) routing weights
+    int32_t* topk_idx;     // (N,k)
+    MoeExpertsBuffers moe; // saved expert activations and routing tables
   };
 
-  LayerView layer_view(float* base) const;
+  LayerView layer_view(int64_t layer) const { return layer_view(layer, flat_params_[layer + 1].f32()); }
+  LayerView layer_view(int64_t layer, float* base) const;
+  void moe_forward_layer(int64_t l, float* out, bool count_tokens);
+  void moe_backward_layer(int64_t l, float* dresid, float aux_scale);
   void plan_activations(int64_t B, int64_t T);
   void build_rope_tables(int64_t T);
 
@@ -114,6 +159,8 @@ class Qwen3Model {
   const MatmulKernels* matmul_;
   const RmsNormKernels* rmsnorm_;
   const RopeKernels* rope_;
+  const RopeQKKernels* rope_qk_ = nullptr;  // null: rope_ on q, then on k
+  const MoeExpertsKernels* moe_ = nullptr;
   const AttentionKernels* attention_;
   const SwigluKernels* swiglu_;
   const EmbeddingKernels* embedding_;
@@ -130,6 +177,16 @@ class Qwen3Model {
   bool grad_ready_ = false;
   bool bf16_ = false;
   int64_t rope_T_ = 0;
+  // MoE state and scratch.
+  std::vector<int64_t> moe_layers_;
+  std::vector<int> moe_row_;               // layer -> row in expert_bias_/expert_counts_ (-1: dense)
+  Tensor expert_bias_, expert_counts_;     // (MoE layers, E)
+  Tensor moe_scratch_, dtopk_w_, dlogits_router_;
+  std::vector<double> aux_counts_, aux_prob_sum_;  // (E) accumulated over the sparse layers of a forward
+  std::vector<float> aux_dprob_;           // (E) d aux / d probs[n,e] (same for every row)
+  std::vector<float> aux_scaled_;          // (E) aux_scale_ * aux_dprob_ (backward scratch)
+  float aux_scale_ = 0.0f;                 // d loss / d aux of the last forward
+  double aux_loss_ = 0;
 };
 
 }  // namespace titan

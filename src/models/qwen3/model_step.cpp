@@ -1,0 +1,269 @@
+// Qwen3Model forward and backward: dense decoder layers, sparse (MoE) layers, loss and the MoE aux loss.
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "models/qwen3/model.h"
+#include "models/qwen3/moe_router.h"
+
+namespace titan {
+
+namespace {
+void round_bf16(float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+}
+}  // namespace
+
+ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int64_t B, int64_t T,
+                                  const ForwardOptions& opts) {
+  const auto& c = config_;
+  const int64_t N = B * T, H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim,
+                nH = c.num_attention_heads, nKV = c.num_key_value_heads, V = c.vocab_size;
+  TITAN_CHECK(B > 0 && T > 0, "forward: empty batch (B=", B, ", T=", T, ")");
+  for (int64_t n = 0; n < N; ++n)
+    TITAN_CHECK(ids[n] >= 0 && ids[n] < V, "input_ids[", n / T, "][", n % T, "] = ", ids[n],
+                " is outside the vocabulary [0, ", V, ")");
+  plan_activations(B, T);
+  build_rope_tables(T);
+  std::memcpy(ids_.raw(), ids, N * sizeof(int32_t));
+  // HF ForCausalLMLoss: labels padded with -100 on the right and shifted left by one.
+  int32_t* tgt = targets_.data<int32_t>();
+  int64_t num_valid = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      int32_t y = t + 1 < T ? labels[b * T + t + 1] : -100;
+      TITAN_CHECK(y == -100 || (y >= 0 && y < V), "labels[", b, "][", t + 1, "] = ", y,
+                  " is neither -100 nor inside the vocabulary");
+      tgt[b * T + t] = y < 0 ? -1 : y;
+      num_valid += y >= 0;
+    }
+
+  const float* wte = flat_params_[0].f32();
+  const float* cos = rope_cos_.f32();
+  const float* sin = rope_sin_.f32();
+  embedding_->forward(layer_acts_[0].resid_in, ids, wte, N, H);
+  auto bf16 = [this](float* x, int64_t n) {
+    if (bf16_) round_bf16(x, n);
+  };
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (!moe_layers_.empty()) {
+    std::fill(aux_counts_.begin(), aux_counts_.end(), 0.0);
+    std::fill(aux_prob_sum_.begin(), aux_prob_sum_.end(), 0.0);
+  }
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    LayerActs& a = layer_acts_[l];
+    LayerView w = layer_view(l);
+    rmsnorm_->forward(a.ln1, a.rstd1, a.resid_in, w.input_norm, N, H, eps);
+    matmul_->forward(a.q_raw, a.ln1, w.wq, N, H, c.q_dim());
+    matmul_->forward(a.k_raw, a.ln1, w.wk, N, H, c.kv_dim());
+    matmul_->forward(a.v, a.ln1, w.wv, N, H, c.kv_dim());
+    bf16(a.ln1, N * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim()), bf16(a.v, N * c.kv_dim());
+    // q_norm / k_norm per head (before RoPE); qr/kr hold the normed values, then rotate in place.
+    rmsnorm_->forward(a.qr, a.q_rstd, a.q_raw, w.q_norm, N * nH, hd, eps);
+    rmsnorm_->forward(a.kr, a.k_rstd, a.k_raw, w.k_norm, N * nKV, hd, eps);
+    if (rope_qk_) {
+      rope_qk_->forward(a.qr, a.kr, cos, sin, N, T, nH, nKV, hd);
+    } else {
+      rope_->forward(a.qr, a.qr, cos, sin, N, T, nH, hd);
+      rope_->forward(a.kr, a.kr, cos, sin, N, T, nKV, hd);
+    }
+    bf16(a.qr, N * c.q_dim()), bf16(a.kr, N * c.kv_dim());
+    attention_->forward(a.att, a.probs, a.qr, a.kr, a.v, B, T, nH, nKV, hd);
+    bf16(a.att, N * c.q_dim());
+    // resid_mid = resid_in + att @ wo^T
+    matmul_->forward(a.resid_mid, a.att, w.wo, N, c.q_dim(), H);
+    float* rm = a.resid_mid;
+    const float* ri = a.resid_in;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < N * H; ++i) rm[i] += ri[i];
+    bf16(rm, N * H);
+    rmsnorm_->forward(a.ln2, a.rstd2, a.resid_mid, w.post_norm, N, H, eps);
+    float* out = l + 1 < c.num_hidden_layers ? layer_acts_[l + 1].resid_in : final_resid_.f32();
+    if (w.router) {
+      bf16(a.ln2, N * H);
+      moe_forward_layer(l, out, opts.compute_grad);
+    } else {
+      matmul_->forward(a.gu, a.ln2, w.wgu, N, H, 2 * I);
+      bf16(a.ln2, N * H), bf16(a.gu, N * 2 * I);
+      swiglu_->forward(a.act, a.gu, N, I);
+      bf16(a.act, N * I);
+      matmul_->forward(out, a.act, w.wdown, N, I, H);
+    }
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < N * H; ++i) out[i] += rm[i];
+    bf16(out, N * H);
+  }
+  const int group_head = static_cast<int>(c.num_hidden_layers) + 1;
+  const float* norm_w = flat_params_[group_head].f32();
+  const float* lm_head = c.tie_word_embeddings ? wte : norm_w + H;
+  rmsnorm_->forward(lnf_.f32(), rstdf_.f32(), final_resid_.f32(), norm_w, N, H, eps);
+  bf16(lnf_.f32(), N * H);
+  matmul_->forward(logits_.f32(), lnf_.f32(), lm_head, N, H, V);
+  bf16(logits_.f32(), N * V);
+  if (opts.keep_logits) {
+    if (!logits_copy_.defined() || logits_copy_.numel() != N * V) logits_copy_ = Tensor::empty({B, T, V});
+    logits_copy_ = logits_copy_.view({B, T, V});
+    std::memcpy(logits_copy_.raw(), logits_.raw(), N * V * sizeof(float));
+  }
+  ForwardResult r;
+  r.num_valid = num_valid;
+  const float scale = opts.grad_scale > 0 ? opts.grad_scale : num_valid > 0 ? 1.0f / (float)num_valid : 0.0f;
+  r.loss_sum = cross_entropy_->forward_backward(logits_.f32(), tgt, N, V, scale, opts.compute_grad);
+  r.ce_loss = num_valid > 0 ? r.loss_sum / (double)num_valid : std::nan("");
+  r.loss = r.ce_loss;
+  aux_scale_ = 0.0f;
+  if (!moe_layers_.empty()) {
+    // HF load_balancing_loss_func over the concatenated router outputs of all sparse layers (R rows):
+    // aux = E * sum_e (tokens routed to e / R) * (mean router probability of e).
+    const int64_t E = c.num_experts;
+    const double R = (double)N * (double)moe_layers_.size();
+    double aux = 0;
+    for (int64_t e = 0; e < E; ++e) aux += (aux_counts_[e] / R) * (aux_prob_sum_[e] / R);
+    aux *= (double)E;
+    r.aux_loss = aux_loss_ = aux;
+    if (c.output_router_logits) r.loss += c.router_aux_loss_coef * aux;
+    aux_scale_ = opts.aux_loss_scale >= 0 ? opts.aux_loss_scale
+                 : c.output_router_logits ? (float)c.router_aux_loss_coef
+                                          : 0.0f;
+    // d aux / d probs[n,e] = E * f_e / R, the same for every row of every sparse layer (counts are constants).
+    for (int64_t e = 0; e < E; ++e) aux_dprob_[e] = (float)((double)E * (aux_counts_[e] / R) / R);
+  }
+  grad_ready_ = opts.compute_grad;
+  return r;
+}
+
+void Qwen3Model::backward() {
+  TITAN_CHECK(grad_ready_, "backward() needs a forward() with compute_grad");
+  grad_ready_ = false;
+  const auto& c = config_;
+  const int64_t B = B_, T = T_, N = B * T, H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim,
+                nH = c.num_attention_heads, nKV = c.num_key_value_heads, V = c.vocab_size;
+  const int group_head = static_cast<int>(c.num_hidden_layers) + 1;
+  float* wte = flat_params_[0].f32();
+  float* dwte = flat_grads_[0].f32();
+  const float* norm_w = flat_params_[group_head].f32();
+  float* dnorm_w = flat_grads_[group_head].f32();
+  const float* lm_head = c.tie_word_embeddings ? wte : norm_w + H;
+  float* dlm_head = c.tie_word_embeddings ? dwte : dnorm_w + H;
+  const float* cos = rope_cos_.f32();
+  const float* sin = rope_sin_.f32();
+
+  // Head: logits_ holds dlogits (written in place by the fused cross-entropy).
+  float* dresid = dresid_.f32();
+  float* dln = dln_.f32();
+  std::memset(dln, 0, N * H * sizeof(float));
+  matmul_->backward(dln, dlm_head, logits_.f32(), lnf_.f32(), lm_head, N, H, V);
+  std::memset(dresid, 0, N * H * sizeof(float));
+  rmsnorm_->backward(dresid, dnorm_w, dln, final_resid_.f32(), norm_w, rstdf_.f32(), N, H);
+
+  for (int64_t l = c.num_hidden_layers - 1; l >= 0; --l) {
+    LayerActs& a = layer_acts_[l];
+    LayerView w = layer_view(l);
+    LayerView g = layer_view(l, flat_grads_[l + 1].f32());
+    if (w.router) {
+      moe_backward_layer(l, dresid, aux_scale_);  // MoE branch, into dln
+    } else {
+      // MLP branch: out = resid_mid + down(swiglu(gu(ln2)))
+      float* dact = dact_.f32();
+      float* dgu = dgu_.f32();
+      std::memset(dact, 0, N * I * sizeof(float));
+      matmul_->backward(dact, g.wdown, dresid, a.act, w.wdown, N, I, H);
+      std::memset(dgu, 0, N * 2 * I * sizeof(float));
+      swiglu_->backward(dgu, dact, a.gu, N, I);
+      std::memset(dln, 0, N * H * sizeof(float));
+      matmul_->backward(dln, g.wgu, dgu, a.ln2, w.wgu, N, H, 2 * I);
+    }
+    rmsnorm_->backward(dresid, g.post_norm, dln, a.resid_mid, w.post_norm, a.rstd2, N, H);
+    // Attention branch: resid_mid = resid_in + o(attn(rope(norm(q,k)), v))
+    float* datt = datt_.f32();
+    std::memset(datt, 0, N * c.q_dim() * sizeof(float));
+    matmul_->backward(datt, g.wo, dresid, a.att, w.wo, N, c.q_dim(), H);
+    float *dqr = dqr_.f32(), *dkr = dkr_.f32(), *dq = dq_.f32(), *dk = dk_.f32(), *dv = dv_.f32();
+    std::memset(dqr, 0, N * c.q_dim() * sizeof(float));
+    std::memset(dkr, 0, N * c.kv_dim() * sizeof(float));
+    std::memset(dv, 0, N * c.kv_dim() * sizeof(float));
+    attention_->backward(dqr, dkr, dv, datt, a.qr, a.kr, a.v, a.probs, B, T, nH, nKV, hd);
+    // RoPE backward into dq/dk (as scratch), then q_norm/k_norm backward into dqr/dkr (reused).
+    std::memset(dq, 0, N * c.q_dim() * sizeof(float));
+    std::memset(dk, 0, N * c.kv_dim() * sizeof(float));
+    if (rope_qk_) {
+      rope_qk_->backward(dq, dk, dqr, dkr, cos, sin, N, T, nH, nKV, hd);
+    } else {
+      rope_->backward(dq, dqr, cos, sin, N, T, nH, hd);
+      rope_->backward(dk, dkr, cos, sin, N, T, nKV, hd);
+    }
+    std::memset(dqr, 0, N * c.q_dim() * sizeof(float));
+    std::memset(dkr, 0, N * c.kv_dim() * sizeof(float));
+    rmsnorm_->backward(dqr, g.q_norm, dq, a.q_raw, w.q_norm, a.q_rstd, N * nH, hd);
+    rmsnorm_->backward(dkr, g.k_norm, dk, a.k_raw, w.k_norm, a.k_rstd, N * nKV, hd);
+    std::memset(dln, 0, N * H * sizeof(float));
+    matmul_->backward(dln, g.wq, dqr, a.ln1, w.wq, N, H, c.q_dim());
+    matmul_->backward(dln, g.wk, dkr, a.ln1, w.wk, N, H, c.kv_dim());
+    matmul_->backward(dln, g.wv, dv, a.ln1, w.wv, N, H, c.kv_dim());
+    rmsnorm_->backward(dresid, g.input_norm, dln, a.resid_in, w.input_norm, a.rstd1, N, H);
+  }
+  embedding_->backward(dwte, dresid, ids_.data<int32_t>(), N, H, V);
+}
+
+// Sparse MLP of layer l: router (HF Qwen3MoeTopKRouter) + routed experts; out = experts(ln2) (the caller
+// adds the residual). Accumulates the aux-loss statistics and, when balancing, the expert token counts.
+void Qwen3Model::moe_forward_layer(int64_t l, float* out, bool count_tokens) {
+  const auto& c = config_;
+  const int64_t N = B_ * T_, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok,
+                Im = c.moe_intermediate_size;
+  LayerActs& a = layer_acts_[l];
+  LayerView w = layer_view(l);
+  const int m = moe_row_[l];
+  // Router logits in f32 (the model dtype here), softmax in f32.
+  matmul_->forward(a.router_probs, a.ln2, w.router, N, H, E);
+  if (bf16_) round_bf16(a.router_probs, N * E);
+  moe_router::softmax_rows(a.router_probs, N, E);
+  const bool balancing = c.load_balance_coeff > 0;
+  const float* bias = balancing ? expert_bias_.f32() + m * E : nullptr;
+  moe_router::select_topk(a.topk_idx, a.topk_w, a.router_probs, bias, N, E, k, c.norm_topk_prob);
+  if (bf16_) round_bf16(a.topk_w, N * k);
+  if (balancing && count_tokens) {
+    float* counts = expert_counts_.f32() + m * E;
+    for (int64_t i = 0; i < N * k; ++i) counts[a.topk_idx[i]] += 1.0f;
+  }
+  // Aux loss statistics: HF re-selects the top-k of the unbiased probabilities (differs from the routing
+  // only when an expert bias is set). The rows of dlogits_router_ are free here and serve as scratch.
+  if (bias) {
+    int32_t* idx = reinterpret_cast<int32_t*>(moe_scratch_.f32());  // N*k ints, before the experts use it
+    float* wtmp = dlogits_router_.f32();
+    moe_router::select_topk(idx, wtmp, a.router_probs, nullptr, N, E, k, false);
+    moe_router::count_slots(aux_counts_.data(), idx, N * k, E);
+  } else {
+    moe_router::count_slots(aux_counts_.data(), a.topk_idx, N * k, E);
+  }
+  moe_router::sum_probs(aux_prob_sum_.data(), a.router_probs, N, E);
+  moe_->forward(out, a.moe, a.ln2, a.topk_idx, a.topk_w, w.wgu, w.wdown, N, k, E, H, Im);
+}
+
+// Backward of the sparse MLP of layer l: dresid (N,H) is d(layer output); writes d(ln2) into dln_.
+void Qwen3Model::moe_backward_layer(int64_t l, float* dresid, float aux_scale) {
+  const auto& c = config_;
+  const int64_t N = B_ * T_, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok,
+                Im = c.moe_intermediate_size;
+  LayerActs& a = layer_acts_[l];
+  LayerView w = layer_view(l);
+  LayerView g = layer_view(l, flat_grads_[l + 1].f32());
+  float* dln = dln_.f32();
+  float* dtw = dtopk_w_.f32();
+  std::memset(dln, 0, N * H * sizeof(float));
+  std::memset(dtw, 0, N * k * sizeof(float));
+  moe_->backward(dln, dtw, g.wgu, g.wdown, a.moe, dresid, a.ln2, a.topk_idx, a.topk_w, w.wgu, w.wdown, N, k, E, H,
+                 Im);
+  float* dbias = nullptr;
+  std::vector<float>& dp = aux_dprob_;
+  if (aux_scale != 0.0f) {
+    for (int64_t e = 0; e < E; ++e) aux_scaled_[e] = aux_scale * dp[e];
+    dbias = aux_scaled_.data();
+  }
+  float* dlogits = dlogits_router_.f32();
+  moe_router::backward(dlogits, a.router_probs, a.topk_idx, dtw, dbias, N, E, k, c.norm_topk_prob);
+  matmul_->backward(dln, g.router, dlogits, a.ln2, w.router, N, H, E);
+}
+
+}  // namespace titan
