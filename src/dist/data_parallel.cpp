@@ -153,7 +153,8 @@ void FsdpShards::gather_params(int g) {
   // In place: this rank's shard is first copied to its slot in the full buffer.
   const int64_t valid = shard_valid(g);
   if (valid > 0) std::memcpy(dst + shard_offset(g), shard_params_[g].f32(), valid * sizeof(float));
-  shard_.all_gather(dst + (valid > 0 ? shard_offset(g) : 0), dst, counts(g), CommType::F32);
+  // This rank's slot starts at min(offset, numel) (an empty tail shard sits at the end).
+  shard_.all_gather(dst + std::min(shard_offset(g), numel_[g]), dst, counts(g), CommType::F32);
 }
 
 void FsdpShards::gather_all_params() {
