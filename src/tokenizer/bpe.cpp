@@ -16,7 +16,7 @@ namespace titan::tok {
 
 namespace {
 inline size_t hash_bytes(std::string_view s) {
-  // FNV-1a over 8-byte words: cheap for short tokens, good enough spread for open addressing.
+  // Word-at-a-time multiply-xorshift hash: cheap for short tokens, good spread for open addressing.
   uint64_t h = 0xcbf29ce484222325ull ^ s.size();
   size_t i = 0;
   for (; i + 8 <= s.size(); i += 8) {

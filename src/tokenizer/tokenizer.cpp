@@ -187,28 +187,28 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);
   const Impl& im = *impl_;
-  // Scratch vectors are per thread; copy the segment lists since encode_plain reuses the scratch.
-  std::vector<tok::Segment> raw_segments;
+  // Per-thread scratch: no allocations per call once warm (encode_plain uses other fields).
+  Scratch& s = t_scratch;
+  std::vector<tok::Segment>& raw_segments = s.raw_segments;
+  raw_segments.clear();
   if (im.raw_matcher.empty()) {
     if (!text.empty()) raw_segments.push_back({0, text.size(), -1});
   } else {
     im.raw_matcher.split(text, raw_segments);
   }
-  std::string normalized;
-  std::vector<tok::Segment> norm_segments;
   for (const tok::Segment& seg : raw_segments) {
     if (seg.id >= 0) {
       out.push_back(seg.id);
       continue;
     }
     std::string_view piece = text.substr(seg.start, seg.end - seg.start);
-    std::string_view norm = im.normalizer.empty() ? piece : im.normalizer.apply(piece, normalized);
+    std::string_view norm = im.normalizer.empty() ? piece : im.normalizer.apply(piece, s.normalized);
     if (im.normalized_matcher.empty()) {
       im.encode_plain(norm, out);
       continue;
     }
-    im.normalized_matcher.split(norm, norm_segments);
-    for (const tok::Segment& ns : norm_segments) {
+    im.normalized_matcher.split(norm, s.norm_segments);
+    for (const tok::Segment& ns : s.norm_segments) {
       if (ns.id >= 0)
         out.push_back(ns.id);
       else
