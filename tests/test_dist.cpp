@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "dist/data_parallel.h"
+#include "dist/data_parallel_plan.h"
 #include "dist/expert_parallel.h"
 #include "dist/launcher.h"
 #include "dist/runtime.h"
@@ -168,6 +169,19 @@ TEST(DistDdp, BucketsCoalesceSmallAndChunkLargeBuffers) {
   EXPECT_EQ(grads[2].f32()[24], 24);
   EXPECT_EQ(grads[1].f32()[3], 3);
   EXPECT_THROW(DdpReducer(g, {Tensor::zeros({2}, DType::BF16)}), Error);
+}
+
+TEST(DistPlan, DegreesChooseTheLayout) {
+  SingleProcessGroup g;
+  Tensor p = iota(5), grad = iota(5, 1);
+  DataParallelPlan one(g, 1, -1, {p}, {grad});
+  EXPECT_STREQ(one.mode(), "single");
+  EXPECT_EQ(one.optimizer_params()[0].raw(), p.raw());  // full buffers, no copies
+  EXPECT_EQ(one.grad_shard_group(), nullptr);
+  one.reduce_grads();
+  EXPECT_NEAR(one.clip_grad_norm(0), std::sqrt(1 + 4 + 9 + 16 + 25.0), 1e-9);
+  EXPECT_THROW(DataParallelPlan(g, 2, -1, {p}, {grad}), Error);
+  EXPECT_THROW(DataParallelPlan(g, 1, 2, {p}, {grad}), Error);
 }
 
 TEST(DistClip, ReplicatedNormEqualsLocalClipping) {

@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "dist/data_parallel.h"
+#include "dist/data_parallel_plan.h"
 #include "dist/expert_parallel.h"
 #include "dist/runtime.h"
 #include "models/qwen3/model.h"
@@ -296,6 +297,54 @@ void check_data_parallel_model(Checker& c) {
   }
 }
 
+// DataParallelPlan in every layout the world allows: one clipped AdamW step from rank 0's parameters
+// must give the parameters of the same step on one rank over the global batch.
+void check_plans(Checker& c) {
+  ProcessGroup& w = c.world;
+  const int N = w.size(), me = w.rank();
+  const Qwen3Config cfg = tiny_config();
+  const int64_t B = 2, T = 8;
+  std::vector<int32_t> ids(N * B * T), labels(N * B * T);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = int32_t((i * 7919 + 13) % cfg.vocab_size);
+    labels[i] = int32_t((i * 104729 + 5) % cfg.vocab_size);
+  }
+  AdamWConfig acfg;
+  acfg.lr = 1e-2f;
+  Qwen3Model ref(cfg);
+  ref.init_weights(7);
+  ref.zero_grad();
+  ref.forward(ids.data(), labels.data(), N * B, T);
+  ref.backward();
+  const double max_norm = 0.5 * std::sqrt(grad_sq_norm(ref.flat_grads()));
+  titan::clip_grad_norm(ref.flat_grads(), max_norm);
+  AdamW ref_opt(ref.flat_params(), ref.flat_grads(), acfg);
+  ref_opt.step(acfg.lr);
+
+  std::vector<std::pair<int, int>> layouts = {{N, 1}};
+  if (N > 1) layouts.push_back({1, N});
+  if (N % 2 == 0 && N >= 4) layouts.push_back({2, N / 2});
+  for (auto [R, S] : layouts) {
+    Qwen3Model m(cfg);
+    m.init_weights(me == 0 ? 7 : 100 + me);
+    DataParallelPlan dp(w, R, S, m.flat_params(), m.flat_grads(), 8 << 10);
+    dp.broadcast_from(0);
+    m.zero_grad();
+    m.forward(ids.data() + me * B * T, labels.data() + me * B * T, B, T);
+    m.backward();
+    dp.reduce_grads();
+    dp.clip_grad_norm(max_norm);
+    AdamW opt(dp.optimizer_params(), dp.optimizer_grads(), acfg);
+    opt.step(acfg.lr);
+    dp.after_optimizer_step();
+    double err = 0;
+    for (size_t g = 0; g < ref.flat_params().size(); ++g)
+      err = std::max(
+          err, rel_err(m.flat_params()[g].f32(), ref.flat_params()[g].f32(), ref.flat_params()[g].numel()));
+    c.expect("plan " + dp.describe() + ": clipped AdamW step = 1-rank step", err, 1e-5);
+  }
+}
+
 // HSDP on a 2-D mesh, with the owned (ZeRO-3 memory) mode of FsdpShards.
 void check_hsdp(Checker& c) {
   ProcessGroup& w = c.world;
@@ -404,6 +453,7 @@ int run_selftest(ProcessGroup& world, const SelftestOptions& options, std::ostre
   check_ddp_buckets(c);
   check_data_parallel_model(c);
   check_hsdp(c);
+  check_plans(c);
   check_expert_exchange(c);
   log.flush();
   int64_t counts[2] = {c.failed, c.passed};

@@ -1,0 +1,65 @@
+// One object for every data-parallel layout a config can ask for, torchtitan-style:
+// data_parallel_replicate_degree (R) x data_parallel_shard_degree (S) = world size.
+//
+//   R = world, S = 1   DDP   (replicated parameters, bucketed all-reduce of gradients)
+//   R = 1, S = world   FSDP  (ZeRO-3 layout: every buffer sharded over all ranks)
+//   R > 1, S > 1       HSDP  (sharded within groups of S consecutive ranks, replicated across them)
+//
+// The trainer's step, the same for all three:
+//   DataParallelPlan dp(world, R, S, model.flat_params(), model.flat_grads());
+//   AdamW opt(dp.optimizer_params(), dp.optimizer_grads(), cfg);   // full buffers or shards
+//   loop: model.zero_grad(); forward/backward on this rank's micro-batches;
+//         dp.reduce_grads();                 // gradients averaged over all ranks
+//         double norm = dp.clip_grad_norm(max_norm);
+//         opt.step(lr);
+//         dp.after_optimizer_step();         // FSDP/HSDP: gather the updated shards into the model
+//
+// reduce_grads() averages over ranks, so each rank's loss gradient must be scaled as a mean over its
+// own tokens (ForwardOptions::grad_scale = 0 with equal token counts per rank). With unequal counts
+// (ignored labels), use grad_scale = world_size / global_valid_tokens (all-reduce the counts first).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/data_parallel.h"
+
+namespace titan::dist {
+
+class DataParallelPlan {
+ public:
+  // shard_degree < 0: world / replicate_degree. Parameters must be equal on all ranks, or call
+  // broadcast_from(0) first. Collective (HSDP creates sub-groups).
+  DataParallelPlan(ProcessGroup& world, int replicate_degree, int shard_degree, std::vector<Tensor> params,
+                   std::vector<Tensor> grads, int64_t bucket_bytes = int64_t(25) << 20);
+
+  int replicate_degree() const { return replicate_; }
+  int shard_degree() const { return shard_; }
+  const char* mode() const;      // "single", "ddp", "fsdp" or "hsdp"
+  std::string describe() const;  // e.g. "hsdp: 2 replicas x 4 shards"
+
+  // What the optimizer steps: the full buffers (single, DDP) or this rank's shards (FSDP, HSDP).
+  std::vector<Tensor>& optimizer_params();
+  std::vector<Tensor>& optimizer_grads();
+  // The group over which optimizer_grads() are partitioned (nullptr when replicated).
+  ProcessGroup* grad_shard_group();
+
+  // Makes every rank's parameters (and shards) equal to rank `root`'s.
+  void broadcast_from(int root);
+  // After backward: optimizer_grads() := mean over all ranks of the model gradients.
+  void reduce_grads();
+  // Global-norm clipping of optimizer_grads(); returns the norm before clipping.
+  double clip_grad_norm(double max_norm);
+  // After the optimizer step: FSDP/HSDP gather the shards into the model's parameter buffers.
+  void after_optimizer_step();
+
+ private:
+  ProcessGroup& world_;
+  int replicate_ = 1, shard_ = 1;
+  std::vector<Tensor> params_, grads_;
+  HsdpMesh mesh_;
+  std::unique_ptr<DdpReducer> ddp_;
+  std::unique_ptr<FsdpShards> fsdp_;
+};
+
+}  // namespace titan::dist
