@@ -82,11 +82,13 @@ void BpeModel::add_merge(int32_t left, int32_t right, int32_t rank, int32_t merg
 
 int32_t BpeModel::find_token(std::string_view token) const {
   if (slots_.empty()) return -1;
-  size_t mask = slots_.size() - 1;
-  for (size_t h = hash_bytes(token) & mask;; h = (h + 1) & mask) {
-    int32_t id = slots_[h];
-    if (id < 0) return -1;
-    if (id_to_token_[id] == token) return id;
+  const size_t mask = slots_.size() - 1;
+  const uint64_t hash = hash_bytes(token), tag = hash >> 32;
+  for (size_t h = hash & mask;; h = (h + 1) & mask) {
+    uint64_t v = slots_[h];
+    if (v == ~uint64_t{0}) return -1;
+    // The tag skips string compares (and their cache misses) for colliding entries.
+    if ((v >> 32) == tag && id_to_token_[static_cast<uint32_t>(v)] == token) return static_cast<int32_t>(v);
   }
 }
 
@@ -100,17 +102,18 @@ void BpeModel::load(const nlohmann::json& model, std::vector<std::pair<std::stri
   has_id_.assign(static_cast<size_t>(max_id + 1), 0);
   size_t cap = 16;
   while (cap < vocab.size() * 2) cap <<= 1;
-  slots_.assign(cap, -1);
+  slots_.assign(cap, ~uint64_t{0});
   for (auto& [tok, id64] : vocab) {
     int32_t id = static_cast<int32_t>(id64);
-    size_t mask = cap - 1, h = hash_bytes(tok) & mask;
-    while (slots_[h] >= 0 && id_to_token_[slots_[h]] != tok) h = (h + 1) & mask;
-    TITAN_CHECK(slots_[h] < 0, where("vocab"), ": token '", tok, "' appears twice");
+    TITAN_CHECK(find_token(tok) < 0, where("vocab"), ": token '", tok, "' appears twice");
     TITAN_CHECK(!has_id_[id], where("vocab"), ": id ", id, " is used by '", id_to_token_[id], "' and '", tok,
                 "'");
+    const uint64_t hash = hash_bytes(tok);
+    size_t h = hash & (cap - 1);
+    while (slots_[h] != ~uint64_t{0}) h = (h + 1) & (cap - 1);
+    slots_[h] = ((hash >> 32) << 32) | static_cast<uint32_t>(id);
     id_to_token_[id] = std::move(tok);
     has_id_[id] = 1;
-    slots_[h] = id;
   }
 
   auto opt_string = [&](const char* key) -> std::string {
@@ -146,17 +149,26 @@ void BpeModel::load(const nlohmann::json& model, std::vector<std::pair<std::stri
   cap = 16;
   while (cap < merges.size() * 2) cap <<= 1;
   merges_.assign(cap, MergeSlot{kEmpty, 0, 0});
-  std::string joined;
-  for (size_t rank = 0; rank < merges.size(); ++rank) {
+  // Resolve merge strings to ids in parallel (read-only lookups), then fill the table in rank order.
+  const long n_merges = static_cast<long>(merges.size());
+  std::vector<int32_t> left(n_merges), right(n_merges), result(n_merges);
+#pragma omp parallel for schedule(static) if (n_merges > 10000)
+  for (long rank = 0; rank < n_merges; ++rank) {
     const auto& [a, b] = merges[rank];
-    int32_t ia = find_token(a), ib = find_token(b);
-    TITAN_CHECK(ia >= 0 && ib >= 0, where("merges"), "[", rank, "]: token '", ia < 0 ? a : b,
+    left[rank] = find_token(a);
+    right[rank] = find_token(b);
+    std::string joined;
+    joined.reserve(a.size() + b.size());
+    joined.append(a).append(b);
+    result[rank] = find_token(joined);
+  }
+  for (long rank = 0; rank < n_merges; ++rank) {
+    const auto& [a, b] = merges[rank];
+    TITAN_CHECK(left[rank] >= 0 && right[rank] >= 0, where("merges"), "[", rank, "]: token '",
+                left[rank] < 0 ? a : b, "' is not in the vocab");
+    TITAN_CHECK(result[rank] >= 0, where("merges"), "[", rank, "]: merged token '", a, b,
                 "' is not in the vocab");
-    joined.assign(a);
-    joined.append(b);
-    int32_t ij = find_token(joined);
-    TITAN_CHECK(ij >= 0, where("merges"), "[", rank, "]: merged token '", joined, "' is not in the vocab");
-    add_merge(ia, ib, static_cast<int32_t>(rank), ij);
+    add_merge(left[rank], right[rank], static_cast<int32_t>(rank), result[rank]);
   }
   for (int b = 0; b < 256; ++b) byte_ids_[b] = find_token(byte_level_char(static_cast<uint8_t>(b)));
 }

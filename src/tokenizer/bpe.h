@@ -57,7 +57,7 @@ class BpeModel {
 
   // Vocab lookup: open addressing over ids, keys compared against id_to_token_ (no nodes).
   int32_t find_token(std::string_view token) const;
-  std::vector<int32_t> slots_;
+  std::vector<uint64_t> slots_;  // (hash tag << 32) | id; ~0 when empty
   std::vector<std::string> id_to_token_;
   std::vector<uint8_t> has_id_;
   std::vector<MergeSlot> merges_;
