@@ -25,7 +25,7 @@ struct ModelConfig {
 
 struct OptimizerConfig {
   std::string name = "AdamW";
-  double lr = 8e-4;
+  double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
@@ -34,10 +34,10 @@ struct OptimizerConfig {
 };
 
 struct LRSchedulerConfig {
-  int64_t warmup_steps = 20;
+  int64_t warmup_steps = 30;
   double decay_ratio = -1;  // < 0: decay over every step after warmup
-  std::string decay_type = "linear";
-  double min_lr_factor = 0.0;
+  std::string decay_type = "cosine";
+  double min_lr_factor = 0.1;
 };
 
 struct TrainingConfig {
@@ -46,7 +46,7 @@ struct TrainingConfig {
   std::string dataset_delimiter = "percent";        // text: file | percent | blank
   std::string text_field = "text";
   double val_fraction = 0.0;
-  int64_t local_batch_size = 8;
+  int64_t local_batch_size = 4;
   int64_t global_batch_size = -1;  // -1: local_batch_size * data-parallel degree
   int64_t seq_len = 256;
   double max_norm = 1.0;

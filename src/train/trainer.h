@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "models/qwen3/config.h"
 #include "train/config.h"
 
 namespace titan {
@@ -18,6 +19,10 @@ struct TrainResult {
 
 // Runs `config` to completion (or validates and prints the plan with dry_run). Throws titan::Error.
 TrainResult run_training(const TrainConfig& config);
+
+// The model shape of a run: config.json of model.hf_assets_path when present, else model.flavor;
+// model.vocab_size overrides the vocabulary.
+Qwen3Config resolve_model_config(const TrainConfig& config);
 
 // The fortune(6) text files of the Debian `fortunes` packages (the embedded default corpus).
 std::vector<std::string> fortune_files();

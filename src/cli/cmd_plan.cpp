@@ -1,0 +1,46 @@
+// titan plan [--config FILE|NAME] [--nproc N] [--section.key=value ...]
+// The plan of a run for N ranks (parameters, FLOPs/token, memory per rank) without allocating it.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "train/config.h"
+#include "train/plan.h"
+#include "train/trainer.h"
+
+namespace {
+
+int plan_main(int argc, char** argv) {
+  int64_t nproc = 1;
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("usage: titan plan [--config FILE|NAME] [--nproc N] [--section.key=value ...]\n");
+      return 0;
+    }
+    if (a == "--nproc" || a.starts_with("--nproc=")) {
+      std::string v = a.find('=') != std::string::npos ? a.substr(a.find('=') + 1) : (i + 1 < argc ? argv[++i] : "");
+      nproc = std::atoll(v.c_str());
+      TITAN_CHECK(nproc >= 1, "--nproc must be a positive integer, got '", v, "'");
+      continue;
+    }
+    args.push_back(a);
+  }
+  titan::TrainConfig cfg = titan::parse_train_args(args);
+  titan::Qwen3Config mc = titan::resolve_model_config(cfg);
+  const int64_t rep = cfg.parallelism.data_parallel_replicate_degree;
+  TITAN_CHECK(nproc % rep == 0, "--nproc ", nproc, " is not a multiple of data_parallel_replicate_degree ", rep);
+  const int64_t shard =
+      cfg.parallelism.data_parallel_shard_degree > 0 ? cfg.parallelism.data_parallel_shard_degree : nproc / rep;
+  auto plan = titan::make_plan(mc, nproc, rep, shard, cfg.training.local_batch_size, cfg.training.global_batch_size,
+                               cfg.training.seq_len, cfg.activation_checkpoint.mode);
+  std::printf("%s\n", plan.describe().c_str());
+  return 0;
+}
+
+}  // namespace
+
+TITAN_COMMAND("plan", "parameters, FLOPs/token and memory per rank of a config for N ranks", plan_main);

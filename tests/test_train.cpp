@@ -1,0 +1,190 @@
+// The trainer: config parsing and errors, the embedded default run end to end (CI-sized),
+// deterministic replay, gradient accumulation, NaN handling and the shipped configs' dry runs.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "models/qwen3/model.h"
+#include "support/testing.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace titan {
+namespace {
+
+using testing::TempDir;
+namespace fs = std::filesystem;
+
+template <class Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TrainConfig, UnknownSectionsKeysAndBadValuesListTheValidOnes) {
+  TrainConfig c;
+  auto e = error_of([&] { apply_toml(c, "[trainig]\nsteps = 3\n", "x.toml"); });
+  EXPECT_NE(e.find("x.toml"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown section [trainig]"), std::string::npos) << e;
+  EXPECT_NE(e.find("training"), std::string::npos) << e;
+  e = error_of([&] { apply_toml(c, "[training]\nstep = 3\n", "x.toml"); });
+  EXPECT_NE(e.find("unknown key training.step"), std::string::npos) << e;
+  EXPECT_NE(e.find("steps"), std::string::npos) << e;  // the valid keys are listed
+  e = error_of([&] { apply_toml(c, "[training]\nsteps = \"many\"\n", "x.toml"); });
+  EXPECT_NE(e.find("training.steps must be an integer"), std::string::npos) << e;
+  e = error_of([&] { parse_train_args({"--lr_scheduler.decay_type=exp"}); });
+  EXPECT_NE(e.find("lr_scheduler.decay_type"), std::string::npos) << e;
+  EXPECT_NE(e.find("cosine"), std::string::npos) << e;
+  e = error_of([&] { parse_train_args({"--training.local_batch_size=0"}); });
+  EXPECT_NE(e.find("training.local_batch_size must be positive"), std::string::npos) << e;
+  e = error_of([&] { parse_train_args({"--config", "no_such_config"}); });
+  EXPECT_NE(e.find("qwen3_4b_hf"), std::string::npos) << e;  // lists the shipped configs
+  e = error_of([&] { apply_toml(c, "[training\nsteps = 3\n", "broken.toml"); });
+  EXPECT_NE(e.find("broken.toml: invalid TOML"), std::string::npos) << e;
+}
+
+TEST(TrainConfig, OverridesApplyAfterTheFileAndRoundTripThroughToml) {
+  TrainConfig c = parse_train_args({"--training.steps=7", "--config", "debug", "--optimizer.lr", "0.002",
+                                    "--training.dataset=[\"a.txt\", \"b.txt\"]", "--kernels.attention=reference",
+                                    "--job.description=hello world"});
+  EXPECT_EQ(c.training.steps, 7);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.002);
+  EXPECT_EQ(c.training.dataset, (std::vector<std::string>{"a.txt", "b.txt"}));
+  EXPECT_EQ(c.kernels.at("attention"), "reference");
+  EXPECT_EQ(c.job.description, "hello world");
+  EXPECT_EQ(c.training.local_batch_size, 4);  // from configs/debug.toml
+  TrainConfig d;
+  apply_toml(d, c.to_toml(), "dump");
+  EXPECT_EQ(d.to_toml(), c.to_toml());
+}
+
+// A small corpus and tokenizer-free setup for fast trainer tests: byte-level ids, debug-sized model.
+std::vector<std::string> small_run_args(const TempDir& tmp, int64_t steps) {
+  std::ofstream f(tmp / "corpus.txt");
+  for (int i = 0; i < 200; ++i) f << "the quick brown fox " << i << " jumps over the lazy dog.\n%\n";
+  return {"--job.dump_folder=" + (tmp / "out"), "--training.dataset=" + (tmp / "corpus.txt"),
+          "--model.tokenizer_path=" + testing::source_path("tests/golden/tokenizer/small"), "--model.vocab_size=1024",
+          "--training.seq_len=32", "--training.local_batch_size=2", "--training.steps=" + std::to_string(steps),
+          "--training.sample_tokens=0", "--lr_scheduler.warmup_steps=2", "--metrics.peak_tflops=1"};
+}
+
+TEST(Trainer, SameSeedGivesBitIdenticalLosses) {
+  TempDir a, b;
+  auto ra = run_training(parse_train_args(small_run_args(a, 4)));
+  auto rb = run_training(parse_train_args(small_run_args(b, 4)));
+  ASSERT_EQ(ra.losses.size(), 4u);
+  EXPECT_EQ(ra.losses, rb.losses);  // bit-identical
+  auto args = small_run_args(b, 4);
+  args.push_back("--training.seed=7");
+  EXPECT_NE(run_training(parse_train_args(args)).losses, ra.losses);
+}
+
+TEST(Trainer, GradientAccumulationEqualsTheLargerBatch) {
+  // global 4 = local 2 x 2 accumulation steps == local 4 in one step (same windows, same mean).
+  TempDir a, b;
+  auto args_a = small_run_args(a, 3);
+  args_a.push_back("--training.global_batch_size=4");
+  auto args_b = small_run_args(b, 3);
+  args_b.push_back("--training.local_batch_size=4");
+  auto ra = run_training(parse_train_args(args_a));
+  auto rb = run_training(parse_train_args(args_b));
+  ASSERT_EQ(ra.losses.size(), rb.losses.size());
+  for (size_t i = 0; i < ra.losses.size(); ++i) EXPECT_NEAR(ra.losses[i], rb.losses[i], 1e-5 * rb.losses[i]) << i;
+}
+
+TEST(Trainer, NanLossStopsNamingTheStepOrIsSkipped) {
+  TempDir a, b;
+  auto args = small_run_args(a, 6);
+  args.push_back("--optimizer.lr=1e30");
+  args.push_back("--training.max_norm=0");
+  args.push_back("--lr_scheduler.warmup_steps=0");
+  auto e = error_of([&] { run_training(parse_train_args(args)); });
+  EXPECT_NE(e.find("at step"), std::string::npos) << e;
+  EXPECT_NE(e.find("skip_nan_inf"), std::string::npos) << e;
+  args = small_run_args(b, 6);
+  for (auto x : {"--optimizer.lr=1e30", "--training.max_norm=0", "--lr_scheduler.warmup_steps=0",
+                 "--training.skip_nan_inf=true"})
+    args.push_back(x);
+  auto r = run_training(parse_train_args(args));
+  EXPECT_EQ(r.losses.size(), 6u);
+}
+
+TEST(Trainer, EmbeddedDefaultRunEndToEnd) {
+  // `titan train` with no arguments, cut to CI size by overrides: fortunes corpus, BPE tokenizer
+  // trained by our trainer, debug flavor; checks the loss falls and every artifact is written.
+  if (fortune_files().empty()) GTEST_SKIP() << "fortunes corpus not installed (scripts/setup.sh installs it)";
+  TempDir tmp;
+  std::string out;
+  int rc = testing::run_titan("train --job.dump_folder=" + (tmp / "run") +
+                                  " --training.steps=24 --training.local_batch_size=2 --training.seq_len=64"
+                                  " --lr_scheduler.warmup_steps=4 --training.sample_tokens=12",
+                              &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("step:   24"), std::string::npos) << out;
+  EXPECT_NE(out.find("mfu:"), std::string::npos) << out;
+  // metrics.jsonl: one object per step with the documented keys; the loss falls.
+  std::ifstream f(tmp / "run/metrics.jsonl");
+  std::string line;
+  std::vector<double> losses;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    for (auto k : {"step", "loss", "grad_norm", "lr", "tokens", "tps", "tflops", "mfu", "mem_gib", "time_s"})
+      EXPECT_TRUE(j.contains(k)) << k;
+    losses.push_back(j["loss"].get<double>());
+  }
+  ASSERT_EQ(losses.size(), 24u);
+  double first = (losses[0] + losses[1] + losses[2]) / 3, last = (losses[21] + losses[22] + losses[23]) / 3;
+  EXPECT_LT(last, first - 0.5) << "loss did not fall: " << first << " -> " << last;
+  // Artifacts: HF checkpoint that loads, tokenizer, loss curve, sample, resolved config.
+  const std::string ckpt = tmp / "run/checkpoint/step-24";
+  Qwen3Model m(Qwen3Config::from_hf_file(ckpt + "/config.json"));
+  EXPECT_NO_THROW(m.load_hf(ckpt));
+  EXPECT_TRUE(fs::exists(ckpt + "/tokenizer.json"));
+  EXPECT_GT(fs::file_size(tmp / "run/loss.svg"), 500u);
+  EXPECT_TRUE(fs::exists(tmp / "run/sample.txt"));
+  EXPECT_TRUE(fs::exists(tmp / "run/config.toml"));
+}
+
+TEST(Trainer, ShippedConfigsDryRun) {
+  for (auto name : {"debug", "qwen3_4b_hf", "qwen3_4b_native", "qwen3_moe_64e_top4_4l"}) {
+    std::string out;
+    int rc = testing::run_titan(std::string("train --config ") + name + " --dry-run", &out);
+    EXPECT_EQ(rc, 0) << name << "\n" << out;
+    EXPECT_NE(out.find("parameters:"), std::string::npos) << out;
+    EXPECT_NE(out.find("FLOPs/token"), std::string::npos) << out;
+    EXPECT_NE(out.find("memory per rank"), std::string::npos) << out;
+  }
+}
+
+TEST(Trainer, HfConfigTrainsWhenScaledDown) {
+  // Configuration 1 with a tiny local HF directory standing in for Qwen3-4B-Instruct-2507.
+  TempDir tmp;
+  Qwen3Config c = Qwen3Config::flavor("debug");
+  c.vocab_size = 1024;
+  c.num_hidden_layers = 2;
+  Qwen3Model m(c);
+  m.init_weights(3);
+  m.save_hf(tmp / "hf", DType::BF16);
+  fs::copy_file(testing::source_path("tests/golden/tokenizer/small/tokenizer.json"), tmp / "hf/tokenizer.json");
+  std::ofstream(tmp / "corpus.txt") << std::string(4000, 'a') << " hello world";
+  std::string out;
+  int rc = testing::run_titan("train --config qwen3_4b_hf --job.dump_folder=" + (tmp / "run") +
+                                  " --model.hf_assets_path=" + (tmp / "hf") + " --checkpoint.initial_load_path=" +
+                                  (tmp / "hf") + " --training.dataset=" + (tmp / "corpus.txt") +
+                                  " --training.seq_len=32 --training.global_batch_size=4 --training.steps=2"
+                                  " --training.sample_tokens=4 --metrics.peak_tflops=1",
+                              &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("gradient accumulation 4 steps"), std::string::npos) << out;
+  EXPECT_NE(out.find("loading HF weights"), std::string::npos) << out;
+  Qwen3Model back(Qwen3Config::from_hf_file(tmp / "run/checkpoint/step-2/config.json"));
+  EXPECT_NO_THROW(back.load_hf(tmp / "run/checkpoint/step-2"));
+}
+
+}  // namespace
+}  // namespace titan
