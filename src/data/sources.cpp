@@ -63,6 +63,7 @@ ResolvedSources resolve_sources(const std::vector<std::string>& sources, DataFor
     any_text = true;
     const fs::path root = fs::path(source).lexically_normal();
     if (!fs::is_directory(root)) {
+      TITAN_CHECK(fs::is_regular_file(root), "data source '", source, "': not a regular file or directory");
       out.files.push_back({root.string(), file_format(root, format), fs::file_size(root)});
       continue;
     }
