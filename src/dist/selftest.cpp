@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <functional>
 #include <ostream>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -38,9 +39,13 @@ struct Checker {
       ++passed;
     else
       ++failed;
-    if (!ok || verbose)
-      log << rank_prefix() << (ok ? "ok   " : "FAIL ") << name << ": error " << err << " (tolerance " << tol
-          << ")\n";
+    if (!ok || verbose) {
+      // One write per line: ranks share the terminal/pipe, and small writes do not interleave.
+      std::ostringstream line;
+      line << rank_prefix() << (ok ? "ok   " : "FAIL ") << name << ": error " << err << " (tolerance " << tol
+           << ")\n";
+      log << line.str() << std::flush;
+    }
   }
 };
 
