@@ -170,6 +170,21 @@ TEST(Tokenizer, VariantsMatchHF) {
   EXPECT_GE(n, 6);
 }
 
+TEST(Tokenizer, LoadsEscapedJson) {
+  // The same tokenizer written with \uXXXX escapes (surrogate pairs included) and indentation.
+  json j = json::parse(slurp(kGolden + "/small/tokenizer.json"));
+  auto path = write_temp("escaped.json", j.dump(2, ' ', true));
+  auto escaped = titan::Tokenizer::load(path);
+  auto cases = read_cases(kGolden + "/small/cases.jsonl");
+  EXPECT_EQ(check_cases(escaped, cases, "escaped"), cases.size());
+  fs::remove(path);
+  for (const char* bad : {"{\"model\": {}} x", "{\"a\": \"\\ud800\"}", "{\"a\": [1, 2,]}", "{\"a\": tru}",
+                          "{\"a\": \"\x01\"}", "{\"a\": \"\xff\"}", "[]"}) {
+    std::string e = expect_load_error(write_temp("bad.json", bad));
+    EXPECT_NE(e.find("not valid JSON"), std::string::npos) << bad << " -> " << e;
+  }
+}
+
 TEST(Tokenizer, TrainerReproducesCommittedFile) {
   std::string got =
       titan::train_bpe({kGolden + "/small/train.txt"}, 600, {"<|endoftext|>", "<|im_start|>", "<|im_end|>"});

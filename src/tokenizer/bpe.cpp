@@ -151,12 +151,26 @@ void BpeModel::load(const nlohmann::json& model, std::vector<std::pair<std::stri
   merges_.assign(cap, MergeSlot{kEmpty, 0, 0});
   // Resolve merge strings to ids in parallel (read-only lookups), then fill the table in rank order.
   const long n_merges = static_cast<long>(merges.size());
+  long merge_base = 0;
+  if (n_merges > 0) {
+    std::string first = merges[0].first + merges[0].second;
+    merge_base = std::max(0, find_token(first));
+  }
   std::vector<int32_t> left(n_merges), right(n_merges), result(n_merges);
 #pragma omp parallel for schedule(static) if (n_merges > 10000)
   for (long rank = 0; rank < n_merges; ++rank) {
     const auto& [a, b] = merges[rank];
     left[rank] = find_token(a);
     right[rank] = find_token(b);
+    if (left[rank] < 0 || right[rank] < 0) continue;  // reported below, in rank order
+    // Trained vocabs usually give merge r the id (first merged id + r): check that slot first, a
+    // sequential access, before hashing.
+    const size_t guess = static_cast<size_t>(merge_base + rank);
+    if (guess < id_to_token_.size() && has_id_[guess] && id_to_token_[guess].size() == a.size() + b.size() &&
+        id_to_token_[guess].starts_with(a) && id_to_token_[guess].ends_with(b)) {
+      result[rank] = static_cast<int32_t>(guess);
+      continue;
+    }
     std::string joined;
     joined.reserve(a.size() + b.size());
     joined.append(a).append(b);

@@ -1,4 +1,4 @@
-// Fast tokenizer.json reading: one SAX pass that builds a JSON tree for everything except
+// Fast tokenizer.json reading: one pass that builds a JSON tree for everything except
 // model.vocab and model.merges, which are collected straight into flat vectors (no tree nodes
 // for ~300k entries), so the 151k-vocab Qwen file loads in well under half a second.
 #pragma once
