@@ -114,6 +114,44 @@ TEST(Trainer, NanLossStopsNamingTheStepOrIsSkipped) {
   EXPECT_EQ(r.losses.size(), 6u);
 }
 
+std::vector<double> jsonl_losses(const std::string& path) {
+  std::vector<double> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  return out;
+}
+
+// Same global batch and seed: the N-rank loss sequence equals the 1-rank one (DDP, FSDP, HSDP).
+TEST(Trainer, DataParallelMatchesOneRank) {
+  TempDir tmp;
+  auto base = small_run_args(tmp, 10);
+  std::string common;
+  for (auto& a : base)
+    if (!a.starts_with("--job.dump_folder") && !a.starts_with("--training.local_batch_size")) common += " " + a;
+  std::string out;
+  ASSERT_EQ(testing::run_titan("train" + common + " --training.local_batch_size=4 --job.dump_folder=" + (tmp / "one"), &out), 0)
+      << out;
+  const auto ref = jsonl_losses(tmp / "one/metrics.jsonl");
+  ASSERT_EQ(ref.size(), 10u);
+  struct Layout {
+    const char* name;
+    int np, replicate, local_batch;
+  };
+  for (Layout l : {Layout{"ddp2", 2, 2, 2}, Layout{"fsdp2", 2, 1, 2}, Layout{"ddp4", 4, 4, 1},
+                   Layout{"fsdp4", 4, 1, 1}, Layout{"hsdp2x2", 4, 2, 1}}) {
+    const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 timeout 300 "
+                            "mpirun --oversubscribe --bind-to none -np " + std::to_string(l.np) + " " + TITAN_BINARY +
+                            " train" + common + " --training.local_batch_size=" + std::to_string(l.local_batch) +
+                            " --parallelism.data_parallel_replicate_degree=" + std::to_string(l.replicate) +
+                            " --job.dump_folder=" + (tmp / l.name) + " > " + (tmp / l.name) + ".log 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << l.name;
+    const auto got = jsonl_losses(tmp / (std::string(l.name) + "/metrics.jsonl"));
+    ASSERT_EQ(got.size(), ref.size()) << l.name;
+    for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << l.name << " step " << i + 1;
+  }
+}
+
 TEST(Trainer, EmbeddedDefaultRunEndToEnd) {
   // `titan train` with no arguments, cut to CI size by overrides: fortunes corpus, BPE tokenizer
   // trained by our trainer, debug flavor; checks the loss falls and every artifact is written.

@@ -11,6 +11,8 @@
 #include "core/error.h"
 #include "data/loader.h"
 #include "device/device.h"
+#include "dist/data_parallel_plan.h"
+#include "dist/runtime.h"
 #include "kernels/registry.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
@@ -173,15 +175,17 @@ std::vector<std::string> fortune_files() {
 TrainResult run_training(const TrainConfig& cfg) {
   cfg.validate();
   TrainResult result;
-  const int64_t world = 1, rank = 0;
+  dist::ProcessGroup& pg = dist::init();
+  const int64_t world = pg.size(), rank = pg.rank();
+  const bool lead = rank == 0;  // rank 0 prints and writes the artifacts
   const int64_t dp_shard = cfg.parallelism.data_parallel_shard_degree > 0 ? cfg.parallelism.data_parallel_shard_degree
                                                                            : world / cfg.parallelism.data_parallel_replicate_degree;
   Qwen3Config mc = resolve_model_config(cfg);
   const RunPlan plan = make_plan(mc, world, cfg.parallelism.data_parallel_replicate_degree, dp_shard,
                                  cfg.training.local_batch_size, cfg.training.global_batch_size, cfg.training.seq_len,
                                  cfg.activation_checkpoint.mode);
-  if (cfg.job.print_config) std::printf("# titan train: resolved config\n%s", cfg.to_toml().c_str());
-  std::printf("# plan\n%s\n", plan.describe().c_str());
+  if (cfg.job.print_config && lead) std::printf("# titan train: resolved config\n%s", cfg.to_toml().c_str());
+  if (lead) std::printf("# plan\n%s\n", plan.describe().c_str());
   TITAN_CHECK(cfg.activation_checkpoint.mode == "none",
               "activation_checkpoint.mode = 'full' is not supported by this model yet (use 'none')");
   if (cfg.dry_run) {
@@ -195,8 +199,8 @@ TrainResult run_training(const TrainConfig& cfg) {
     return result;
   }
 
-  fs::create_directories(cfg.job.dump_folder);
-  {
+  if (lead) {
+    fs::create_directories(cfg.job.dump_folder);
     std::ofstream f(fs::path(cfg.job.dump_folder) / "config.toml");
     f << cfg.to_toml();
   }
@@ -215,7 +219,10 @@ TrainResult run_training(const TrainConfig& cfg) {
   dc.val_fraction = cfg.training.val_fraction;
   std::string tokenizer_path;
   if (is_text_dataset(cfg, sources)) {
-    tokenizer_path = resolve_tokenizer(cfg, sources, mc.vocab_size);
+    // Rank 0 trains the tokenizer when one is needed; the others wait and load it.
+    if (lead) tokenizer_path = resolve_tokenizer(cfg, sources, mc.vocab_size);
+    pg.barrier();
+    if (!lead) tokenizer_path = resolve_tokenizer(cfg, sources, mc.vocab_size);
     dc.tokenizer = tokenizer_path;
   }
   data::DataLoader loader(dc);
@@ -232,9 +239,11 @@ TrainResult run_training(const TrainConfig& cfg) {
     std::printf("loading HF weights from %s\n", cfg.checkpoint.initial_load_path.c_str());
     model.load_hf(cfg.checkpoint.initial_load_path);
   }
-  std::printf("kernels:");
-  for (auto& [op, impl] : model.kernel_names()) std::printf(" %s=%s", op.c_str(), impl.c_str());
-  std::printf("\n");
+  if (lead) {
+    std::printf("kernels:");
+    for (auto& [op, impl] : model.kernel_names()) std::printf(" %s=%s", op.c_str(), impl.c_str());
+    std::printf("\n");
+  }
   const bool bf16 = cfg.training.mixed_precision_param == "bfloat16";
   // bf16 compute with f32 master weights: AdamW steps the master copy, the model computes with its
   // bf16-rounded image (refreshed after every step).
@@ -242,9 +251,18 @@ TrainResult run_training(const TrainConfig& cfg) {
   if (bf16) {
     for (auto& p : model.flat_params()) master.push_back(p.clone());
     model.set_bf16_compute(true);
-    std::printf("mixed precision: bf16 compute (f32 kernels on bf16-rounded operands), f32 master weights\n");
+    if (lead) std::printf("mixed precision: bf16 compute (f32 kernels on bf16-rounded operands), f32 master weights\n");
   }
-  AdamW optimizer(bf16 ? master : model.flat_params(), model.flat_grads(),
+  // Data parallelism (DDP / FSDP / HSDP from the replicate x shard degrees); with one rank a no-op.
+  dist::DataParallelPlan dp(pg, static_cast<int>(plan.dp_replicate), static_cast<int>(plan.dp_shard),
+                            bf16 ? master : model.flat_params(), model.flat_grads());
+  dp.broadcast_from(0);
+  if (bf16) {
+    for (size_t i = 0; i < master.size(); ++i) model.flat_params()[i].copy_from(master[i]);
+    model.set_bf16_compute(true);
+  }
+  if (lead && world > 1) std::printf("data parallel: %s\n", dp.describe().c_str());
+  AdamW optimizer(dp.optimizer_params(), dp.optimizer_grads(),
                   AdamWConfig{(float)cfg.optimizer.lr, (float)cfg.optimizer.beta1, (float)cfg.optimizer.beta2,
                               (float)cfg.optimizer.eps, (float)cfg.optimizer.weight_decay},
                   cfg.optimizer.implementation);
@@ -253,14 +271,15 @@ TrainResult run_training(const TrainConfig& cfg) {
                       cfg.training.steps);
   double peak_tflops = cfg.metrics.peak_tflops;
   if (peak_tflops > 0) {
-    std::printf("MFU peak: %.3f TFLOP/s (metrics.peak_tflops)\n", peak_tflops);
+    if (lead) std::printf("MFU peak: %.3f TFLOP/s (metrics.peak_tflops)\n", peak_tflops);
   } else {
     peak_tflops = measure_gemm_tflops();
-    std::printf("MFU peak: %.3f TFLOP/s (measured SGEMM rate of the BLAS, %d threads)\n", peak_tflops,
-                device_interface(DeviceType::CPU).num_threads());
+    if (lead)
+      std::printf("MFU peak: %.3f TFLOP/s (measured SGEMM rate of the BLAS, %d threads)\n", peak_tflops,
+                  device_interface(DeviceType::CPU).num_threads());
   }
-  MetricsLogger metrics(cfg.metrics.enable_jsonl ? (fs::path(cfg.job.dump_folder) / "metrics.jsonl").string() : "",
-                        cfg.training.steps, cfg.metrics.progress_bar, true);
+  MetricsLogger metrics(cfg.metrics.enable_jsonl && lead ? (fs::path(cfg.job.dump_folder) / "metrics.jsonl").string() : "",
+                        cfg.training.steps, cfg.metrics.progress_bar && world == 1, lead);
   const auto& mem = device_interface(DeviceType::CPU).allocator->stats;
   const double phys_gib = physical_memory_bytes() / double(int64_t(1) << 30);
 
@@ -281,18 +300,23 @@ TrainResult run_training(const TrainConfig& cfg) {
       loss_sum += r.loss_sum;
       valid += r.num_valid;
     }
-    // Packed windows have no ignored targets, so the window mean above is the plain mean.
-    const double loss = valid > 0 ? loss_sum / static_cast<double>(valid) : std::nan("");
+    // Packed windows have no ignored targets, so every rank's window mean above is the plain mean and
+    // the data-parallel average of the gradients is the gradient of the global mean.
+    double totals[2] = {loss_sum, static_cast<double>(valid)};
+    if (world > 1) pg.all_reduce(totals, 2, dist::ReduceOp::Sum);
+    const double loss = totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
     if (!std::isfinite(loss)) {
       TITAN_CHECK(cfg.training.skip_nan_inf, "loss is ", loss, " at step ", step,
                   " (set training.skip_nan_inf = true to skip such steps)");
-      std::printf("step %lld: loss is %f, step skipped (training.skip_nan_inf)\n", (long long)step, loss);
+      if (lead) std::printf("step %lld: loss is %f, step skipped (training.skip_nan_inf)\n", (long long)step, loss);
       result.losses.push_back(loss);
       continue;
     }
-    const double grad_norm = clip_grad_norm(model.flat_grads(), cfg.training.max_norm);
+    dp.reduce_grads();
+    const double grad_norm = dp.clip_grad_norm(cfg.training.max_norm);
     const double lr = cfg.optimizer.lr * schedule.factor(step - 1);
     optimizer.step(static_cast<float>(lr));
+    dp.after_optimizer_step();
     if (bf16) {
       for (size_t i = 0; i < master.size(); ++i) model.flat_params()[i].copy_from(master[i]);
       model.set_bf16_compute(true);
@@ -317,7 +341,8 @@ TrainResult run_training(const TrainConfig& cfg) {
   }
   metrics.finish();
 
-  // Artifacts: HF checkpoint (+ tokenizer), loss curve, sample.
+  // Artifacts (rank 0): HF checkpoint (+ tokenizer), loss curve, sample.
+  if (!lead) return result;
   if (cfg.checkpoint.last_save_in_hf) {
     const fs::path dir = fs::path(cfg.job.dump_folder) / cfg.checkpoint.folder / ("step-" + std::to_string(cfg.training.steps));
     model.save_hf(dir.string(), cfg.checkpoint.export_dtype == "bfloat16" ? DType::BF16 : DType::F32);
