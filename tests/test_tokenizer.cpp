@@ -241,6 +241,18 @@ TEST(Tokenizer, ParallelEncodeIsConsistent) {
   EXPECT_EQ(total, 0);
 }
 
+TEST(Tokenizer, AlternatingTokenizersOnOneThread) {
+  // Each thread caches words for one model at a time; switching must never serve stale ids.
+  auto a = titan::Tokenizer::load(kGolden + "/small");
+  auto b = titan::Tokenizer::load(kGolden + "/variants/gpt2.json");
+  auto ca = read_cases(kGolden + "/small/cases.jsonl");
+  auto cb = read_cases(kGolden + "/variants/gpt2.jsonl");
+  for (size_t i = 0; i < 200; ++i) {
+    ASSERT_EQ(a.encode(ca[i % ca.size()].text), ca[i % ca.size()].ids);
+    ASSERT_EQ(b.encode(cb[i % cb.size()].text), cb[i % cb.size()].ids);
+  }
+}
+
 TEST(Tokenizer, BadFilesGiveClearErrors) {
   std::string small = slurp(kGolden + "/small/tokenizer.json");
   EXPECT_NE(expect_load_error("/nonexistent/tok.json").find("/nonexistent/tok.json"), std::string::npos);

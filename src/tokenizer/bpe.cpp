@@ -42,17 +42,23 @@ struct WordCache {
     uint64_t hash = 0;
     uint32_t key_off = 0, ids_off = 0;
     uint16_t key_len = 0, ids_len = 0;
-    bool used = false;
+    uint32_t generation = 0;  // the slot is live only when it equals the cache's generation
   };
   uint64_t owner = 0;
+  uint32_t generation = 0;
   size_t used = 0;
   std::vector<Slot> slots;
   std::string keys;
   std::vector<int32_t> ids;
+  // Empties the cache without touching the slots (a new generation), so alternating between
+  // tokenizers on one thread stays cheap.
   void reset(uint64_t new_owner) {
     owner = new_owner;
     used = 0;
-    slots.assign(kSlots, Slot{});
+    if (slots.empty() || ++generation == 0) {
+      slots.assign(kSlots, Slot{});
+      generation = 1;
+    }
     keys.clear();
     ids.clear();
   }
@@ -60,7 +66,7 @@ struct WordCache {
   Slot& find(std::string_view word, uint64_t hash) {
     for (size_t h = hash & (kSlots - 1);; h = (h + 1) & (kSlots - 1)) {
       Slot& s = slots[h];
-      if (!s.used) return s;
+      if (s.generation != generation) return s;
       if (s.hash == hash && s.key_len == word.size() &&
           !std::memcmp(keys.data() + s.key_off, word.data(), word.size()))
         return s;
@@ -328,7 +334,7 @@ void BpeModel::encode_word(std::string_view word, bool byte_level, std::vector<i
   const uint64_t hash = cacheable ? hash_bytes(word) : 0;
   if (cacheable) {
     WordCache::Slot& slot = cache.find(word, hash);
-    if (slot.used) {
+    if (slot.generation == cache.generation) {
       out.insert(out.end(), cache.ids.begin() + slot.ids_off,
                  cache.ids.begin() + slot.ids_off + slot.ids_len);
       return;
@@ -354,7 +360,7 @@ void BpeModel::encode_word(std::string_view word, bool byte_level, std::vector<i
                            static_cast<uint32_t>(cache.ids.size()),
                            static_cast<uint16_t>(word.size()),
                            static_cast<uint16_t>(syms.size()),
-                           true};
+                           cache.generation};
     cache.keys.append(word);
     cache.ids.insert(cache.ids.end(), syms.begin(), syms.end());
     ++cache.used;
