@@ -60,7 +60,8 @@ void for_each_expert(const int32_t* offsets, int64_t E, F&& body) {
 }
 
 void moe_forward(float* out, const MoeExpertsBuffers& buf, const float* x, const int32_t* idx, const float* w,
-                 const float* w_gu, const float* w_down, int64_t N, int64_t k, int64_t E, int64_t H, int64_t I) {
+                 const float* w_gu, const float* w_down, int64_t N, int64_t k, int64_t E, int64_t H,
+                 int64_t I) {
   const int64_t R = N * k;
   build_route_tables(idx, R, E, buf.order, buf.row_of, buf.offsets);
   float* xy = buf.scratch;  // (R,H): gathered inputs, then (per expert, after its GU GEMM) expert outputs
@@ -97,16 +98,16 @@ void moe_backward(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeE
                   const float* dout, const float* x, const int32_t* idx, const float* w, const float* w_gu,
                   const float* w_down, int64_t N, int64_t k, int64_t E, int64_t H, int64_t I) {
   const int64_t R = N * k;
-  float* d = buf.scratch;      // (R,H) gathered dout, later dX
-  float* g = d + R * H;        // (R,I) down_e^T dout, then dact in place
-  float* wact = g + R * I;     // (R,I) w * act
-  float* dgu = wact + R * I;   // (R,2I)
+  float* d = buf.scratch;       // (R,H) gathered dout, later dX
+  float* g = d + R * H;         // (R,I) down_e^T dout, then dact in place
+  float* wact = g + R * I;      // (R,I) w * act
+  float* dgu = wact + R * I;    // (R,2I)
   float* xp = dgu + R * 2 * I;  // (R,H) gathered x
   gather_rows(d, dout, buf.order, R, k, H);
   for_each_expert(buf.offsets, E, [&](int64_t e, int64_t r0, int64_t rows) {
     // G_e (rows,I) = D_e (rows,H) @ W_down_e (H,I)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, I, H, 1.0f, d + r0 * H, H, w_down + e * H * I, I,
-                0.0f, g + r0 * I, I);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, I, H, 1.0f, d + r0 * H, H,
+                w_down + e * H * I, I, 0.0f, g + r0 * I, I);
     for (int64_t r = r0; r < r0 + rows; ++r) {
       const int32_t slot = buf.order[r];
       const float ws = w[slot];
@@ -129,8 +130,8 @@ void moe_backward(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeE
       }
     }
     // dW_down_e (H,I) += D_e^T (H,rows) @ wact_e (rows,I)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, I, rows, 1.0f, d + r0 * H, H, wact + r0 * I, I, 1.0f,
-                dw_down + e * H * I, I);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, I, rows, 1.0f, d + r0 * H, H, wact + r0 * I, I,
+                1.0f, dw_down + e * H * I, I);
   });
   gather_rows(xp, x, buf.order, R, k, H);
   for_each_expert(buf.offsets, E, [&](int64_t e, int64_t r0, int64_t rows) {

@@ -8,12 +8,15 @@
 namespace titan {
 namespace {
 
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
 
 // out[n] = sum_s w[n,s] * down_e(silu(gate_e x[n]) * up_e x[n])
 // x (N,H), idx/w (N,k), w_gu (E,2I,H), w_down (E,H,I); saves gu (N*k,2I), act (N*k,I) by slot.
 void moe_forward(float* out, const MoeExpertsBuffers& buf, const float* x, const int32_t* idx, const float* w,
-                 const float* w_gu, const float* w_down, int64_t N, int64_t k, int64_t E, int64_t H, int64_t I) {
+                 const float* w_gu, const float* w_down, int64_t N, int64_t k, int64_t E, int64_t H,
+                 int64_t I) {
   for (int64_t n = 0; n < N; ++n) {
     const float* xn = x + n * H;
     for (int64_t h = 0; h < H; ++h) out[n * H + h] = 0.0f;

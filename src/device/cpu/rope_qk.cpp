@@ -42,8 +42,8 @@ void unrotate_ref(float* dx, const float* dy, const float* cos, const float* sin
     }
 }
 
-void rope_qk_forward_ref(float* q, float* k, const float* cos, const float* sin, int64_t N, int64_t T, int64_t nH,
-                         int64_t nKV, int64_t hd) {
+void rope_qk_forward_ref(float* q, float* k, const float* cos, const float* sin, int64_t N, int64_t T,
+                         int64_t nH, int64_t nKV, int64_t hd) {
   rotate_ref(q, cos, sin, N, T, nH, hd);
   rotate_ref(k, cos, sin, N, T, nKV, hd);
 }
@@ -67,7 +67,8 @@ inline void rotate_heads(float* x, const float* c, const float* s, int64_t heads
   }
 }
 
-inline void unrotate_heads(float* dx, const float* dy, const float* c, const float* s, int64_t heads, int64_t hd) {
+inline void unrotate_heads(float* dx, const float* dy, const float* c, const float* s, int64_t heads,
+                           int64_t hd) {
   const int64_t half = hd / 2;
   for (int64_t h = 0; h < heads; ++h, dx += hd, dy += hd) {
 #pragma omp simd
@@ -79,8 +80,8 @@ inline void unrotate_heads(float* dx, const float* dy, const float* c, const flo
   }
 }
 
-void rope_qk_forward_fused(float* q, float* k, const float* cos, const float* sin, int64_t N, int64_t T, int64_t nH,
-                           int64_t nKV, int64_t hd) {
+void rope_qk_forward_fused(float* q, float* k, const float* cos, const float* sin, int64_t N, int64_t T,
+                           int64_t nH, int64_t nKV, int64_t hd) {
   const int64_t half = hd / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {

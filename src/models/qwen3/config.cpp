@@ -34,7 +34,8 @@ int64_t Qwen3Config::params_of_layer(int64_t layer) const {
 
 int64_t Qwen3Config::active_params_of_layer(int64_t layer) const {
   if (!is_moe_layer(layer)) return params_per_layer();
-  return params_of_layer(layer) - (num_experts - num_experts_per_tok) * 3 * hidden_size * moe_intermediate_size;
+  return params_of_layer(layer) -
+         (num_experts - num_experts_per_tok) * 3 * hidden_size * moe_intermediate_size;
 }
 
 int64_t Qwen3Config::num_params() const {
@@ -50,8 +51,8 @@ int64_t Qwen3Config::num_active_params() const {
 }
 
 double Qwen3Config::training_flops_per_token(int64_t seq_len) const {
-  // 6 FLOPs per GEMM weight a token uses (forward 2, backward 4) incl. lm_head and, for MoE layers, the router
-  // and the top-k experts; attention scores and values: 12 * layers * heads * head_dim * seq
+  // 6 FLOPs per GEMM weight a token uses (forward 2, backward 4) incl. lm_head and, for MoE layers, the
+  // router and the top-k experts; attention scores and values: 12 * layers * heads * head_dim * seq
   // (torchtitan's get_dense_model_nparams_and_flops / get_moe_model_nparams_and_flops convention).
   const double H = (double)hidden_size;
   double gemm_params = (double)vocab_size * H;
@@ -127,11 +128,13 @@ Qwen3Config Qwen3Config::from_hf_json(const nlohmann::json& j, const std::string
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     auto& rs = j["rope_scaling"];
     std::string type = rs.value("rope_type", rs.value("type", std::string("default")));
-    TITAN_CHECK(type == "default", path, ": rope_scaling type '", type, "' is not supported (only 'default')");
+    TITAN_CHECK(type == "default", path, ": rope_scaling type '", type,
+                "' is not supported (only 'default')");
   }
   TITAN_CHECK(!optional<bool>(j, "use_sliding_window", false, path), path,
               ": use_sliding_window=true is not supported");
-  TITAN_CHECK(!optional<bool>(j, "attention_bias", false, path), path, ": attention_bias=true is not supported");
+  TITAN_CHECK(!optional<bool>(j, "attention_bias", false, path), path,
+              ": attention_bias=true is not supported");
   std::string act = optional<std::string>(j, "hidden_act", "silu", path);
   TITAN_CHECK(act == "silu", path, ": hidden_act '", act, "' is not supported (only 'silu')");
   c.tie_word_embeddings = optional<bool>(j, "tie_word_embeddings", false, path);
@@ -140,7 +143,8 @@ Qwen3Config Qwen3Config::from_hf_json(const nlohmann::json& j, const std::string
   c.bos_token_id = first_token_id(j, "bos_token_id", 151643);
   c.eos_token_id = first_token_id(j, "eos_token_id", 151645);
   if (moe) {
-    // transformers v5 writes num_local_experts (attribute_map num_experts -> num_local_experts), v4 num_experts.
+    // transformers v5 writes num_local_experts (attribute_map num_experts -> num_local_experts), v4
+    // num_experts.
     c.num_experts = j.contains("num_local_experts") && !j["num_local_experts"].is_null()
                         ? optional<int64_t>(j, "num_local_experts", 0, path)
                         : optional<int64_t>(j, "num_experts", 128, path);
@@ -169,7 +173,9 @@ Qwen3Config Qwen3Config::from_hf_file(const std::string& path) {
 }
 
 void Qwen3Config::validate(const std::string& where) const {
-  auto positive = [&](int64_t v, const char* name) { TITAN_CHECK(v > 0, where, ": ", name, " must be positive, got ", v); };
+  auto positive = [&](int64_t v, const char* name) {
+    TITAN_CHECK(v > 0, where, ": ", name, " must be positive, got ", v);
+  };
   positive(vocab_size, "vocab_size");
   positive(hidden_size, "hidden_size");
   positive(intermediate_size, "intermediate_size");
@@ -184,7 +190,8 @@ void Qwen3Config::validate(const std::string& where) const {
   TITAN_CHECK(rope_theta > 0, where, ": rope_theta must be positive");
   if (num_experts > 0) {
     TITAN_CHECK(num_experts_per_tok >= 1 && num_experts_per_tok <= num_experts, where,
-                ": num_experts_per_tok must be in [1, num_experts=", num_experts, "], got ", num_experts_per_tok);
+                ": num_experts_per_tok must be in [1, num_experts=", num_experts, "], got ",
+                num_experts_per_tok);
     positive(moe_intermediate_size, "moe_intermediate_size");
     positive(decoder_sparse_step, "decoder_sparse_step");
     TITAN_CHECK(load_balance_coeff >= 0, where, ": load_balance_coeff must be >= 0");
@@ -240,9 +247,12 @@ struct FlavorShape {
 const std::map<std::string, FlavorShape>& flavors() {
   // Released HF shapes (vocab 151936, head_dim 128, theta 1e6); "debug" is tiny for CPU runs.
   static const std::map<std::string, FlavorShape> f = {
-      {"0.6B", {1024, 3072, 28, 16, 8, true}}, {"1.7B", {2048, 6144, 28, 16, 8, true}},
-      {"4B", {2560, 9728, 36, 32, 8, true}},   {"8B", {4096, 12288, 36, 32, 8, false}},
-      {"14B", {5120, 17408, 40, 40, 8, false}}, {"32B", {5120, 25600, 64, 64, 8, false}},
+      {"0.6B", {1024, 3072, 28, 16, 8, true}},
+      {"1.7B", {2048, 6144, 28, 16, 8, true}},
+      {"4B", {2560, 9728, 36, 32, 8, true}},
+      {"8B", {4096, 12288, 36, 32, 8, false}},
+      {"14B", {5120, 17408, 40, 40, 8, false}},
+      {"32B", {5120, 25600, 64, 64, 8, false}},
       // MoE releases (norm_topk_prob true, every layer sparse, router_aux_loss_coef 0.001).
       {"30B-A3B", {2048, 6144, 48, 32, 4, false, 128, 8, 768}},
       {"235B-A22B", {4096, 12288, 94, 64, 4, false, 128, 8, 1536}},

@@ -46,11 +46,12 @@ struct Qwen3Config {
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
   int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
-  int64_t params_per_layer() const;  // a dense layer
+  int64_t params_per_layer() const;                     // a dense layer
   int64_t params_of_layer(int64_t layer) const;         // every expert counted
   int64_t active_params_of_layer(int64_t layer) const;  // router + top-k experts per token
-  int64_t num_params() const;         // unique parameters (tied lm_head counted once), all experts
-  int64_t num_active_params() const;  // parameters a token touches (MoE: top-k experts); = num_params if dense
+  int64_t num_params() const;  // unique parameters (tied lm_head counted once), all experts
+  int64_t num_active_params()
+      const;  // parameters a token touches (MoE: top-k experts); = num_params if dense
   // Matmul FLOPs per token of a training step (6 * active GEMM params + attention), torchtitan-style.
   double training_flops_per_token(int64_t seq_len) const;
 

@@ -45,8 +45,8 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels) :
   matmul_ = pick<MatmulKernels>(dev, kernels, kernel_names_);
   rmsnorm_ = pick<RmsNormKernels>(dev, kernels, kernel_names_);
   // The model rotates q and k with one "rope_qk" call. A choice for "rope" names either a rope_qk
-  // implementation ("fused", "reference") or a plain per-tensor rope implementation ("fast"), applied to q and
-  // then to k; an explicit "rope_qk" choice wins.
+  // implementation ("fused", "reference") or a plain per-tensor rope implementation ("fast"), applied to q
+  // and then to k; an explicit "rope_qk" choice wins.
   {
     auto& reg = KernelRegistry::global();
     auto has = [&](const char* op, const std::string& impl) {
@@ -205,14 +205,19 @@ void Qwen3Model::init_weights(uint64_t seed) {
 
 namespace {
 // Keys of the transformers-v5 fused expert tensors of layer l.
-std::string fused_gate_up_key(int64_t l) { return "model.layers." + std::to_string(l) + ".mlp.experts.gate_up_proj"; }
-std::string fused_down_key(int64_t l) { return "model.layers." + std::to_string(l) + ".mlp.experts.down_proj"; }
+std::string fused_gate_up_key(int64_t l) {
+  return "model.layers." + std::to_string(l) + ".mlp.experts.gate_up_proj";
+}
+std::string fused_down_key(int64_t l) {
+  return "model.layers." + std::to_string(l) + ".mlp.experts.down_proj";
+}
 }  // namespace
 
 // (name, view) pairs to read or write: the Param list, with each MoE layer's per-expert tensors replaced by
 // the two fused v5 tensors when fused(l).
 template <class Fused>
-static std::vector<std::pair<std::string, Tensor>> io_tensors(const Qwen3Config& c, const std::vector<Param>& params,
+static std::vector<std::pair<std::string, Tensor>> io_tensors(const Qwen3Config& c,
+                                                              const std::vector<Param>& params,
                                                               const std::vector<Tensor>& flat, Fused fused) {
   std::vector<std::pair<std::string, Tensor>> out;
   const std::string marker = ".mlp.experts.";
@@ -267,12 +272,14 @@ void Qwen3Model::load_hf(const std::string& dir) {
 
 NamedTensors Qwen3Model::state_dict(bool fused_experts) const {
   NamedTensors out;
-  for (auto& [name, view] : io_tensors(config_, params_, flat_params_, [&](int64_t) { return fused_experts; }))
+  for (auto& [name, view] :
+       io_tensors(config_, params_, flat_params_, [&](int64_t) { return fused_experts; }))
     out.emplace_back(name, view);
   return out;
 }
 
-void Qwen3Model::save_hf(const std::string& dir, DType dtype, int64_t max_shard_bytes, bool fused_experts) const {
+void Qwen3Model::save_hf(const std::string& dir, DType dtype, int64_t max_shard_bytes,
+                         bool fused_experts) const {
   save_hf_checkpoint(dir, config_.to_hf_json(), state_dict(fused_experts), dtype, max_shard_bytes);
 }
 
@@ -289,7 +296,8 @@ void Qwen3Model::update_expert_bias() {
   if (moe_layers_.empty() || config_.load_balance_coeff <= 0) return;
   const int64_t E = config_.num_experts;
   for (size_t m = 0; m < moe_layers_.size(); ++m)
-    moe_router::update_bias(expert_bias_.f32() + m * E, expert_counts_.f32() + m * E, E, config_.load_balance_coeff);
+    moe_router::update_bias(expert_bias_.f32() + m * E, expert_counts_.f32() + m * E, E,
+                            config_.load_balance_coeff);
   expert_counts_.zero_();
 }
 
@@ -331,7 +339,8 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   layer_acts_.assign(L, {});
   bool any_dense = false;
   // One float allocation per layer (plus one int32 for MoE routing), carved into named pointers.
-  const int64_t attn = N * H * 4 + N * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) + B * nH * T * T;
+  const int64_t attn =
+      N * H * 4 + N * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) + B * nH * T * T;
   for (int64_t l = 0; l < L; ++l) {
     const bool moe = c.is_moe_layer(l);
     any_dense |= !moe;

@@ -39,21 +39,21 @@ struct Param {
 };
 
 struct ForwardOptions {
-  bool compute_grad = true;   // prepare dlogits (in place) for backward()
-  bool keep_logits = false;   // copy the logits out before they are overwritten by their gradient
-  float grad_scale = 0.0f;    // d(loss_sum)/d(row loss); 0 = 1/(number of valid targets) (HF mean)
+  bool compute_grad = true;  // prepare dlogits (in place) for backward()
+  bool keep_logits = false;  // copy the logits out before they are overwritten by their gradient
+  float grad_scale = 0.0f;   // d(loss_sum)/d(row loss); 0 = 1/(number of valid targets) (HF mean)
   // MoE: d(loss)/d(aux_loss) used by backward(); < 0 = router_aux_loss_coef when output_router_logits, else 0
   // (HF). A trainer accumulating micro-batches passes e.g. router_aux_loss_coef / micro_batches.
   float aux_loss_scale = -1.0f;
 };
 
 struct ForwardResult {
-  double loss = 0;           // HF loss: CE mean over valid targets (+ router_aux_loss_coef * aux_loss for MoE
-                             // models with output_router_logits)
-  double loss_sum = 0;       // CE sum over valid targets (no aux term)
-  int64_t num_valid = 0;     // targets that are not ignore_index
-  double ce_loss = 0;        // CE mean alone
-  double aux_loss = 0;       // MoE: HF load_balancing_loss_func over all sparse layers (computed always)
+  double loss = 0;        // HF loss: CE mean over valid targets (+ router_aux_loss_coef * aux_loss for MoE
+                          // models with output_router_logits)
+  double loss_sum = 0;    // CE sum over valid targets (no aux term)
+  int64_t num_valid = 0;  // targets that are not ignore_index
+  double ce_loss = 0;     // CE mean alone
+  double aux_loss = 0;    // MoE: HF load_balancing_loss_func over all sparse layers (computed always)
 };
 
 class Qwen3Model {
@@ -121,28 +121,28 @@ class Qwen3Model {
 
   // Saved activations of one decoder layer; N = B*T.
   struct LayerActs {
-    float* resid_in;  // (N,H) layer input
-    float* ln1;       // (N,H)
-    float* rstd1;     // (N)
-    float* q_raw;     // (N,nH,hd) before q_norm
-    float* k_raw;     // (N,nKV,hd)
-    float* v;         // (N,nKV,hd)
-    float* q_rstd;    // (N*nH)
-    float* k_rstd;    // (N*nKV)
-    float* qr;        // (N,nH,hd) normed + rotated
-    float* kr;        // (N,nKV,hd)
-    float* probs;     // (B,nH,T,T)
-    float* att;       // (N,nH*hd)
-    float* resid_mid; // (N,H) after the attention residual
-    float* ln2;       // (N,H)
-    float* rstd2;     // (N)
-    float* gu;        // (N,2I)    dense layers
-    float* act;       // (N,I)     dense layers
+    float* resid_in;   // (N,H) layer input
+    float* ln1;        // (N,H)
+    float* rstd1;      // (N)
+    float* q_raw;      // (N,nH,hd) before q_norm
+    float* k_raw;      // (N,nKV,hd)
+    float* v;          // (N,nKV,hd)
+    float* q_rstd;     // (N*nH)
+    float* k_rstd;     // (N*nKV)
+    float* qr;         // (N,nH,hd) normed + rotated
+    float* kr;         // (N,nKV,hd)
+    float* probs;      // (B,nH,T,T)
+    float* att;        // (N,nH*hd)
+    float* resid_mid;  // (N,H) after the attention residual
+    float* ln2;        // (N,H)
+    float* rstd2;      // (N)
+    float* gu;         // (N,2I)    dense layers
+    float* act;        // (N,I)     dense layers
     // MoE layers
-    float* router_probs;   // (N,E) router softmax
-    float* topk_w;         // (N,k) routing weights
-    int32_t* topk_idx;     // (N,k)
-    MoeExpertsBuffers moe; // saved expert activations and routing tables
+    float* router_probs;    // (N,E) router softmax
+    float* topk_w;          // (N,k) routing weights
+    int32_t* topk_idx;      // (N,k)
+    MoeExpertsBuffers moe;  // saved expert activations and routing tables
   };
 
   LayerView layer_view(int64_t layer) const { return layer_view(layer, flat_params_[layer + 1].f32()); }
@@ -168,7 +168,7 @@ class Qwen3Model {
 
   // Activation plan: (re)allocated only when (B,T) changes.
   int64_t B_ = 0, T_ = 0;
-  std::vector<Tensor> acts_;        // owning storage
+  std::vector<Tensor> acts_;  // owning storage
   std::vector<LayerActs> layer_acts_;
   Tensor ids_, targets_, rope_cos_, rope_sin_;
   Tensor final_resid_, lnf_, rstdf_, logits_, logits_copy_;
@@ -179,13 +179,13 @@ class Qwen3Model {
   int64_t rope_T_ = 0;
   // MoE state and scratch.
   std::vector<int64_t> moe_layers_;
-  std::vector<int> moe_row_;               // layer -> row in expert_bias_/expert_counts_ (-1: dense)
-  Tensor expert_bias_, expert_counts_;     // (MoE layers, E)
+  std::vector<int> moe_row_;            // layer -> row in expert_bias_/expert_counts_ (-1: dense)
+  Tensor expert_bias_, expert_counts_;  // (MoE layers, E)
   Tensor moe_scratch_, dtopk_w_, dlogits_router_;
   std::vector<double> aux_counts_, aux_prob_sum_;  // (E) accumulated over the sparse layers of a forward
-  std::vector<float> aux_dprob_;           // (E) d aux / d probs[n,e] (same for every row)
-  std::vector<float> aux_scaled_;          // (E) aux_scale_ * aux_dprob_ (backward scratch)
-  float aux_scale_ = 0.0f;                 // d loss / d aux of the last forward
+  std::vector<float> aux_dprob_;                   // (E) d aux / d probs[n,e] (same for every row)
+  std::vector<float> aux_scaled_;                  // (E) aux_scale_ * aux_dprob_ (backward scratch)
+  float aux_scale_ = 0.0f;                         // d loss / d aux of the last forward
   double aux_loss_ = 0;
 };
 

@@ -58,7 +58,8 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     matmul_->forward(a.q_raw, a.ln1, w.wq, N, H, c.q_dim());
     matmul_->forward(a.k_raw, a.ln1, w.wk, N, H, c.kv_dim());
     matmul_->forward(a.v, a.ln1, w.wv, N, H, c.kv_dim());
-    bf16(a.ln1, N * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim()), bf16(a.v, N * c.kv_dim());
+    bf16(a.ln1, N * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim()),
+        bf16(a.v, N * c.kv_dim());
     // q_norm / k_norm per head (before RoPE); qr/kr hold the normed values, then rotate in place.
     rmsnorm_->forward(a.qr, a.q_rstd, a.q_raw, w.q_norm, N * nH, hd, eps);
     rmsnorm_->forward(a.kr, a.k_rstd, a.k_raw, w.k_norm, N * nKV, hd, eps);
@@ -126,7 +127,8 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     aux_scale_ = opts.aux_loss_scale >= 0 ? opts.aux_loss_scale
                  : c.output_router_logits ? (float)c.router_aux_loss_coef
                                           : 0.0f;
-    // d aux / d probs[n,e] = E * f_e / R, the same for every row of every sparse layer (counts are constants).
+    // d aux / d probs[n,e] = E * f_e / R, the same for every row of every sparse layer (counts are
+    // constants).
     for (int64_t e = 0; e < E; ++e) aux_dprob_[e] = (float)((double)E * (aux_counts_[e] / R) / R);
   }
   grad_ready_ = opts.compute_grad;
@@ -253,8 +255,8 @@ void Qwen3Model::moe_backward_layer(int64_t l, float* dresid, float aux_scale) {
   float* dtw = dtopk_w_.f32();
   std::memset(dln, 0, N * H * sizeof(float));
   std::memset(dtw, 0, N * k * sizeof(float));
-  moe_->backward(dln, dtw, g.wgu, g.wdown, a.moe, dresid, a.ln2, a.topk_idx, a.topk_w, w.wgu, w.wdown, N, k, E, H,
-                 Im);
+  moe_->backward(dln, dtw, g.wgu, g.wdown, a.moe, dresid, a.ln2, a.topk_idx, a.topk_w, w.wgu, w.wdown, N, k,
+                 E, H, Im);
   float* dbias = nullptr;
   std::vector<float>& dp = aux_dprob_;
   if (aux_scale != 0.0f) {

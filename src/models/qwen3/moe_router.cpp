@@ -18,8 +18,8 @@ void softmax_rows(float* x, int64_t N, int64_t E) {
   }
 }
 
-void select_topk(int32_t* idx, float* w, const float* probs, const float* bias, int64_t N, int64_t E, int64_t k,
-                 bool norm) {
+void select_topk(int32_t* idx, float* w, const float* probs, const float* bias, int64_t N, int64_t E,
+                 int64_t k, bool norm) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* p = probs + n * E;
@@ -53,8 +53,8 @@ void sum_probs(double* prob_sum, const float* probs, int64_t N, int64_t E) {
     for (int64_t e = 0; e < E; ++e) prob_sum[e] += probs[n * E + e];
 }
 
-void backward(float* dlogits, const float* probs, const int32_t* idx, const float* dw, const float* dprob_bias,
-              int64_t N, int64_t E, int64_t k, bool norm) {
+void backward(float* dlogits, const float* probs, const int32_t* idx, const float* dw,
+              const float* dprob_bias, int64_t N, int64_t E, int64_t k, bool norm) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* p = probs + n * E;
