@@ -104,6 +104,31 @@ void rope_qk_backward_fused(float* dq, float* dk, const float* dq_rot, const flo
   }
 }
 
+// The same row-wise kernel behind the per-tensor "rope" table, so `rope = "fused"` names one implementation
+// in both tables (the model calls rope_qk; code that rotates a single tensor gets the same loop).
+// out may alias inp: each head is read before it is written.
+void rope_forward_fused(float* out, const float* inp, const float* cos, const float* sin, int64_t N,
+                        int64_t T, int64_t nh, int64_t hd) {
+  const int64_t half = hd / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    if (out != inp) std::memcpy(out + n * nh * hd, inp + n * nh * hd, nh * hd * sizeof(float));
+    rotate_heads(out + n * nh * hd, cos + (n % T) * half, sin + (n % T) * half, nh, hd);
+  }
+}
+
+void rope_backward_fused(float* dinp, const float* dout, const float* cos, const float* sin, int64_t N,
+                         int64_t T, int64_t nh, int64_t hd) {
+  const int64_t half = hd / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    unrotate_heads(dinp + n * nh * hd, dout + n * nh * hd, cos + (n % T) * half, sin + (n % T) * half, nh,
+                   hd);
+}
+
+const RopeKernels kRopeFused{rope_forward_fused, rope_backward_fused};
+TITAN_REGISTER_KERNEL(RopeKernels, CPU, "fused", kRopeFused, 5);
+
 const RopeQKKernels kRopeQKReference{rope_qk_forward_ref, rope_qk_backward_ref};
 const RopeQKKernels kRopeQKFused{rope_qk_forward_fused, rope_qk_backward_fused};
 TITAN_REGISTER_KERNEL(RopeQKKernels, CPU, "reference", kRopeQKReference, 0);

@@ -27,7 +27,9 @@
 
 namespace titan {
 
-// Implementation chosen per op ("" = the device's default). Keys are op names: matmul, rmsnorm, ...
+// Implementation chosen per op ("" = the device's default). Keys are op names: matmul, rmsnorm, attention,
+// swiglu, embedding, cross_entropy, moe_experts ("grouped" | "reference"), rope ("fused" | "reference" |
+// "fast"; q and k are rotated by one rope_qk call when the name exists for rope_qk), rope_qk.
 using KernelChoice = std::map<std::string, std::string>;
 
 struct Param {
@@ -42,6 +44,9 @@ struct ForwardOptions {
   bool compute_grad = true;  // prepare dlogits (in place) for backward()
   bool keep_logits = false;  // copy the logits out before they are overwritten by their gradient
   float grad_scale = 0.0f;   // d(loss_sum)/d(row loss); 0 = 1/(number of valid targets) (HF mean)
+  // false: HF semantics, labels[t + 1] is the target of position t (shifted inside, last ignored).
+  // true: torchtitan semantics, labels[t] is already the target of position t (packed windows).
+  bool labels_shifted = false;
   // MoE: d(loss)/d(aux_loss) used by backward(); < 0 = router_aux_loss_coef when output_router_logits, else 0
   // (HF). A trainer accumulating micro-batches passes e.g. router_aux_loss_coef / micro_batches.
   float aux_loss_scale = -1.0f;
