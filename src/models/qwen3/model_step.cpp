@@ -32,8 +32,9 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   int64_t num_valid = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
-      int32_t y = t + 1 < T ? labels[b * T + t + 1] : -100;
-      TITAN_CHECK(y == -100 || (y >= 0 && y < V), "labels[", b, "][", t + 1, "] = ", y,
+      const int64_t src = opts.labels_shifted ? t : t + 1;
+      int32_t y = src < T ? labels[b * T + src] : -100;
+      TITAN_CHECK(y == -100 || (y >= 0 && y < V), "labels[", b, "][", src, "] = ", y,
                   " is neither -100 nor inside the vocabulary");
       tgt[b * T + t] = y < 0 ? -1 : y;
       num_valid += y >= 0;
