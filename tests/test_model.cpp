@@ -177,3 +177,35 @@ TEST(Qwen3Config, FlavorsHaveReleasedShapes) {
 
 }  // namespace
 }  // namespace titan
+
+namespace titan {
+namespace {
+
+// Packed windows (torchtitan) give labels already aligned to positions; with labels_shifted the
+// model must compute exactly the HF loss of the unshifted labels.
+TEST(Qwen3Model, ShiftedLabelsEqualHfShiftInside) {
+  const std::string dir = testing::source_path("tests/golden/qwen3/untied_gqa4");
+  Qwen3Model model(Qwen3Config::from_hf_file(dir + "/config.json"));
+  model.load_hf(dir);
+  TokenBatch batch = read_token_batch_json(dir + "/input.json");
+  std::vector<int32_t> shifted(batch.labels.size());
+  for (int64_t b = 0; b < batch.B; ++b)
+    for (int64_t t = 0; t < batch.T; ++t)
+      shifted[b * batch.T + t] = t + 1 < batch.T ? batch.labels[b * batch.T + t + 1] : -100;
+  model.zero_grad();
+  ForwardResult hf = model.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T);
+  model.backward();
+  std::vector<Tensor> g1;
+  for (auto& g : model.flat_grads()) g1.push_back(g.clone());
+  model.zero_grad();
+  ForwardOptions o;
+  o.labels_shifted = true;
+  ForwardResult tt = model.forward(batch.input_ids.data(), shifted.data(), batch.B, batch.T, o);
+  model.backward();
+  EXPECT_EQ(hf.loss, tt.loss);
+  EXPECT_EQ(hf.num_valid, tt.num_valid);
+  for (size_t i = 0; i < g1.size(); ++i) EXPECT_EQ(testing::rel_error(model.flat_grads()[i], g1[i]), 0.0);
+}
+
+}  // namespace
+}  // namespace titan

@@ -57,7 +57,7 @@ TEST(TrainConfig, OverridesApplyAfterTheFileAndRoundTripThroughToml) {
   EXPECT_EQ(c.training.dataset, (std::vector<std::string>{"a.txt", "b.txt"}));
   EXPECT_EQ(c.kernels.at("attention"), "reference");
   EXPECT_EQ(c.job.description, "hello world");
-  EXPECT_EQ(c.training.local_batch_size, 4);  // from configs/debug.toml
+  EXPECT_EQ(c.training.local_batch_size, 8);  // from configs/debug.toml
   TrainConfig d;
   apply_toml(d, c.to_toml(), "dump");
   EXPECT_EQ(d.to_toml(), c.to_toml());

@@ -25,7 +25,7 @@ struct ModelConfig {
 
 struct OptimizerConfig {
   std::string name = "AdamW";
-  double lr = 1e-3;
+  double lr = 2e-3;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
@@ -34,7 +34,7 @@ struct OptimizerConfig {
 };
 
 struct LRSchedulerConfig {
-  int64_t warmup_steps = 30;
+  int64_t warmup_steps = 50;
   double decay_ratio = -1;  // < 0: decay over every step after warmup
   std::string decay_type = "cosine";
   double min_lr_factor = 0.1;
@@ -46,11 +46,11 @@ struct TrainingConfig {
   std::string dataset_delimiter = "percent";        // text: file | percent | blank
   std::string text_field = "text";
   double val_fraction = 0.0;
-  int64_t local_batch_size = 4;
+  int64_t local_batch_size = 8;
   int64_t global_batch_size = -1;  // -1: local_batch_size * data-parallel degree
   int64_t seq_len = 256;
   double max_norm = 1.0;
-  int64_t steps = 300;
+  int64_t steps = 500;
   uint64_t seed = 42;
   std::string mixed_precision_param = "float32";  // float32 | bfloat16 (bf16 compute, f32 master)
   bool skip_nan_inf = false;                      // skip a step whose loss is NaN/Inf instead of stopping

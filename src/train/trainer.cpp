@@ -295,12 +295,14 @@ TrainResult run_training(const TrainConfig& cfg) {
       ForwardOptions fo;
       // Mean over every target of the accumulation window (HF num_items_in_batch semantics).
       fo.grad_scale = 1.0f / static_cast<float>(tokens_per_micro * plan.grad_accum);
+      fo.labels_shifted = true;  // the loader's labels are the next tokens (torchtitan packing)
       ForwardResult r = model.forward(batch.input_ids.data(), batch.labels.data(), batch.batch_size, batch.seq_len, fo);
       model.backward();
       loss_sum += r.loss_sum;
       valid += r.num_valid;
     }
-    // Packed windows have no ignored targets, so every rank's window mean above is the plain mean and
+    // Packed windows have no ignored targets (every position has its next token), so every rank's
+    // window mean above is the plain mean and
     // the data-parallel average of the gradients is the gradient of the global mean.
     double totals[2] = {loss_sum, static_cast<double>(valid)};
     if (world > 1) pg.all_reduce(totals, 2, dist::ReduceOp::Sum);
