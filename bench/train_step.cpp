@@ -20,7 +20,7 @@
 int main(int argc, char** argv) {
   titan::Qwen3Config c = titan::Qwen3Config::flavor("0.6B");
   c.num_hidden_layers = 4;
-  int64_t seq = 512, batch = 1, steps = 5, warmup = 1;
+  int64_t seq = 512, batch = 1, steps = 5, warmup = 1, ac = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     int64_t v = std::atoll(argv[i + 1]);
@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
     else if (k == "--batch") batch = v;
     else if (k == "--steps") steps = v;
     else if (k == "--warmup") warmup = v;
+    else if (k == "--ac") ac = v;  // 1: activation checkpointing (full)
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   }
   titan::Qwen3Model model(c);
   model.init_weights(0);
+  model.set_activation_checkpointing(ac != 0);
   titan::AdamW opt(model.flat_params(), model.flat_grads(), titan::AdamWConfig{1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f});
   std::mt19937 rng(0);
   std::vector<int32_t> ids(batch * seq);
@@ -68,8 +70,8 @@ int main(int argc, char** argv) {
   const auto& stats = titan::device_interface(titan::DeviceType::CPU).allocator->stats;
   std::printf(
       "{\"impl\":\"titan\",\"summary\":true,\"threads\":%d,\"params\":%lld,\"median_seconds\":%.6f,"
-      "\"median_tokens_per_s\":%.2f,\"peak_alloc_gib\":%.3f}\n",
+      "\"median_tokens_per_s\":%.2f,\"peak_alloc_gib\":%.3f,\"activation_gib\":%.3f}\n",
       omp_get_max_threads(), static_cast<long long>(model.num_params()), med, tokens / med,
-      stats.peak.load() / double(1 << 30));
+      stats.peak.load() / double(1 << 30), model.activation_bytes() / double(1 << 30));
   return 0;
 }

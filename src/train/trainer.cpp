@@ -186,8 +186,6 @@ TrainResult run_training(const TrainConfig& cfg) {
                                  cfg.activation_checkpoint.mode);
   if (cfg.job.print_config && lead) std::printf("# titan train: resolved config\n%s", cfg.to_toml().c_str());
   if (lead) std::printf("# plan\n%s\n", plan.describe().c_str());
-  TITAN_CHECK(cfg.activation_checkpoint.mode == "none",
-              "activation_checkpoint.mode = 'full' is not supported by this model yet (use 'none')");
   if (cfg.dry_run) {
     // Validate everything that can be checked without allocating the model.
     validate_kernel_choice(cfg.kernels);
@@ -233,6 +231,7 @@ TrainResult run_training(const TrainConfig& cfg) {
   validate_kernel_choice(cfg.kernels);
   Qwen3Model model(mc, cfg.kernels);
   model.init_weights(cfg.training.seed);
+  model.set_activation_checkpointing(cfg.activation_checkpoint.mode == "full");
   if (!cfg.checkpoint.initial_load_path.empty()) {
     TITAN_CHECK(cfg.checkpoint.initial_load_in_hf,
                 "checkpoint.initial_load_in_hf = false: only HF checkpoints can be loaded here");

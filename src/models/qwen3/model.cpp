@@ -329,6 +329,11 @@ void Qwen3Model::build_rope_tables(int64_t T) {
   rope_T_ = T;
 }
 
+void Qwen3Model::set_activation_checkpointing(bool on) {
+  if (on != ac_) B_ = T_ = 0;  // re-plan the activations at the next forward
+  ac_ = on;
+}
+
 void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   if (B == B_ && T == T_) return;
   const auto& c = config_;
@@ -341,12 +346,30 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   // One float allocation per layer (plus one int32 for MoE routing), carved into named pointers.
   const int64_t attn =
       N * H * 4 + N * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) + B * nH * T * T;
+  // Checkpointing: every layer keeps only its input; the rest is one block shared by all layers
+  // (a layer's activations are recomputed into it during backward).
+  float* shared = nullptr;
+  int32_t* shared_int = nullptr;
+  if (ac_) {
+    int64_t mlp_max = 0;
+    for (int64_t l = 0; l < L; ++l)
+      mlp_max = std::max(mlp_max, c.is_moe_layer(l) ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 3 * I);
+    acts_.push_back(Tensor::empty({attn + mlp_max}));
+    shared = acts_.back().f32();
+    if (!moe_layers_.empty()) {
+      acts_.push_back(Tensor::empty({N * k * 3 + E + 1}, DType::I32));
+      shared_int = acts_.back().data<int32_t>();
+    }
+  }
   for (int64_t l = 0; l < L; ++l) {
     const bool moe = c.is_moe_layer(l);
     any_dense |= !moe;
     const int64_t mlp = moe ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 2 * I + N * I;
-    acts_.push_back(Tensor::empty({attn + mlp}));
-    float* p = acts_.back().f32();
+    float* p = shared;
+    if (!ac_) {
+      acts_.push_back(Tensor::empty({attn + mlp}));
+      p = acts_.back().f32();
+    }
     auto take = [&p](int64_t n) {
       float* r = p;
       p += n;
@@ -354,6 +377,10 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     };
     LayerActs& a = layer_acts_[l];
     a.resid_in = take(N * H);
+    if (ac_) {
+      acts_.push_back(Tensor::empty({N * H}));  // the layer's own saved input
+      a.resid_in = acts_.back().f32();
+    }
     a.ln1 = take(N * H);
     a.rstd1 = take(N);
     a.q_raw = take(N * c.q_dim());
@@ -376,8 +403,11 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
       a.topk_w = take(N * k);
       a.moe.gu = take(N * k * 2 * Im);
       a.moe.act = take(N * k * Im);
-      acts_.push_back(Tensor::empty({N * k * 3 + E + 1}, DType::I32));
-      int32_t* ip = acts_.back().data<int32_t>();
+      int32_t* ip = shared_int;
+      if (!ac_) {
+        acts_.push_back(Tensor::empty({N * k * 3 + E + 1}, DType::I32));
+        ip = acts_.back().data<int32_t>();
+      }
       a.topk_idx = ip;
       a.moe.order = ip + N * k;
       a.moe.row_of = ip + 2 * N * k;

@@ -97,6 +97,10 @@ class Qwen3Model {
   // as a bf16 model in PyTorch computes. Gradients and the optimizer stay f32.
   void set_bf16_compute(bool on);
   bool bf16_compute() const { return bf16_; }
+  // Activation checkpointing ("full"): keep only each layer's input; backward recomputes the layer's
+  // forward (bit-identical) into one shared activation buffer before differentiating it.
+  void set_activation_checkpointing(bool on);
+  bool activation_checkpointing() const { return ac_; }
   // Bytes of activations currently planned (for memory reports).
   int64_t activation_bytes() const;
 
@@ -152,7 +156,10 @@ class Qwen3Model {
 
   LayerView layer_view(int64_t layer) const { return layer_view(layer, flat_params_[layer + 1].f32()); }
   LayerView layer_view(int64_t layer, float* base) const;
-  void moe_forward_layer(int64_t l, float* out, bool count_tokens);
+  // accumulate_stats: add the aux-loss statistics (false when recomputing under checkpointing).
+  void moe_forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats = true);
+  // Decoder layer l from layer_acts_[l].resid_in into out (N,H), saving its activations.
+  void forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats);
   void moe_backward_layer(int64_t l, float* dresid, float aux_scale);
   void plan_activations(int64_t B, int64_t T);
   void build_rope_tables(int64_t T);
@@ -181,6 +188,7 @@ class Qwen3Model {
   Tensor dresid_, dln_, dq_, dk_, dv_, dqr_, dkr_, datt_, dgu_, dact_;
   bool grad_ready_ = false;
   bool bf16_ = false;
+  bool ac_ = false;
   int64_t rope_T_ = 0;
   // MoE state and scratch.
   std::vector<int64_t> moe_layers_;

@@ -18,8 +18,7 @@ void round_bf16(float* x, int64_t n) {
 ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int64_t B, int64_t T,
                                   const ForwardOptions& opts) {
   const auto& c = config_;
-  const int64_t N = B * T, H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim,
-                nH = c.num_attention_heads, nKV = c.num_key_value_heads, V = c.vocab_size;
+  const int64_t N = B * T, H = c.hidden_size, V = c.vocab_size;
   TITAN_CHECK(B > 0 && T > 0, "forward: empty batch (B=", B, ", T=", T, ")");
   for (int64_t n = 0; n < N; ++n)
     TITAN_CHECK(ids[n] >= 0 && ids[n] < V, "input_ids[", n / T, "][", n % T, "] = ", ids[n],
@@ -41,8 +40,6 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     }
 
   const float* wte = flat_params_[0].f32();
-  const float* cos = rope_cos_.f32();
-  const float* sin = rope_sin_.f32();
   embedding_->forward(layer_acts_[0].resid_in, ids, wte, N, H);
   auto bf16 = [this](float* x, int64_t n) {
     if (bf16_) round_bf16(x, n);
@@ -53,48 +50,8 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     std::fill(aux_prob_sum_.begin(), aux_prob_sum_.end(), 0.0);
   }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    LayerActs& a = layer_acts_[l];
-    LayerView w = layer_view(l);
-    rmsnorm_->forward(a.ln1, a.rstd1, a.resid_in, w.input_norm, N, H, eps);
-    matmul_->forward(a.q_raw, a.ln1, w.wq, N, H, c.q_dim());
-    matmul_->forward(a.k_raw, a.ln1, w.wk, N, H, c.kv_dim());
-    matmul_->forward(a.v, a.ln1, w.wv, N, H, c.kv_dim());
-    bf16(a.ln1, N * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim()),
-        bf16(a.v, N * c.kv_dim());
-    // q_norm / k_norm per head (before RoPE); qr/kr hold the normed values, then rotate in place.
-    rmsnorm_->forward(a.qr, a.q_rstd, a.q_raw, w.q_norm, N * nH, hd, eps);
-    rmsnorm_->forward(a.kr, a.k_rstd, a.k_raw, w.k_norm, N * nKV, hd, eps);
-    if (rope_qk_) {
-      rope_qk_->forward(a.qr, a.kr, cos, sin, N, T, nH, nKV, hd);
-    } else {
-      rope_->forward(a.qr, a.qr, cos, sin, N, T, nH, hd);
-      rope_->forward(a.kr, a.kr, cos, sin, N, T, nKV, hd);
-    }
-    bf16(a.qr, N * c.q_dim()), bf16(a.kr, N * c.kv_dim());
-    attention_->forward(a.att, a.probs, a.qr, a.kr, a.v, B, T, nH, nKV, hd);
-    bf16(a.att, N * c.q_dim());
-    // resid_mid = resid_in + att @ wo^T
-    matmul_->forward(a.resid_mid, a.att, w.wo, N, c.q_dim(), H);
-    float* rm = a.resid_mid;
-    const float* ri = a.resid_in;
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < N * H; ++i) rm[i] += ri[i];
-    bf16(rm, N * H);
-    rmsnorm_->forward(a.ln2, a.rstd2, a.resid_mid, w.post_norm, N, H, eps);
     float* out = l + 1 < c.num_hidden_layers ? layer_acts_[l + 1].resid_in : final_resid_.f32();
-    if (w.router) {
-      bf16(a.ln2, N * H);
-      moe_forward_layer(l, out, opts.compute_grad);
-    } else {
-      matmul_->forward(a.gu, a.ln2, w.wgu, N, H, 2 * I);
-      bf16(a.ln2, N * H), bf16(a.gu, N * 2 * I);
-      swiglu_->forward(a.act, a.gu, N, I);
-      bf16(a.act, N * I);
-      matmul_->forward(out, a.act, w.wdown, N, I, H);
-    }
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < N * H; ++i) out[i] += rm[i];
-    bf16(out, N * H);
+    forward_layer(l, out, opts.compute_grad, true);
   }
   const int group_head = static_cast<int>(c.num_hidden_layers) + 1;
   const float* norm_w = flat_params_[group_head].f32();
@@ -136,6 +93,59 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   return r;
 }
 
+void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats) {
+  const auto& c = config_;
+  const int64_t B = B_, T = T_, N = B * T, H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim,
+                nH = c.num_attention_heads, nKV = c.num_key_value_heads;
+  const float* cos = rope_cos_.f32();
+  const float* sin = rope_sin_.f32();
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  auto bf16 = [this](float* x, int64_t n) {
+    if (bf16_) round_bf16(x, n);
+  };
+  LayerActs& a = layer_acts_[l];
+  LayerView w = layer_view(l);
+  rmsnorm_->forward(a.ln1, a.rstd1, a.resid_in, w.input_norm, N, H, eps);
+  matmul_->forward(a.q_raw, a.ln1, w.wq, N, H, c.q_dim());
+  matmul_->forward(a.k_raw, a.ln1, w.wk, N, H, c.kv_dim());
+  matmul_->forward(a.v, a.ln1, w.wv, N, H, c.kv_dim());
+  bf16(a.ln1, N * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim()),
+      bf16(a.v, N * c.kv_dim());
+  // q_norm / k_norm per head (before RoPE); qr/kr hold the normed values, then rotate in place.
+  rmsnorm_->forward(a.qr, a.q_rstd, a.q_raw, w.q_norm, N * nH, hd, eps);
+  rmsnorm_->forward(a.kr, a.k_rstd, a.k_raw, w.k_norm, N * nKV, hd, eps);
+  if (rope_qk_) {
+    rope_qk_->forward(a.qr, a.kr, cos, sin, N, T, nH, nKV, hd);
+  } else {
+    rope_->forward(a.qr, a.qr, cos, sin, N, T, nH, hd);
+    rope_->forward(a.kr, a.kr, cos, sin, N, T, nKV, hd);
+  }
+  bf16(a.qr, N * c.q_dim()), bf16(a.kr, N * c.kv_dim());
+  attention_->forward(a.att, a.probs, a.qr, a.kr, a.v, B, T, nH, nKV, hd);
+  bf16(a.att, N * c.q_dim());
+  // resid_mid = resid_in + att @ wo^T
+  matmul_->forward(a.resid_mid, a.att, w.wo, N, c.q_dim(), H);
+  float* rm = a.resid_mid;
+  const float* ri = a.resid_in;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < N * H; ++i) rm[i] += ri[i];
+  bf16(rm, N * H);
+  rmsnorm_->forward(a.ln2, a.rstd2, a.resid_mid, w.post_norm, N, H, eps);
+  if (w.router) {
+    bf16(a.ln2, N * H);
+    moe_forward_layer(l, out, count_tokens, accumulate_stats);
+  } else {
+    matmul_->forward(a.gu, a.ln2, w.wgu, N, H, 2 * I);
+    bf16(a.ln2, N * H), bf16(a.gu, N * 2 * I);
+    swiglu_->forward(a.act, a.gu, N, I);
+    bf16(a.act, N * I);
+    matmul_->forward(out, a.act, w.wdown, N, I, H);
+  }
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < N * H; ++i) out[i] += rm[i];
+  bf16(out, N * H);
+}
+
 void Qwen3Model::backward() {
   TITAN_CHECK(grad_ready_, "backward() needs a forward() with compute_grad");
   grad_ready_ = false;
@@ -161,6 +171,9 @@ void Qwen3Model::backward() {
   rmsnorm_->backward(dresid, dnorm_w, dln, final_resid_.f32(), norm_w, rstdf_.f32(), N, H);
 
   for (int64_t l = c.num_hidden_layers - 1; l >= 0; --l) {
+    // Checkpointing: recompute the layer's activations from its saved input (dln_ is free scratch
+    // for the unused output here; it is cleared before every use below).
+    if (ac_) forward_layer(l, dln, false, false);
     LayerActs& a = layer_acts_[l];
     LayerView w = layer_view(l);
     LayerView g = layer_view(l, flat_grads_[l + 1].f32());
@@ -211,7 +224,7 @@ void Qwen3Model::backward() {
 
 // Sparse MLP of layer l: router (HF Qwen3MoeTopKRouter) + routed experts; out = experts(ln2) (the caller
 // adds the residual). Accumulates the aux-loss statistics and, when balancing, the expert token counts.
-void Qwen3Model::moe_forward_layer(int64_t l, float* out, bool count_tokens) {
+void Qwen3Model::moe_forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats) {
   const auto& c = config_;
   const int64_t N = B_ * T_, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok,
                 Im = c.moe_intermediate_size;
@@ -232,7 +245,9 @@ void Qwen3Model::moe_forward_layer(int64_t l, float* out, bool count_tokens) {
   }
   // Aux loss statistics: HF re-selects the top-k of the unbiased probabilities (differs from the routing
   // only when an expert bias is set). The rows of dlogits_router_ are free here and serve as scratch.
-  if (bias) {
+  if (!accumulate_stats) {
+    // recomputation: the statistics of this layer were taken in the forward pass
+  } else if (bias) {
     int32_t* idx = reinterpret_cast<int32_t*>(moe_scratch_.f32());  // N*k ints, before the experts use it
     float* wtmp = dlogits_router_.f32();
     moe_router::select_topk(idx, wtmp, a.router_probs, nullptr, N, E, k, false);
@@ -240,7 +255,7 @@ void Qwen3Model::moe_forward_layer(int64_t l, float* out, bool count_tokens) {
   } else {
     moe_router::count_slots(aux_counts_.data(), a.topk_idx, N * k, E);
   }
-  moe_router::sum_probs(aux_prob_sum_.data(), a.router_probs, N, E);
+  if (accumulate_stats) moe_router::sum_probs(aux_prob_sum_.data(), a.router_probs, N, E);
   moe_->forward(out, a.moe, a.ln2, a.topk_idx, a.topk_w, w.wgu, w.wdown, N, k, E, H, Im);
 }
 
