@@ -199,6 +199,30 @@ TEST(Trainer, ShippedConfigsDryRun) {
   }
 }
 
+TEST(Trainer, MoeConfigTrainsWhenScaledDown) {
+  // Configuration 3 (64 experts, top-4, 4 layers, kernels from the override registry) cut to the
+  // debug_moe flavor; once with the HF aux loss, once with aux-loss-free balancing.
+  for (const char* balance : {"0.0", "0.001"}) {
+    TempDir tmp;
+    std::string common;
+    for (auto& a : small_run_args(tmp, 8))
+      if (!a.starts_with("--training.steps")) common += " " + a;
+    std::string out;
+    int rc = testing::run_titan("train --config qwen3_moe_64e_top4_4l --model.flavor=debug_moe --training.steps=8" +
+                                    common + " --model.load_balance_coeff=" + balance,
+                                &out);
+    ASSERT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("moe_experts=grouped"), std::string::npos) << out;
+    EXPECT_NE(out.find("rope=fused"), std::string::npos) << out;
+    auto losses = jsonl_losses(tmp / "out/metrics.jsonl");
+    ASSERT_EQ(losses.size(), 8u);
+    EXPECT_LT(losses.back(), losses.front()) << balance;
+    Qwen3Model back(Qwen3Config::from_hf_file(tmp / "out/checkpoint/step-8/config.json"));
+    EXPECT_EQ(back.config().num_experts, 8);
+    EXPECT_NO_THROW(back.load_hf(tmp / "out/checkpoint/step-8"));
+  }
+}
+
 TEST(Trainer, HfConfigTrainsWhenScaledDown) {
   // Configuration 1 with a tiny local HF directory standing in for Qwen3-4B-Instruct-2507.
   TempDir tmp;

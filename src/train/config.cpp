@@ -31,6 +31,8 @@ std::vector<Field> fields(TrainConfig& c) {
       {"model", "hf_assets_path", &c.model.hf_assets_path},
       {"model", "tokenizer_path", &c.model.tokenizer_path},
       {"model", "vocab_size", &c.model.vocab_size},
+      {"model", "moe_aux_loss", &c.model.moe_aux_loss},
+      {"model", "load_balance_coeff", &c.model.load_balance_coeff},
       {"optimizer", "name", &c.optimizer.name},
       {"optimizer", "lr", &c.optimizer.lr},
       {"optimizer", "beta1", &c.optimizer.beta1},
@@ -262,6 +264,7 @@ TrainConfig parse_train_args(const std::vector<std::string>& args) {
 void TrainConfig::validate() const {
   check_choice("model.name", model.name, {"qwen3"});
   check_choice("optimizer.name", optimizer.name, {"AdamW"});
+  check_choice("model.moe_aux_loss", model.moe_aux_loss, {"auto", "on", "off"});
   check_choice("lr_scheduler.decay_type", lr_scheduler.decay_type, {"linear", "sqrt", "cosine", "constant"});
   check_choice("training.dataset_format", training.dataset_format, {"auto", "text", "jsonl", "tokens"});
   check_choice("training.dataset_delimiter", training.dataset_delimiter, {"file", "percent", "blank"});

@@ -21,6 +21,10 @@ struct ModelConfig {
   std::string hf_assets_path = "";  // HF directory: config.json (+ tokenizer.json)
   std::string tokenizer_path = "";  // tokenizer.json or dir; "" = hf_assets_path, or trained (default run)
   int64_t vocab_size = 0;           // > 0: override the flavor's vocabulary (e.g. to the tokenizer's)
+  // MoE: "on" adds router_aux_loss_coef x HF load-balancing loss to the loss (output_router_logits),
+  // "off" does not, "auto" keeps the model config's setting.
+  std::string moe_aux_loss = "auto";
+  double load_balance_coeff = -1;  // >= 0: torchtitan aux-loss-free balancing coefficient (0 = off)
 };
 
 struct OptimizerConfig {

@@ -59,6 +59,8 @@ Qwen3Config resolve_model_config(const TrainConfig& cfg) {
     c = Qwen3Config::flavor(cfg.model.flavor);
   }
   if (cfg.model.vocab_size > 0) c.vocab_size = cfg.model.vocab_size;
+  if (cfg.model.moe_aux_loss != "auto") c.output_router_logits = cfg.model.moe_aux_loss == "on";
+  if (cfg.model.load_balance_coeff >= 0) c.load_balance_coeff = cfg.model.load_balance_coeff;
   c.validate("model");
   return c;
 }
@@ -287,7 +289,7 @@ TrainResult run_training(const TrainConfig& cfg) {
   for (int64_t step = 1; step <= cfg.training.steps; ++step) {
     const double t0 = now_s();
     model.zero_grad();
-    double loss_sum = 0;
+    double loss_sum = 0, aux_sum = 0;
     int64_t valid = 0;
     for (int64_t micro = 0; micro < plan.grad_accum; ++micro) {
       TITAN_CHECK(loader.next_batch(batch), "the dataset ran out of data at step ", step);
@@ -295,17 +297,23 @@ TrainResult run_training(const TrainConfig& cfg) {
       // Mean over every target of the accumulation window (HF num_items_in_batch semantics).
       fo.grad_scale = 1.0f / static_cast<float>(tokens_per_micro * plan.grad_accum);
       fo.labels_shifted = true;  // the loader's labels are the next tokens (torchtitan packing)
+      // MoE aux loss: its coefficient split over the micro-batches (each contributes its own aux).
+      fo.aux_loss_scale = mc.output_router_logits ? static_cast<float>(mc.router_aux_loss_coef / plan.grad_accum) : 0.0f;
       ForwardResult r = model.forward(batch.input_ids.data(), batch.labels.data(), batch.batch_size, batch.seq_len, fo);
       model.backward();
       loss_sum += r.loss_sum;
       valid += r.num_valid;
+      aux_sum += r.aux_loss;
     }
     // Packed windows have no ignored targets (every position has its next token), so every rank's
     // window mean above is the plain mean and
     // the data-parallel average of the gradients is the gradient of the global mean.
-    double totals[2] = {loss_sum, static_cast<double>(valid)};
-    if (world > 1) pg.all_reduce(totals, 2, dist::ReduceOp::Sum);
-    const double loss = totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
+    double totals[3] = {loss_sum, static_cast<double>(valid), aux_sum};
+    if (world > 1) pg.all_reduce(totals, 3, dist::ReduceOp::Sum);
+    double loss = totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
+    // HF MoE loss: CE + router_aux_loss_coef x aux (aux averaged over micro-batches and ranks).
+    if (mc.num_experts > 0 && mc.output_router_logits)
+      loss += mc.router_aux_loss_coef * totals[2] / static_cast<double>(plan.grad_accum * world);
     if (!std::isfinite(loss)) {
       TITAN_CHECK(cfg.training.skip_nan_inf, "loss is ", loss, " at step ", step,
                   " (set training.skip_nan_inf = true to skip such steps)");
@@ -314,6 +322,11 @@ TrainResult run_training(const TrainConfig& cfg) {
       continue;
     }
     dp.reduce_grads();
+    if (mc.num_experts > 0 && mc.load_balance_coeff > 0) {
+      // Aux-loss-free balancing: global routed-token counts, then the expert-bias update.
+      if (world > 1) pg.all_reduce(model.expert_token_counts(), dist::ReduceOp::Sum);
+      model.update_expert_bias();
+    }
     const double grad_norm = dp.clip_grad_norm(cfg.training.max_norm);
     const double lr = cfg.optimizer.lr * schedule.factor(step - 1);
     optimizer.step(static_cast<float>(lr));
