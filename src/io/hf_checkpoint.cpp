@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "io/json_file.h"
 
 namespace titan {
 
@@ -15,15 +16,8 @@ HFCheckpointReader::HFCheckpointReader(const std::string& dir) : dir_(dir) {
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   const fs::path single = fs::path(dir) / "model.safetensors";
   if (fs::exists(index)) {
-    std::ifstream f(index);
-    TITAN_CHECK(f, index.string(), ": cannot open");
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(f);
-    } catch (const nlohmann::json::exception& e) {
-      fail(index.string(), ": not valid JSON (", e.what(), ")");
-    }
-    TITAN_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), index.string(),
+    const nlohmann::json j = read_json_file(index.string());
+    TITAN_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), index.string(),
                 ": missing field 'weight_map'");
     std::map<std::string, size_t> file_index;
     for (auto& [key, file] : j["weight_map"].items()) {

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json_file.h"
 #include "io/safetensors.h"
 #include "optim/optimizer.h"
 
@@ -35,14 +36,7 @@ std::vector<int32_t> read_matrix(const nlohmann::json& j, const char* field, con
 }  // namespace
 
 TokenBatch read_token_batch_json(const std::string& path) {
-  std::ifstream f(path);
-  TITAN_CHECK(f, path, ": cannot open");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    fail(path, ": not valid JSON (", e.what(), ")");
-  }
+  const nlohmann::json j = read_json_file(path);
   TITAN_CHECK(j.is_object(), path, ": expected an object with 'input_ids' (and optional 'labels')");
   TokenBatch batch;
   batch.input_ids = read_matrix(j, "input_ids", path, batch.B, batch.T);

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "io/json_file.h"
 
 namespace titan {
 
@@ -160,17 +161,7 @@ Qwen3Config Qwen3Config::from_hf_json(const nlohmann::json& j, const std::string
   return c;
 }
 
-Qwen3Config Qwen3Config::from_hf_file(const std::string& path) {
-  std::ifstream f(path);
-  TITAN_CHECK(f, path, ": cannot open");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    fail(path, ": not valid JSON (", e.what(), ")");
-  }
-  return from_hf_json(j, path);
-}
+Qwen3Config Qwen3Config::from_hf_file(const std::string& path) { return from_hf_json(read_json_file(path), path); }
 
 void Qwen3Config::validate(const std::string& where) const {
   auto positive = [&](int64_t v, const char* name) {
