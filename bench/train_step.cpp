@@ -24,18 +24,30 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     int64_t v = std::atoll(argv[i + 1]);
-    if (k == "--hidden") c.hidden_size = v;
-    else if (k == "--layers") c.num_hidden_layers = v;
-    else if (k == "--heads") c.num_attention_heads = v;
-    else if (k == "--kv-heads") c.num_key_value_heads = v;
-    else if (k == "--head-dim") c.head_dim = v;
-    else if (k == "--intermediate") c.intermediate_size = v;
-    else if (k == "--vocab") c.vocab_size = v;
-    else if (k == "--seq") seq = v;
-    else if (k == "--batch") batch = v;
-    else if (k == "--steps") steps = v;
-    else if (k == "--warmup") warmup = v;
-    else if (k == "--ac") ac = v;  // 1: activation checkpointing (full)
+    if (k == "--hidden")
+      c.hidden_size = v;
+    else if (k == "--layers")
+      c.num_hidden_layers = v;
+    else if (k == "--heads")
+      c.num_attention_heads = v;
+    else if (k == "--kv-heads")
+      c.num_key_value_heads = v;
+    else if (k == "--head-dim")
+      c.head_dim = v;
+    else if (k == "--intermediate")
+      c.intermediate_size = v;
+    else if (k == "--vocab")
+      c.vocab_size = v;
+    else if (k == "--seq")
+      seq = v;
+    else if (k == "--batch")
+      batch = v;
+    else if (k == "--steps")
+      steps = v;
+    else if (k == "--warmup")
+      warmup = v;
+    else if (k == "--ac")
+      ac = v;  // 1: activation checkpointing (full)
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
@@ -44,7 +56,8 @@ int main(int argc, char** argv) {
   titan::Qwen3Model model(c);
   model.init_weights(0);
   model.set_activation_checkpointing(ac != 0);
-  titan::AdamW opt(model.flat_params(), model.flat_grads(), titan::AdamWConfig{1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f});
+  titan::AdamW opt(model.flat_params(), model.flat_grads(),
+                   titan::AdamWConfig{1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f});
   std::mt19937 rng(0);
   std::vector<int32_t> ids(batch * seq);
   for (auto& x : ids) x = static_cast<int32_t>(rng() % c.vocab_size);

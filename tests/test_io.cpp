@@ -32,7 +32,8 @@ void expect_error(Fn fn, std::initializer_list<std::string> parts) {
     fn();
     ADD_FAILURE() << "no error thrown";
   } catch (const Error& e) {
-    for (auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << " lacks " << p;
+    for (auto& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << " lacks " << p;
   }
 }
 
@@ -83,32 +84,38 @@ TEST(Safetensors, HeaderNotJson) {
 
 TEST(Safetensors, OffsetsOutOfRange) {
   TempDir tmp;
-  write_raw(tmp / "o.safetensors", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", std::string(8, '\0'));
+  write_raw(tmp / "o.safetensors", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+            std::string(8, '\0'));
   expect_error([&] { SafetensorsFile f(tmp / "o.safetensors"); }, {"o.safetensors", "'w'", "out of range"});
 }
 
 TEST(Safetensors, OverlappingTensors) {
   TempDir tmp;
-  write_raw(tmp / "v.safetensors",
-            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-            std::string(12, '\0'));
+  write_raw(
+      tmp / "v.safetensors",
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+      std::string(12, '\0'));
   expect_error([&] { SafetensorsFile f(tmp / "v.safetensors"); }, {"v.safetensors", "'a'", "'b'", "overlap"});
 }
 
 TEST(Safetensors, UnknownDtype) {
   TempDir tmp;
-  write_raw(tmp / "d.safetensors", R"({"w":{"dtype":"F12","shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0'));
-  expect_error([&] { SafetensorsFile f(tmp / "d.safetensors"); }, {"d.safetensors", "'w'", "unknown dtype", "F12"});
+  write_raw(tmp / "d.safetensors", R"({"w":{"dtype":"F12","shape":[1],"data_offsets":[0,4]}})",
+            std::string(4, '\0'));
+  expect_error([&] { SafetensorsFile f(tmp / "d.safetensors"); },
+               {"d.safetensors", "'w'", "unknown dtype", "F12"});
 }
 
 TEST(Safetensors, SizeDoesNotMatchShape) {
   TempDir tmp;
-  write_raw(tmp / "s.safetensors", R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(8, '\0'));
+  write_raw(tmp / "s.safetensors", R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
+            std::string(8, '\0'));
   expect_error([&] { SafetensorsFile f(tmp / "s.safetensors"); }, {"s.safetensors", "'w'", "do not match"});
 }
 
 TEST(Safetensors, MissingFile) {
-  expect_error([] { SafetensorsFile f("/nonexistent/m.safetensors"); }, {"/nonexistent/m.safetensors", "cannot open"});
+  expect_error([] { SafetensorsFile f("/nonexistent/m.safetensors"); },
+               {"/nonexistent/m.safetensors", "cannot open"});
 }
 
 Qwen3Config tiny_config(bool tied) {
@@ -191,7 +198,8 @@ TEST(HFCheckpoint, MissingShardIsNamed) {
     }
     return std::string();
   }());
-  expect_error([&] { HFCheckpointReader r(tmp.path.string()); }, {"model.safetensors.index.json", "model-00002-of-", "missing"});
+  expect_error([&] { HFCheckpointReader r(tmp.path.string()); },
+               {"model.safetensors.index.json", "model-00002-of-", "missing"});
 }
 
 TEST(Qwen3Config, MissingFieldIsNamed) {
@@ -212,7 +220,8 @@ TEST(Qwen3Config, RopeThetaFromEitherPlace) {
   expect_error([&] { Qwen3Config::from_hf_json(j, "c"); }, {"yarn", "not supported"});
   j = tiny_config(true).to_hf_json();
   j["num_key_value_heads"] = 3;
-  expect_error([&] { Qwen3Config::from_hf_json(j, "cfg.json"); }, {"cfg.json", "multiple of num_key_value_heads"});
+  expect_error([&] { Qwen3Config::from_hf_json(j, "cfg.json"); },
+               {"cfg.json", "multiple of num_key_value_heads"});
 }
 
 TEST(ForwardCli, BadInputsExitNonZeroWithClearMessages) {
@@ -222,8 +231,8 @@ TEST(ForwardCli, BadInputsExitNonZeroWithClearMessages) {
   std::ofstream(tmp / "in.json") << R"({"input_ids": [[1, 2, 3], [4, 5, 6]]})";
   std::string out;
   // Good run first.
-  ASSERT_EQ(testing::run_titan("forward --model " + (tmp / "m") + " --input " + (tmp / "in.json") + " --output " +
-                                   (tmp / "o.safetensors"),
+  ASSERT_EQ(testing::run_titan("forward --model " + (tmp / "m") + " --input " + (tmp / "in.json") +
+                                   " --output " + (tmp / "o.safetensors"),
                                &out),
             0)
       << out;
@@ -233,8 +242,8 @@ TEST(ForwardCli, BadInputsExitNonZeroWithClearMessages) {
     uint64_t huge = 1ull << 40;
     f.write(reinterpret_cast<const char*>(&huge), 8);
   }
-  EXPECT_EQ(testing::run_titan("forward --model " + (tmp / "m") + " --input " + (tmp / "in.json") + " --output " +
-                                   (tmp / "o2.safetensors"),
+  EXPECT_EQ(testing::run_titan("forward --model " + (tmp / "m") + " --input " + (tmp / "in.json") +
+                                   " --output " + (tmp / "o2.safetensors"),
                                &out),
             1);
   EXPECT_NE(out.find("model.safetensors"), std::string::npos) << out;
@@ -242,14 +251,14 @@ TEST(ForwardCli, BadInputsExitNonZeroWithClearMessages) {
   // Ragged input rows and out-of-vocabulary ids.
   a.save_hf(tmp / "m", DType::F32);
   std::ofstream(tmp / "bad.json") << R"({"input_ids": [[1, 2, 3], [4, 5]]})";
-  EXPECT_EQ(testing::run_titan("forward --model " + (tmp / "m") + " --input " + (tmp / "bad.json") + " --output " +
-                                   (tmp / "o3.safetensors"),
+  EXPECT_EQ(testing::run_titan("forward --model " + (tmp / "m") + " --input " + (tmp / "bad.json") +
+                                   " --output " + (tmp / "o3.safetensors"),
                                &out),
             1);
   EXPECT_NE(out.find("bad.json"), std::string::npos) << out;
   std::ofstream(tmp / "oov.json") << R"({"input_ids": [[1, 2, 999]]})";
-  EXPECT_EQ(testing::run_titan("forward --model " + (tmp / "m") + " --input " + (tmp / "oov.json") + " --output " +
-                                   (tmp / "o4.safetensors"),
+  EXPECT_EQ(testing::run_titan("forward --model " + (tmp / "m") + " --input " + (tmp / "oov.json") +
+                                   " --output " + (tmp / "o4.safetensors"),
                                &out),
             1);
   EXPECT_NE(out.find("outside the vocabulary"), std::string::npos) << out;

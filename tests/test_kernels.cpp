@@ -22,7 +22,8 @@ std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
 
 double rel(const std::vector<float>& a, const std::vector<float>& b) {
   double diff = 0, ref = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), ref += double(b[i]) * b[i];
+  for (size_t i = 0; i < a.size(); ++i)
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), ref += double(b[i]) * b[i];
   return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
 }
 
@@ -83,7 +84,8 @@ TEST(Kernels, RopeAllImplementations) {
   auto inp = randn(N * nh * hd, 7), dout = randn(N * nh * hd, 8);
   std::vector<float> cos(T * hd / 2), sin(T * hd / 2);
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < hd / 2; ++i) cos[t * hd / 2 + i] = std::cos(t * 0.3f / (i + 1)), sin[t * hd / 2 + i] = std::sin(t * 0.3f / (i + 1));
+    for (int64_t i = 0; i < hd / 2; ++i)
+      cos[t * hd / 2 + i] = std::cos(t * 0.3f / (i + 1)), sin[t * hd / 2 + i] = std::sin(t * 0.3f / (i + 1));
   const auto& ref = get_kernel<RopeKernels>(DeviceType::CPU, "reference");
   std::vector<float> out_r(inp.size()), din_r(inp.size(), 0.3f);
   ref.forward(out_r.data(), inp.data(), cos.data(), sin.data(), N, T, nh, hd);
@@ -108,14 +110,15 @@ TEST(Kernels, AttentionAllImplementations) {
   std::vector<float> out_r(q.size()), p_r(B * nH * T * T), dq_r(q.size(), 0.1f), dk_r(k.size(), 0.1f),
       dv_r(v.size(), 0.1f);
   ref.forward(out_r.data(), p_r.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
-  ref.backward(dq_r.data(), dk_r.data(), dv_r.data(), dout.data(), q.data(), k.data(), v.data(), p_r.data(), B, T,
-               nH, nKV, hd);
+  ref.backward(dq_r.data(), dk_r.data(), dv_r.data(), dout.data(), q.data(), k.data(), v.data(), p_r.data(),
+               B, T, nH, nKV, hd);
   for (auto& name : impls<AttentionKernels>()) {
     const auto& kk = get_kernel<AttentionKernels>(DeviceType::CPU, name);
-    std::vector<float> out(q.size()), p(B * nH * T * T), dq(q.size(), 0.1f), dk(k.size(), 0.1f), dv(v.size(), 0.1f);
+    std::vector<float> out(q.size()), p(B * nH * T * T), dq(q.size(), 0.1f), dk(k.size(), 0.1f),
+        dv(v.size(), 0.1f);
     kk.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
-    kk.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), p.data(), B, T, nH, nKV,
-                hd);
+    kk.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), p.data(), B, T,
+                nH, nKV, hd);
     EXPECT_LE(rel(out, out_r), kTol) << name;
     EXPECT_LE(rel(dq, dq_r), kTol) << name;
     EXPECT_LE(rel(dk, dk_r), kTol) << name;
@@ -159,26 +162,28 @@ TEST(Kernels, SwigluEmbeddingCrossEntropyAdamWAllImplementations) {
   double l_r = cref.forward_backward(g_r.data(), targets.data(), N, V, 0.125f, true);
   for (auto& name : impls<CrossEntropyKernels>()) {
     auto g = logits;
-    double l = get_kernel<CrossEntropyKernels>(DeviceType::CPU, name).forward_backward(g.data(), targets.data(), N, V,
-                                                                                      0.125f, true);
+    double l = get_kernel<CrossEntropyKernels>(DeviceType::CPU, name)
+                   .forward_backward(g.data(), targets.data(), N, V, 0.125f, true);
     EXPECT_NEAR(l, l_r, 1e-5 * std::abs(l_r)) << name;
     EXPECT_LE(rel(g, g_r), kTol) << name;
   }
   auto p0 = randn(50, 18), grad = randn(50, 19);
   const auto& aref = get_kernel<AdamWKernels>(DeviceType::CPU, "reference");
   std::vector<float> p_r = p0, m_r(50, 0), v_r(50, 0);
-  for (int s = 1; s <= 3; ++s) aref.step(p_r.data(), grad.data(), m_r.data(), v_r.data(), 50, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, s);
+  for (int s = 1; s <= 3; ++s)
+    aref.step(p_r.data(), grad.data(), m_r.data(), v_r.data(), 50, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, s);
   for (auto& name : impls<AdamWKernels>()) {
     std::vector<float> p = p0, m(50, 0), v(50, 0);
     for (int s = 1; s <= 3; ++s)
-      get_kernel<AdamWKernels>(DeviceType::CPU, name).step(p.data(), grad.data(), m.data(), v.data(), 50, 1e-2f, 0.9f,
-                                                           0.999f, 1e-8f, 0.1f, s);
+      get_kernel<AdamWKernels>(DeviceType::CPU, name)
+          .step(p.data(), grad.data(), m.data(), v.data(), 50, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, s);
     EXPECT_LE(rel(p, p_r), kTol) << name;
   }
 }
 
 // Central finite differences of a scalar loss L = sum(out * dout) through the reference forward.
-double fd_check(std::vector<float>& x, const std::vector<float>& analytic, const std::function<double()>& loss) {
+double fd_check(std::vector<float>& x, const std::vector<float>& analytic,
+                const std::function<double()>& loss) {
   double worst = 0;
   for (size_t i = 0; i < x.size(); i += std::max<size_t>(1, x.size() / 23)) {
     const float h = 1e-2f, saved = x[i];
@@ -196,11 +201,13 @@ double fd_check(std::vector<float>& x, const std::vector<float>& analytic, const
 TEST(Kernels, ReferenceBackwardMatchesFiniteDifferences) {
   const int64_t B = 1, T = 5, nH = 2, nKV = 1, hd = 4, N = B * T, C = 8;
   // Attention: gradient w.r.t. q, k, v.
-  auto q = randn(N * nH * hd, 20), k = randn(N * nKV * hd, 21), v = randn(N * nKV * hd, 22), dout = randn(N * nH * hd, 23);
+  auto q = randn(N * nH * hd, 20), k = randn(N * nKV * hd, 21), v = randn(N * nKV * hd, 22),
+       dout = randn(N * nH * hd, 23);
   const auto& att = get_kernel<AttentionKernels>(DeviceType::CPU, "reference");
   std::vector<float> out(q.size()), p(B * nH * T * T), dq(q.size()), dk(k.size()), dv(v.size());
   att.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
-  att.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), p.data(), B, T, nH, nKV, hd);
+  att.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), p.data(), B, T, nH,
+               nKV, hd);
   auto att_loss = [&] {
     att.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
     double s = 0;
@@ -266,16 +273,17 @@ TEST(Kernels, MoeExpertsAllImplementations) {
       idx[n * k + s] = e;
       w[n * k + s] = 0.1f + float(rng() % 1000) / 1000.0f;
     }
-  auto run = [&](const MoeExpertsKernels& kk, std::vector<float>& out, std::vector<float>& dx, std::vector<float>& dw,
-                 std::vector<float>& dwgu, std::vector<float>& dwdown) {
+  auto run = [&](const MoeExpertsKernels& kk, std::vector<float>& out, std::vector<float>& dx,
+                 std::vector<float>& dw, std::vector<float>& dwgu, std::vector<float>& dwdown) {
     std::vector<float> gu(R * 2 * I), act(R * I), scratch(moe_experts_scratch_floats(N, k, H, I));
     std::vector<int32_t> order(R), row_of(R), offsets(E + 1);
     MoeExpertsBuffers buf{gu.data(), act.data(), order.data(), row_of.data(), offsets.data(), scratch.data()};
     out.assign(N * H, 9.0f);  // forward overwrites
-    dx.assign(N * H, 0.5f), dw.assign(R, 0.25f), dwgu.assign(wgu.size(), 0.1f), dwdown.assign(wdown.size(), -0.1f);
+    dx.assign(N * H, 0.5f), dw.assign(R, 0.25f), dwgu.assign(wgu.size(), 0.1f),
+        dwdown.assign(wdown.size(), -0.1f);
     kk.forward(out.data(), buf, x.data(), idx.data(), w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
-    kk.backward(dx.data(), dw.data(), dwgu.data(), dwdown.data(), buf, dout.data(), x.data(), idx.data(), w.data(),
-                wgu.data(), wdown.data(), N, k, E, H, I);
+    kk.backward(dx.data(), dw.data(), dwgu.data(), dwdown.data(), buf, dout.data(), x.data(), idx.data(),
+                w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
   };
   std::vector<float> out_r, dx_r, dw_r, dwgu_r, dwdown_r;
   run(get_kernel<MoeExpertsKernels>(DeviceType::CPU, "reference"), out_r, dx_r, dw_r, dwgu_r, dwdown_r);
@@ -296,8 +304,8 @@ TEST(Kernels, MoeExpertsAllImplementations) {
   MoeExpertsBuffers buf{gu.data(), act.data(), order.data(), row_of.data(), offsets.data(), scratch.data()};
   std::vector<float> dx(N * H, 0), dw(R, 0), dwgu(wgu.size(), 0), dwdown(wdown.size(), 0);
   ref.forward(out.data(), buf, x.data(), idx.data(), w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
-  ref.backward(dx.data(), dw.data(), dwgu.data(), dwdown.data(), buf, dout.data(), x.data(), idx.data(), w.data(),
-               wgu.data(), wdown.data(), N, k, E, H, I);
+  ref.backward(dx.data(), dw.data(), dwgu.data(), dwdown.data(), buf, dout.data(), x.data(), idx.data(),
+               w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
   auto loss = [&] {
     ref.forward(out.data(), buf, x.data(), idx.data(), w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
     double s = 0;
@@ -331,7 +339,8 @@ TEST(Kernels, RopeQKAllImplementations) {
     auto qq = q, kq = k;
     std::vector<float> dq(q.size(), 0.2f), dk(k.size(), 0.2f);
     kk.forward(qq.data(), kq.data(), cos.data(), sin.data(), N, T, nH, nKV, hd);
-    kk.backward(dq.data(), dk.data(), dq_rot.data(), dk_rot.data(), cos.data(), sin.data(), N, T, nH, nKV, hd);
+    kk.backward(dq.data(), dk.data(), dq_rot.data(), dk_rot.data(), cos.data(), sin.data(), N, T, nH, nKV,
+                hd);
     EXPECT_LE(rel(qq, q_r), kTol) << name;
     EXPECT_LE(rel(kq, k_r), kTol) << name;
     EXPECT_LE(rel(dq, dq_r), kTol) << name;
@@ -341,8 +350,9 @@ TEST(Kernels, RopeQKAllImplementations) {
 
 // Every registered op has an all-implementations test above; a new op must add one here.
 TEST(KernelRegistry, EveryRegisteredOpIsCoveredByATest) {
-  const std::vector<std::string> covered = {"adamw",     "attention", "cross_entropy", "embedding", "matmul",
-                                            "moe_experts", "rmsnorm", "rope",          "rope_qk",   "swiglu"};
+  const std::vector<std::string> covered = {"adamw",   "attention",   "cross_entropy", "embedding",
+                                            "matmul",  "moe_experts", "rmsnorm",       "rope",
+                                            "rope_qk", "swiglu"};
   for (auto& op : KernelRegistry::global().ops())
     EXPECT_NE(std::find(covered.begin(), covered.end(), op), covered.end())
         << "op '" << op << "' has no all-implementations test in tests/test_kernels.cpp";

@@ -49,9 +49,9 @@ TEST(LRSchedule, WarmupThenLinearDecayAsTorchtitan) {
   LRSchedule s({2, -1, "linear", 0.0}, 10);
   EXPECT_DOUBLE_EQ(s.factor(0), 0.5);
   EXPECT_DOUBLE_EQ(s.factor(1), 1.0);
-  EXPECT_DOUBLE_EQ(s.factor(2), 1.0);                // the stable (virtual) step
-  EXPECT_NEAR(s.factor(3), 1.0 - 1.0 / 8, 1e-12);    // progress (3+1-2-1)/8
-  EXPECT_NEAR(s.factor(9), 1.0 - 7.0 / 8, 1e-12);    // never reaches 0 inside the run
+  EXPECT_DOUBLE_EQ(s.factor(2), 1.0);              // the stable (virtual) step
+  EXPECT_NEAR(s.factor(3), 1.0 - 1.0 / 8, 1e-12);  // progress (3+1-2-1)/8
+  EXPECT_NEAR(s.factor(9), 1.0 - 7.0 / 8, 1e-12);  // never reaches 0 inside the run
 }
 
 TEST(LRSchedule, CosineWithMinFactorAndDecayRatio) {

@@ -32,8 +32,8 @@ std::string cpu_flags_of_interest() {
     }
   }
   std::string out = model + " |";
-  for (const char* want : {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-                           "amx_bf16", "amx_tile", "neon", "sve"})
+  for (const char* want : {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                           "avx512_bf16", "amx_bf16", "amx_tile", "neon", "sve"})
     if (flags.count(want)) out += std::string(" ") + want;
   return out;
 }
@@ -48,7 +48,9 @@ int env_main(int, char**) {
               __cplusplus / 100 % 100);
   std::printf("BLAS: %s\n      core %s, %d threads, parallel mode %s, library %s\n", openblas_get_config(),
               openblas_get_corename(), openblas_get_num_threads(),
-              openblas_get_parallel() == 2 ? "OpenMP" : openblas_get_parallel() == 1 ? "pthreads" : "sequential",
+              openblas_get_parallel() == 2   ? "OpenMP"
+              : openblas_get_parallel() == 1 ? "pthreads"
+                                             : "sequential",
               TITAN_BLAS_PATH);
   char mpi_version[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
@@ -56,7 +58,8 @@ int env_main(int, char**) {
   std::string mv(mpi_version, len);
   if (auto nl = mv.find('\n'); nl != std::string::npos) mv.resize(nl);
   std::printf("MPI: %s\n", mv.c_str());
-  std::printf("CUDA: not built (devices: %s)\n", titan::device_available(titan::DeviceType::CUDA) ? "cpu, cuda" : "cpu");
+  std::printf("CUDA: not built (devices: %s)\n",
+              titan::device_available(titan::DeviceType::CUDA) ? "cpu, cuda" : "cpu");
   std::printf("CPU: %s\n", cpu_flags_of_interest().c_str());
   std::printf("threads: OpenMP max %d, cores online %ld, OMP_NUM_THREADS=%s, OPENBLAS_CORETYPE=%s\n",
               omp_get_max_threads(), sysconf(_SC_NPROCESSORS_ONLN), env_or("OMP_NUM_THREADS", "(unset)"),
@@ -66,7 +69,8 @@ int env_main(int, char**) {
   for (auto& op : reg.ops()) {
     std::string impls;
     for (auto& i : reg.impls(op, titan::DeviceType::CPU)) impls += (impls.empty() ? "" : ", ") + i;
-    std::printf("  %-14s %s (default %s)\n", op.c_str(), impls.c_str(), reg.default_impl(op, titan::DeviceType::CPU).c_str());
+    std::printf("  %-14s %s (default %s)\n", op.c_str(), impls.c_str(),
+                reg.default_impl(op, titan::DeviceType::CPU).c_str());
   }
   return 0;
 }

@@ -27,8 +27,8 @@ int init_main(int argc, char** argv) {
     return app.exit(e);
   }
   TITAN_CHECK(!flavor.empty() || !config_path.empty(), "one of --flavor or --config is required");
-  titan::Qwen3Config c =
-      config_path.empty() ? titan::Qwen3Config::flavor(flavor) : titan::Qwen3Config::from_hf_file(config_path);
+  titan::Qwen3Config c = config_path.empty() ? titan::Qwen3Config::flavor(flavor)
+                                             : titan::Qwen3Config::from_hf_file(config_path);
   if (vocab > 0) c.vocab_size = vocab;
   titan::Qwen3Model model(c);
   model.init_weights(seed);

@@ -22,7 +22,8 @@ int plan_main(int argc, char** argv) {
       return 0;
     }
     if (a == "--nproc" || a.starts_with("--nproc=")) {
-      std::string v = a.find('=') != std::string::npos ? a.substr(a.find('=') + 1) : (i + 1 < argc ? argv[++i] : "");
+      std::string v =
+          a.find('=') != std::string::npos ? a.substr(a.find('=') + 1) : (i + 1 < argc ? argv[++i] : "");
       nproc = std::atoll(v.c_str());
       TITAN_CHECK(nproc >= 1, "--nproc must be a positive integer, got '", v, "'");
       continue;
@@ -32,11 +33,14 @@ int plan_main(int argc, char** argv) {
   titan::TrainConfig cfg = titan::parse_train_args(args);
   titan::Qwen3Config mc = titan::resolve_model_config(cfg);
   const int64_t rep = cfg.parallelism.data_parallel_replicate_degree;
-  TITAN_CHECK(nproc % rep == 0, "--nproc ", nproc, " is not a multiple of data_parallel_replicate_degree ", rep);
-  const int64_t shard =
-      cfg.parallelism.data_parallel_shard_degree > 0 ? cfg.parallelism.data_parallel_shard_degree : nproc / rep;
-  auto plan = titan::make_plan(mc, nproc, rep, shard, cfg.training.local_batch_size, cfg.training.global_batch_size,
-                               cfg.training.seq_len, cfg.activation_checkpoint.mode);
+  TITAN_CHECK(nproc % rep == 0, "--nproc ", nproc, " is not a multiple of data_parallel_replicate_degree ",
+              rep);
+  const int64_t shard = cfg.parallelism.data_parallel_shard_degree > 0
+                            ? cfg.parallelism.data_parallel_shard_degree
+                            : nproc / rep;
+  auto plan =
+      titan::make_plan(mc, nproc, rep, shard, cfg.training.local_batch_size, cfg.training.global_batch_size,
+                       cfg.training.seq_len, cfg.activation_checkpoint.mode);
   std::printf("%s\n", plan.describe().c_str());
   return 0;
 }

@@ -6,27 +6,36 @@ namespace titan {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::BF16: return 2;
-    case DType::I32: return 4;
+    case DType::F32:
+      return 4;
+    case DType::BF16:
+      return 2;
+    case DType::I32:
+      return 4;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::BF16: return "bf16";
-    case DType::I32: return "i32";
+    case DType::F32:
+      return "f32";
+    case DType::BF16:
+      return "bf16";
+    case DType::I32:
+      return "i32";
   }
   return "?";
 }
 
 const char* dtype_safetensors(DType t) {
   switch (t) {
-    case DType::F32: return "F32";
-    case DType::BF16: return "BF16";
-    case DType::I32: return "I32";
+    case DType::F32:
+      return "F32";
+    case DType::BF16:
+      return "BF16";
+    case DType::I32:
+      return "I32";
   }
   return "?";
 }

@@ -11,8 +11,8 @@ namespace titan {
 enum class DType : uint8_t { F32, BF16, I32 };
 
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);          // "f32", "bf16", "i32"
-const char* dtype_safetensors(DType t);   // "F32", "BF16", "I32"
+const char* dtype_name(DType t);           // "f32", "bf16", "i32"
+const char* dtype_safetensors(DType t);    // "F32", "BF16", "I32"
 DType parse_dtype(std::string_view name);  // accepts f32/float32/bf16/bfloat16; throws otherwise
 
 // bfloat16 <-> float. Rounds to nearest even (as torch's .to(torch.bfloat16)); NaN stays NaN.

@@ -28,7 +28,7 @@ template <class... Args>
 }  // namespace titan
 
 // TITAN_CHECK(cond, "message parts", ...) throws titan::Error when cond is false.
-#define TITAN_CHECK(cond, ...)                   \
-  do {                                           \
-    if (!(cond)) ::titan::fail(__VA_ARGS__);     \
+#define TITAN_CHECK(cond, ...)               \
+  do {                                       \
+    if (!(cond)) ::titan::fail(__VA_ARGS__); \
   } while (0)

@@ -22,7 +22,9 @@ Storage::Storage(size_t n, Device dev) : nbytes(n), device(dev) {
   data = device_interface(dev.type).allocator->allocate(n);
 }
 
-Storage::~Storage() { device_interface(device.type).allocator->deallocate(data, nbytes); }
+Storage::~Storage() {
+  device_interface(device.type).allocator->deallocate(data, nbytes);
+}
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   Tensor t;
@@ -74,7 +76,9 @@ Tensor Tensor::clone() const {
   return t;
 }
 
-void Tensor::zero_() { std::memset(raw(), 0, nbytes()); }
+void Tensor::zero_() {
+  std::memset(raw(), 0, nbytes());
+}
 
 void Tensor::copy_from(const Tensor& src) {
   TITAN_CHECK(src.numel() == numel(), "copy_from: ", shape_str(src.shape()), " into ", shape_str(shape_));

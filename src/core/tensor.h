@@ -45,7 +45,9 @@ class Tensor {
 
   void* raw() const { return static_cast<char*>(storage_->data) + offset_; }
   template <class T>
-  T* data() const { return static_cast<T*>(raw()); }
+  T* data() const {
+    return static_cast<T*>(raw());
+  }
   float* f32() const;  // checks dtype == F32
 
   // Same storage, new shape with the same numel.

@@ -1,5 +1,7 @@
 #include "core/version.h"
 
 namespace titan {
-const char* version() { return TITAN_VERSION; }
+const char* version() {
+  return TITAN_VERSION;
+}
 }  // namespace titan

@@ -13,8 +13,10 @@ DeviceInterface*& slot(DeviceType t) {
 
 const char* device_type_name(DeviceType t) {
   switch (t) {
-    case DeviceType::CPU: return "cpu";
-    case DeviceType::CUDA: return "cuda";
+    case DeviceType::CPU:
+      return "cpu";
+    case DeviceType::CUDA:
+      return "cuda";
   }
   return "?";
 }
@@ -31,16 +33,19 @@ void AllocatorStats::on_alloc(size_t n) {
   }
 }
 
-void AllocatorStats::on_free(size_t n) { current.fetch_sub(static_cast<int64_t>(n)); }
+void AllocatorStats::on_free(size_t n) {
+  current.fetch_sub(static_cast<int64_t>(n));
+}
 
 void register_device(DeviceType type, DeviceInterface* iface) {
   TITAN_CHECK(iface->version == DeviceInterface::kVersion, "device '", iface->name,
-              "' was built for device interface v", iface->version, ", core is v",
-              DeviceInterface::kVersion);
+              "' was built for device interface v", iface->version, ", core is v", DeviceInterface::kVersion);
   slot(type) = iface;
 }
 
-bool device_available(DeviceType type) { return slot(type) != nullptr; }
+bool device_available(DeviceType type) {
+  return slot(type) != nullptr;
+}
 
 DeviceInterface& device_interface(DeviceType type) {
   DeviceInterface* d = slot(type);

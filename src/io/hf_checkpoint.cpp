@@ -26,7 +26,8 @@ HFCheckpointReader::HFCheckpointReader(const std::string& dir) : dir_(dir) {
       auto it = file_index.find(name);
       if (it == file_index.end()) {
         const fs::path shard = fs::path(dir) / name;
-        TITAN_CHECK(fs::exists(shard), index.string(), ": shard '", name, "' (holding '", key, "') is missing");
+        TITAN_CHECK(fs::exists(shard), index.string(), ": shard '", name, "' (holding '", key,
+                    "') is missing");
         files_.push_back(std::make_unique<SafetensorsFile>(shard.string()));
         it = file_index.emplace(name, files_.size() - 1).first;
       }
@@ -54,7 +55,9 @@ const SafetensorsFile& HFCheckpointReader::file_of(const std::string& key) const
   return *files_[it->second];
 }
 
-void HFCheckpointReader::read_into(const std::string& key, Tensor& dst) const { file_of(key).read_into(key, dst); }
+void HFCheckpointReader::read_into(const std::string& key, Tensor& dst) const {
+  file_of(key).read_into(key, dst);
+}
 
 namespace {
 void write_text_atomic(const fs::path& path, const std::string& text) {
@@ -76,8 +79,8 @@ std::string shard_name(size_t i, size_t n) {
 }
 }  // namespace
 
-void save_hf_checkpoint(const std::string& dir, const nlohmann::ordered_json& config, const NamedTensors& tensors,
-                        DType dtype, int64_t max_shard_bytes) {
+void save_hf_checkpoint(const std::string& dir, const nlohmann::ordered_json& config,
+                        const NamedTensors& tensors, DType dtype, int64_t max_shard_bytes) {
   fs::create_directories(dir);
   // Convert and group into shards (greedy, in order, like huggingface_hub's splitter).
   std::vector<NamedTensors> shards(1);

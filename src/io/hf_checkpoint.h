@@ -31,7 +31,7 @@ class HFCheckpointReader {
 // Writes config.json and the tensors (converted to `dtype`) as model.safetensors, or as
 // model-0000i-of-0000n.safetensors + model.safetensors.index.json when the total exceeds
 // max_shard_bytes. Files appear only once completely written (temporary names, then rename).
-void save_hf_checkpoint(const std::string& dir, const nlohmann::ordered_json& config, const NamedTensors& tensors,
-                        DType dtype, int64_t max_shard_bytes = int64_t(5) << 30);
+void save_hf_checkpoint(const std::string& dir, const nlohmann::ordered_json& config,
+                        const NamedTensors& tensors, DType dtype, int64_t max_shard_bytes = int64_t(5) << 30);
 
 }  // namespace titan

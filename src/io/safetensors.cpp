@@ -43,8 +43,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     const uint8_t* base = static_cast<const uint8_t*>(map_);
     uint64_t header_len = 0;
     std::memcpy(&header_len, base, 8);  // little-endian host assumed (x86-64, aarch64)
-    TITAN_CHECK(header_len <= size_ - 8, path, ": header length ", header_len, " runs past the end of the file (",
-                size_, " bytes)");
+    TITAN_CHECK(header_len <= size_ - 8, path, ": header length ", header_len,
+                " runs past the end of the file (", size_, " bytes)");
     data_ = base + 8 + header_len;
     const size_t data_size = size_ - 8 - header_len;
 
@@ -60,8 +60,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     for (auto& [name, info] : header.items()) {
       if (name == "__metadata__") {
         TITAN_CHECK(info.is_object(), path, ": __metadata__ is not an object");
-        for (auto& [k, v] : info.items())
-          metadata_[k] = v.is_string() ? v.get<std::string>() : v.dump();
+        for (auto& [k, v] : info.items()) metadata_[k] = v.is_string() ? v.get<std::string>() : v.dump();
         continue;
       }
       TITAN_CHECK(info.is_object() && info.contains("dtype") && info.contains("shape") &&
@@ -74,13 +73,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       TITAN_CHECK(esize > 0, path, ": tensor '", name, "': unknown dtype '", e.dtype, "'");
       TITAN_CHECK(info["shape"].is_array(), path, ": tensor '", name, "': shape is not an array");
       for (auto& d : info["shape"]) {
-        TITAN_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, path, ": tensor '", name,
-                    "': bad shape ", info["shape"].dump());
+        TITAN_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, path, ": tensor '", name, "': bad shape ",
+                    info["shape"].dump());
         e.shape.push_back(d.get<int64_t>());
       }
       auto& off = info["data_offsets"];
-      TITAN_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
-                  path, ": tensor '", name, "': data_offsets must be two non-negative integers");
+      TITAN_CHECK(
+          off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+          path, ": tensor '", name, "': data_offsets must be two non-negative integers");
       e.begin = off[0].get<size_t>();
       e.end = off[1].get<size_t>();
       TITAN_CHECK(e.begin <= e.end && e.end <= data_size, path, ": tensor '", name, "': data_offsets [",
@@ -96,8 +96,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       if (ranges[i].first < ranges[i - 1].second) {
         std::string a, b;
         for (auto& [n, e] : entries_) {
-          if (e.begin == ranges[i - 1].first && e.end == ranges[i - 1].second && a.empty()) a = n;
-          else if (e.begin == ranges[i].first && e.end == ranges[i].second) b = n;
+          if (e.begin == ranges[i - 1].first && e.end == ranges[i - 1].second && a.empty())
+            a = n;
+          else if (e.begin == ranges[i].first && e.end == ranges[i].second)
+            b = n;
         }
         fail(path, ": tensors '", a, "' and '", b, "' overlap in the data section");
       }
@@ -122,10 +124,14 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
 Tensor SafetensorsFile::load(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
   DType dt;
-  if (e.dtype == "F32" || e.dtype == "F16") dt = DType::F32;
-  else if (e.dtype == "BF16") dt = DType::BF16;
-  else if (e.dtype == "I32") dt = DType::I32;
-  else fail(path_, ": tensor '", name, "': dtype ", e.dtype, " cannot be loaded");
+  if (e.dtype == "F32" || e.dtype == "F16")
+    dt = DType::F32;
+  else if (e.dtype == "BF16")
+    dt = DType::BF16;
+  else if (e.dtype == "I32")
+    dt = DType::I32;
+  else
+    fail(path_, ": tensor '", name, "': dtype ", e.dtype, " cannot be loaded");
   Tensor t = Tensor::empty(e.shape, dt);
   read_into(name, t);
   return t;
@@ -188,7 +194,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   FILE* f = std::fopen(tmp.c_str(), "wb");
   TITAN_CHECK(f, path, ": cannot open for writing (", std::strerror(errno), ")");
-  bool ok = std::fwrite(&header_len, 8, 1, f) == 1 && std::fwrite(json.data(), 1, json.size(), f) == json.size();
+  bool ok =
+      std::fwrite(&header_len, 8, 1, f) == 1 && std::fwrite(json.data(), 1, json.size(), f) == json.size();
   for (auto& [name, t] : tensors)
     if (ok && t.nbytes()) ok = std::fwrite(t.raw(), 1, t.nbytes(), f) == t.nbytes();
   ok = (std::fflush(f) == 0) && ok;

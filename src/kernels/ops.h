@@ -27,7 +27,8 @@ struct RmsNormKernels {
 };
 
 // Rotate-half RoPE (NeoX layout, HF `rotate_half`) at position t = row % T.
-// x (N, nh, hd), out may alias inp; cos, sin (T_max, hd/2) tables: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin.
+// x (N, nh, hd), out may alias inp; cos, sin (T_max, hd/2) tables: x1' = x1 cos - x2 sin, x2' = x2 cos + x1
+// sin.
 struct RopeKernels {
   static constexpr const char* kOp = "rope";
   void (*forward)(float* out, const float* inp, const float* cos, const float* sin, int64_t N, int64_t T,
@@ -86,12 +87,12 @@ struct AdamWKernels {
 // Saved activations and routing tables live in caller buffers planned once per N (no allocation per call);
 // their layout belongs to the implementation, so one implementation runs both forward and backward.
 struct MoeExpertsBuffers {
-  float* gu = nullptr;          // saved (N*k, 2I)   gate|up pre-activations, one row per routed token slot
-  float* act = nullptr;         // saved (N*k, I)    silu(gate) * up
-  int32_t* order = nullptr;     // saved (N*k)       row r of the expert-sorted layout -> token slot n*k+s
-  int32_t* row_of = nullptr;    // saved (N*k)       token slot n*k+s -> sorted row
-  int32_t* offsets = nullptr;   // saved (E+1)       expert e owns sorted rows [offsets[e], offsets[e+1])
-  float* scratch = nullptr;     // moe_experts_scratch_floats(N,k,H,I); contents not kept between calls
+  float* gu = nullptr;         // saved (N*k, 2I)   gate|up pre-activations, one row per routed token slot
+  float* act = nullptr;        // saved (N*k, I)    silu(gate) * up
+  int32_t* order = nullptr;    // saved (N*k)       row r of the expert-sorted layout -> token slot n*k+s
+  int32_t* row_of = nullptr;   // saved (N*k)       token slot n*k+s -> sorted row
+  int32_t* offsets = nullptr;  // saved (E+1)       expert e owns sorted rows [offsets[e], offsets[e+1])
+  float* scratch = nullptr;    // moe_experts_scratch_floats(N,k,H,I); contents not kept between calls
 };
 inline int64_t moe_experts_scratch_floats(int64_t N, int64_t k, int64_t H, int64_t I) {
   return N * k * (2 * H + 4 * I);
@@ -99,8 +100,9 @@ inline int64_t moe_experts_scratch_floats(int64_t N, int64_t k, int64_t H, int64
 
 struct MoeExpertsKernels {
   static constexpr const char* kOp = "moe_experts";
-  void (*forward)(float* out, const MoeExpertsBuffers& buf, const float* x, const int32_t* idx, const float* w,
-                  const float* w_gu, const float* w_down, int64_t N, int64_t k, int64_t E, int64_t H, int64_t I);
+  void (*forward)(float* out, const MoeExpertsBuffers& buf, const float* x, const int32_t* idx,
+                  const float* w, const float* w_gu, const float* w_down, int64_t N, int64_t k, int64_t E,
+                  int64_t H, int64_t I);
   void (*backward)(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeExpertsBuffers& buf,
                    const float* dout, const float* x, const int32_t* idx, const float* w, const float* w_gu,
                    const float* w_down, int64_t N, int64_t k, int64_t E, int64_t H, int64_t I);

@@ -56,8 +56,8 @@ struct KernelRegistrar {
 }  // namespace titan
 
 // TITAN_REGISTER_KERNEL(RmsNormKernels, CPU, "fast", table, 10)
-#define TITAN_REGISTER_KERNEL(Type, dev, impl, table, priority)                                 \
-  static ::titan::KernelRegistrar<Type> TITAN_KERNEL_CONCAT(titan_kernel_reg_, __LINE__)(       \
+#define TITAN_REGISTER_KERNEL(Type, dev, impl, table, priority)                           \
+  static ::titan::KernelRegistrar<Type> TITAN_KERNEL_CONCAT(titan_kernel_reg_, __LINE__)( \
       ::titan::DeviceType::dev, impl, &(table), priority)
 #define TITAN_KERNEL_CONCAT_INNER(a, b) a##b
 #define TITAN_KERNEL_CONCAT(a, b) TITAN_KERNEL_CONCAT_INNER(a, b)

@@ -66,8 +66,10 @@ double clip_grad_norm(std::vector<Tensor>& grads, double max_norm) {
 LRSchedule::LRSchedule(const LRScheduleConfig& config, int64_t total_steps) : config_(config) {
   TITAN_CHECK(config.decay_type == "linear" || config.decay_type == "sqrt" || config.decay_type == "cosine" ||
                   config.decay_type == "constant",
-              "lr_scheduler.decay_type '", config.decay_type, "' is not one of linear, sqrt, cosine, constant");
-  TITAN_CHECK(config.min_lr_factor >= 0 && config.min_lr_factor <= 1, "lr_scheduler.min_lr_factor must be in [0, 1]");
+              "lr_scheduler.decay_type '", config.decay_type,
+              "' is not one of linear, sqrt, cosine, constant");
+  TITAN_CHECK(config.min_lr_factor >= 0 && config.min_lr_factor <= 1,
+              "lr_scheduler.min_lr_factor must be in [0, 1]");
   TITAN_CHECK(config.warmup_steps >= 0, "lr_scheduler.warmup_steps must be >= 0");
   warmup_ = std::min<int64_t>(config.warmup_steps, total_steps);
   decay_ = config.decay_ratio >= 0 ? std::llround(total_steps * config.decay_ratio) : total_steps - warmup_;
@@ -81,9 +83,12 @@ double LRSchedule::factor(int64_t step) const {
   if (config_.decay_type == "constant" || step < warmup_ + stable_ || decay_ <= 0) return 1.0;
   const double progress = static_cast<double>(step + 1 - warmup_ - stable_) / static_cast<double>(decay_);
   double adj;
-  if (config_.decay_type == "linear") adj = 1.0 - progress;
-  else if (config_.decay_type == "sqrt") adj = 1.0 - std::sqrt(progress);
-  else adj = 0.5 * (1.0 + std::cos(M_PI * progress));
+  if (config_.decay_type == "linear")
+    adj = 1.0 - progress;
+  else if (config_.decay_type == "sqrt")
+    adj = 1.0 - std::sqrt(progress);
+  else
+    adj = 0.5 * (1.0 + std::cos(M_PI * progress));
   return config_.min_lr_factor + (1.0 - config_.min_lr_factor) * adj;
 }
 

@@ -1,10 +1,11 @@
 #include "train/config.h"
 
+#include <toml++/toml.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <toml++/toml.h>
 #include <variant>
 
 #include "core/error.h"
@@ -81,9 +82,9 @@ std::vector<Field> fields(TrainConfig& c) {
 }
 
 const std::vector<std::string>& section_names() {
-  static const std::vector<std::string> names = {"job",         "model",      "optimizer", "lr_scheduler",
-                                                 "training",    "parallelism", "checkpoint", "metrics",
-                                                 "compile",     "kernels",    "activation_checkpoint"};
+  static const std::vector<std::string> names = {
+      "job",     "model",   "optimizer", "lr_scheduler",         "training", "parallelism", "checkpoint",
+      "metrics", "compile", "kernels",   "activation_checkpoint"};
   return names;
 }
 
@@ -117,9 +118,12 @@ void set_field(const Field& f, const toml::node& node, const std::string& where)
           if (!node.is_integer() || node.as_integer()->get() < 0) type_error("a non-negative integer");
           *p = static_cast<uint64_t>(node.as_integer()->get());
         } else if constexpr (std::is_same_v<T, double>) {
-          if (node.is_integer()) *p = static_cast<double>(node.as_integer()->get());
-          else if (node.is_floating_point()) *p = node.as_floating_point()->get();
-          else type_error("a number");
+          if (node.is_integer())
+            *p = static_cast<double>(node.as_integer()->get());
+          else if (node.is_floating_point())
+            *p = node.as_floating_point()->get();
+          else
+            type_error("a number");
         } else if constexpr (std::is_same_v<T, bool>) {
           if (!node.is_boolean()) type_error("true or false");
           *p = node.as_boolean()->get();
@@ -151,15 +155,16 @@ void apply_table(TrainConfig& c, const toml::table& root, const std::string& ori
     for (auto& [key_node, value] : *tbl) {
       const std::string key(key_node.str());
       if (section == "kernels") {
-        TITAN_CHECK(value.is_string(), origin, ": kernels.", key, " must be a string (an implementation name)");
+        TITAN_CHECK(value.is_string(), origin, ": kernels.", key,
+                    " must be a string (an implementation name)");
         c.kernels[key] = value.as_string()->get();
         continue;
       }
       auto it = std::find_if(schema.begin(), schema.end(),
                              [&](const Field& f) { return f.section == section && f.key == key; });
       if (it == schema.end())
-        fail(origin, ": unknown key ", section, ".", key, " (valid keys of [", section, "]: ", valid_keys(c, section),
-             ")");
+        fail(origin, ": unknown key ", section, ".", key, " (valid keys of [", section,
+             "]: ", valid_keys(c, section), ")");
       set_field(*it, value, origin);
     }
   }
@@ -208,8 +213,9 @@ void apply_override(TrainConfig& config, const std::string& assignment) {
 std::string resolve_config_path(const std::string& name_or_path) {
   namespace fs = std::filesystem;
   if (fs::exists(name_or_path)) return name_or_path;
-  std::vector<std::string> candidates = {std::string(TITAN_SOURCE_DIR_STR) + "/configs/" + name_or_path + ".toml",
-                                         "configs/" + name_or_path + ".toml"};
+  std::vector<std::string> candidates = {
+      std::string(TITAN_SOURCE_DIR_STR) + "/configs/" + name_or_path + ".toml",
+      "configs/" + name_or_path + ".toml"};
   for (auto& c : candidates)
     if (fs::exists(c)) return c;
   std::vector<std::string> shipped;
@@ -283,16 +289,19 @@ void TrainConfig::validate() const {
   TITAN_CHECK(lr_scheduler.warmup_steps >= 0, "lr_scheduler.warmup_steps must be >= 0");
   TITAN_CHECK(lr_scheduler.min_lr_factor >= 0 && lr_scheduler.min_lr_factor <= 1,
               "lr_scheduler.min_lr_factor must be in [0, 1]");
-  TITAN_CHECK(training.val_fraction >= 0 && training.val_fraction < 1, "training.val_fraction must be in [0, 1)");
+  TITAN_CHECK(training.val_fraction >= 0 && training.val_fraction < 1,
+              "training.val_fraction must be in [0, 1)");
   TITAN_CHECK(training.global_batch_size == -1 || training.global_batch_size > 0,
               "training.global_batch_size must be -1 or positive");
   TITAN_CHECK(!training.dataset.empty(), "training.dataset needs at least one source");
-  TITAN_CHECK(parallelism.data_parallel_replicate_degree >= 1, "parallelism.data_parallel_replicate_degree must be >= 1");
+  TITAN_CHECK(parallelism.data_parallel_replicate_degree >= 1,
+              "parallelism.data_parallel_replicate_degree must be >= 1");
   TITAN_CHECK(parallelism.data_parallel_shard_degree == -1 || parallelism.data_parallel_shard_degree >= 1,
               "parallelism.data_parallel_shard_degree must be -1 or >= 1");
   TITAN_CHECK(parallelism.expert_parallel_degree >= 1, "parallelism.expert_parallel_degree must be >= 1");
-  TITAN_CHECK(!compile.enable, "compile.enable = true: graph compilation is not available in this build; "
-                               "the CPU device runs eager (set compile.enable = false)");
+  TITAN_CHECK(!compile.enable,
+              "compile.enable = true: graph compilation is not available in this build; "
+              "the CPU device runs eager (set compile.enable = false)");
 }
 
 std::string TrainConfig::to_toml() const {

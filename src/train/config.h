@@ -17,7 +17,7 @@ struct JobConfig {
 
 struct ModelConfig {
   std::string name = "qwen3";
-  std::string flavor = "debug";    // flavor registry name; ignored when hf_assets_path has a config.json
+  std::string flavor = "debug";     // flavor registry name; ignored when hf_assets_path has a config.json
   std::string hf_assets_path = "";  // HF directory: config.json (+ tokenizer.json)
   std::string tokenizer_path = "";  // tokenizer.json or dir; "" = hf_assets_path, or trained (default run)
   int64_t vocab_size = 0;           // > 0: override the flavor's vocabulary (e.g. to the tokenizer's)
@@ -122,7 +122,8 @@ void apply_toml(TrainConfig& config, const std::string& toml_text, const std::st
 void apply_override(TrainConfig& config, const std::string& assignment);
 // Resolves --config: a path to a .toml file, or the name of a shipped config (configs/NAME.toml).
 std::string resolve_config_path(const std::string& name_or_path);
-// Parses `titan train` arguments: [--config FILE|NAME] [--dry-run] [--section.key=value | --section.key value]...
+// Parses `titan train` arguments: [--config FILE|NAME] [--dry-run] [--section.key=value | --section.key
+// value]...
 TrainConfig parse_train_args(const std::vector<std::string>& args);
 
 }  // namespace titan

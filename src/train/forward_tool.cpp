@@ -11,8 +11,8 @@
 namespace titan {
 
 namespace {
-std::vector<int32_t> read_matrix(const nlohmann::json& j, const char* field, const std::string& path, int64_t& B,
-                                 int64_t& T) {
+std::vector<int32_t> read_matrix(const nlohmann::json& j, const char* field, const std::string& path,
+                                 int64_t& B, int64_t& T) {
   TITAN_CHECK(j.contains(field), path, ": missing field '", field, "'");
   const auto& rows = j[field];
   TITAN_CHECK(rows.is_array() && !rows.empty(), path, ": '", field, "' must be a non-empty array of arrays");
@@ -43,8 +43,8 @@ TokenBatch read_token_batch_json(const std::string& path) {
   if (j.contains("labels") && !j["labels"].is_null()) {
     int64_t B, T;
     batch.labels = read_matrix(j, "labels", path, B, T);
-    TITAN_CHECK(B == batch.B && T == batch.T, path, ": 'labels' is ", B, "x", T, " but 'input_ids' is ", batch.B,
-                "x", batch.T);
+    TITAN_CHECK(B == batch.B && T == batch.T, path, ": 'labels' is ", B, "x", T, " but 'input_ids' is ",
+                batch.B, "x", batch.T);
   } else {
     batch.labels = batch.input_ids;
   }
@@ -71,14 +71,16 @@ void run_forward_tool(const ForwardToolOptions& opts) {
   out.emplace_back("loss", Tensor::from_vector({static_cast<float>(r.loss)}, {}));
   // MoE: HF load_balancing_loss_func value (added to `loss` times router_aux_loss_coef when the config has
   // output_router_logits).
-  if (model.config().is_moe()) out.emplace_back("aux_loss", Tensor::from_vector({static_cast<float>(r.aux_loss)}, {}));
+  if (model.config().is_moe())
+    out.emplace_back("aux_loss", Tensor::from_vector({static_cast<float>(r.aux_loss)}, {}));
   if (fo.compute_grad) model.backward();
   if (opts.grads)
     for (auto& p : model.params()) out.emplace_back("grad." + p.name, p.grad.clone());
 
   if (opts.steps > 0) {
     AdamWConfig ac{opts.lr, opts.beta1, opts.beta2, opts.eps, opts.weight_decay};
-    AdamW optimizer(model.flat_params(), model.flat_grads(), ac, opts.kernels.count("adamw") ? opts.kernels.at("adamw") : "");
+    AdamW optimizer(model.flat_params(), model.flat_grads(), ac,
+                    opts.kernels.count("adamw") ? opts.kernels.at("adamw") : "");
     std::vector<float> losses;
     for (int64_t k = 0; k < opts.steps; ++k) {
       if (k > 0) {  // step 0 reuses the forward/backward above

@@ -16,10 +16,10 @@ struct ForwardToolOptions {
   std::string output_path;
   bool grads = false;
   int64_t steps = 0;
-  float lr = 1e-3f;            // torch.optim.AdamW defaults
+  float lr = 1e-3f;  // torch.optim.AdamW defaults
   float weight_decay = 0.01f;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
-  double max_norm = 0;         // <= 0: no clipping
+  double max_norm = 0;  // <= 0: no clipping
   DType dtype = DType::F32;
   KernelChoice kernels;
 };

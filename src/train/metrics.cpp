@@ -29,24 +29,26 @@ void MetricsLogger::log(const StepMetrics& m) {
   elapsed_ += m.time_s;
   if (jsonl_) {
     std::fprintf(jsonl_,
-                 "{\"step\": %lld, \"loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.8g, \"tokens\": %lld, \"tps\": %.2f, "
+                 "{\"step\": %lld, \"loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.8g, \"tokens\": %lld, "
+                 "\"tps\": %.2f, "
                  "\"tflops\": %.4f, \"mfu\": %.3f, \"mem_gib\": %.4f, \"time_s\": %.4f}\n",
-                 (long long)m.step, m.loss, m.grad_norm, m.lr, (long long)m.tokens, m.tps, m.tflops, m.mfu, m.mem_gib,
-                 m.time_s);
+                 (long long)m.step, m.loss, m.grad_norm, m.lr, (long long)m.tokens, m.tps, m.tflops, m.mfu,
+                 m.mem_gib, m.time_s);
     std::fflush(jsonl_);
   }
   if (!print_) return;
   if (progress_) std::printf("\r\033[K");
-  std::printf("step: %4lld  loss: %7.4f  grad_norm: %7.4f  lr: %.3e  memory: %.2fGiB(%.2f%%)  tps: %.0f  "
-              "tflops: %.3f  mfu: %.2f%%\n",
-              (long long)m.step, m.loss, m.grad_norm, m.lr, m.mem_gib, m.mem_pct, m.tps, m.tflops, m.mfu);
+  std::printf(
+      "step: %4lld  loss: %7.4f  grad_norm: %7.4f  lr: %.3e  memory: %.2fGiB(%.2f%%)  tps: %.0f  "
+      "tflops: %.3f  mfu: %.2f%%\n",
+      (long long)m.step, m.loss, m.grad_norm, m.lr, m.mem_gib, m.mem_pct, m.tps, m.tflops, m.mfu);
   if (progress_) {
     const double frac = std::min(1.0, double(m.step) / double(total_steps_));
     const int width = 30, filled = static_cast<int>(frac * width);
     const double eta = m.step > 0 ? elapsed_ / m.step * (total_steps_ - m.step) : 0;
     std::printf("[%s%s] %3.0f%%  step %lld/%lld  ETA %dm%02ds", std::string(filled, '#').c_str(),
-                std::string(width - filled, ' ').c_str(), frac * 100, (long long)m.step, (long long)total_steps_,
-                static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
+                std::string(width - filled, ' ').c_str(), frac * 100, (long long)m.step,
+                (long long)total_steps_, static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
   }
   std::fflush(stdout);
 }
@@ -59,18 +61,22 @@ void MetricsLogger::finish() {
 double measure_gemm_tflops() {
   const int n = 1024;
   std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+              c.data(), n);
   double best = 0;
   for (int r = 0; r < 3; ++r) {
     auto t0 = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+                c.data(), n);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, 2.0 * n * n * n / dt / 1e12);
   }
   return best;
 }
 
-int64_t physical_memory_bytes() { return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE); }
+int64_t physical_memory_bytes() {
+  return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+}
 
 void write_loss_svg(const std::string& path, const std::vector<double>& losses, const std::string& title) {
   const double W = 720, H = 420, L = 60, R = 20, T = 40, B = 50;
@@ -84,23 +90,29 @@ void write_loss_svg(const std::string& path, const std::vector<double>& losses, 
   auto x = [&](size_t i) { return L + (W - L - R) * double(i) / double(n - 1); };
   auto y = [&](double v) { return T + (H - T - B) * (1.0 - (v - lo) / (hi - lo)); };
   std::ostringstream os;
-  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+     << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-     << "<text x=\"" << W / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" << title << "</text>\n"
-     << "<line x1=\"" << L << "\" y1=\"" << H - B << "\" x2=\"" << W - R << "\" y2=\"" << H - B << "\" stroke=\"black\"/>\n"
-     << "<line x1=\"" << L << "\" y1=\"" << T << "\" x2=\"" << L << "\" y2=\"" << H - B << "\" stroke=\"black\"/>\n";
+     << "<text x=\"" << W / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" << title
+     << "</text>\n"
+     << "<line x1=\"" << L << "\" y1=\"" << H - B << "\" x2=\"" << W - R << "\" y2=\"" << H - B
+     << "\" stroke=\"black\"/>\n"
+     << "<line x1=\"" << L << "\" y1=\"" << T << "\" x2=\"" << L << "\" y2=\"" << H - B
+     << "\" stroke=\"black\"/>\n";
   for (int k = 0; k <= 4; ++k) {
     const double v = lo + (hi - lo) * k / 4.0;
-    os << "<text x=\"" << L - 6 << "\" y=\"" << y(v) + 4 << "\" text-anchor=\"end\">" << std::round(v * 100) / 100
-       << "</text>\n<line x1=\"" << L << "\" y1=\"" << y(v) << "\" x2=\"" << W - R << "\" y2=\"" << y(v)
-       << "\" stroke=\"#ddd\"/>\n";
+    os << "<text x=\"" << L - 6 << "\" y=\"" << y(v) + 4 << "\" text-anchor=\"end\">"
+       << std::round(v * 100) / 100 << "</text>\n<line x1=\"" << L << "\" y1=\"" << y(v) << "\" x2=\""
+       << W - R << "\" y2=\"" << y(v) << "\" stroke=\"#ddd\"/>\n";
   }
   for (int k = 0; k <= 4; ++k) {
     const size_t i = (n - 1) * k / 4;
-    os << "<text x=\"" << x(i) << "\" y=\"" << H - B + 18 << "\" text-anchor=\"middle\">" << i + 1 << "</text>\n";
+    os << "<text x=\"" << x(i) << "\" y=\"" << H - B + 18 << "\" text-anchor=\"middle\">" << i + 1
+       << "</text>\n";
   }
   os << "<text x=\"" << W / 2 << "\" y=\"" << H - 10 << "\" text-anchor=\"middle\">step</text>\n"
-     << "<text x=\"16\" y=\"" << H / 2 << "\" transform=\"rotate(-90 16 " << H / 2 << ")\" text-anchor=\"middle\">loss</text>\n"
+     << "<text x=\"16\" y=\"" << H / 2 << "\" transform=\"rotate(-90 16 " << H / 2
+     << ")\" text-anchor=\"middle\">loss</text>\n"
      << "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"";
   for (size_t i = 0; i < losses.size(); ++i)
     if (std::isfinite(losses[i])) os << x(i) << "," << y(losses[i]) << " ";

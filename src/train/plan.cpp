@@ -15,15 +15,19 @@ std::string gib(int64_t bytes) {
 }
 std::string human(double n) {
   char buf[32];
-  if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.3fB", n / 1e9);
-  else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.3fM", n / 1e6);
-  else std::snprintf(buf, sizeof buf, "%.0f", n);
+  if (n >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.3fB", n / 1e9);
+  else if (n >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.3fM", n / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", n);
   return buf;
 }
 }  // namespace
 
-RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int64_t dp_shard, int64_t local_batch,
-                  int64_t global_batch, int64_t seq_len, const std::string& activation_checkpoint) {
+RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int64_t dp_shard,
+                  int64_t local_batch, int64_t global_batch, int64_t seq_len,
+                  const std::string& activation_checkpoint) {
   RunPlan p;
   p.world = world;
   p.dp_replicate = dp_replicate;
@@ -34,7 +38,8 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   p.local_batch = local_batch;
   p.global_batch = global_batch > 0 ? global_batch : local_batch * dp;
   TITAN_CHECK(p.global_batch % (local_batch * dp) == 0, "training.global_batch_size (", p.global_batch,
-              ") must be a multiple of local_batch_size x data-parallel degree (", local_batch, " x ", dp, ")");
+              ") must be a multiple of local_batch_size x data-parallel degree (", local_batch, " x ", dp,
+              ")");
   p.grad_accum = p.global_batch / (local_batch * dp);
   p.seq_len = seq_len;
   p.params = c.num_params();
@@ -66,8 +71,8 @@ std::string RunPlan::describe() const {
   std::ostringstream os;
   os << "parameters: " << human(params) << " (" << human(non_embedding_params) << " non-embedding)\n"
      << "training FLOPs/token: " << human(flops_per_token) << " (" << flops_per_token / 1e9 << " GFLOP)\n"
-     << "world " << world << " = data_parallel_replicate " << dp_replicate << " x data_parallel_shard " << dp_shard
-     << "\nbatch: local " << local_batch << " x seq " << seq_len << ", global " << global_batch
+     << "world " << world << " = data_parallel_replicate " << dp_replicate << " x data_parallel_shard "
+     << dp_shard << "\nbatch: local " << local_batch << " x seq " << seq_len << ", global " << global_batch
      << ", gradient accumulation " << grad_accum << " steps, " << global_batch * seq_len << " tokens/step\n"
      << "memory per rank: parameters " << gib(param_bytes) << ", gradients " << gib(grad_bytes)
      << ", optimizer " << gib(optimizer_bytes) << ", activations " << gib(activation_bytes) << ", total "

@@ -54,6 +54,8 @@ inline int run_titan(const std::string& args, std::string* output = nullptr) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-inline std::string source_path(const std::string& rel) { return std::string(TITAN_SOURCE_DIR) + "/" + rel; }
+inline std::string source_path(const std::string& rel) {
+  return std::string(TITAN_SOURCE_DIR) + "/" + rel;
+}
 
 }  // namespace titan::testing

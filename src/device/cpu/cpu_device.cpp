@@ -25,8 +25,12 @@ class CpuAllocator final : public Allocator {
   }
 };
 
-void copy_host(void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); }
-int cpu_threads() { return omp_get_max_threads(); }
+void copy_host(void* dst, const void* src, size_t n) {
+  std::memcpy(dst, src, n);
+}
+int cpu_threads() {
+  return omp_get_max_threads();
+}
 
 struct CpuDeviceRegistration {
   CpuAllocator allocator;

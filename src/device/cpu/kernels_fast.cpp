@@ -19,7 +19,8 @@ void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int
 
 void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t N,
                      int64_t C, int64_t OC) {
-  if (dinp) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
+  if (dinp)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
   if (dw) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
 }
 
@@ -216,7 +217,8 @@ void embedding_forward(float* out, const int32_t* ids, const float* table, int64
 }
 
 // Parallel over columns so rows hit by repeated ids never race; order per element is fixed (deterministic).
-void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C, int64_t V) {
+void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C,
+                        int64_t V) {
   const int nt = omp_get_max_threads();
 #pragma omp parallel num_threads(nt)
   {

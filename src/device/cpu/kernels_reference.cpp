@@ -167,7 +167,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     }
 }
 
-double silu(double x) { return x / (1.0 + std::exp(-x)); }
+double silu(double x) {
+  return x / (1.0 + std::exp(-x));
+}
 
 void swiglu_forward(float* out, const float* gu, int64_t N, int64_t I) {
   for (int64_t n = 0; n < N; ++n)
@@ -190,7 +192,8 @@ void embedding_forward(float* out, const int32_t* ids, const float* table, int64
     for (int64_t c = 0; c < C; ++c) out[n * C + c] = table[(int64_t)ids[n] * C + c];
 }
 
-void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C, int64_t V) {
+void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C,
+                        int64_t V) {
   for (int64_t n = 0; n < N; ++n)
     for (int64_t c = 0; c < C; ++c) dtable[(int64_t)ids[n] * C + c] += dout[n * C + c];
 }
