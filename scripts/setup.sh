@@ -12,7 +12,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libopenblas-dev libopenblas0-openmp libomp-dev
   nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
-  libpcre2-dev libutf8proc-dev
+  libpcre2-dev libutf8proc-dev libxxhash-dev
   openmpi-bin libopenmpi-dev
   libgtest-dev libgmock-dev
   fortunes fortunes-min

@@ -1,6 +1,8 @@
 // DataParallelPlan: DDP, FSDP or HSDP from the replicate x shard degrees.
 #include "dist/data_parallel_plan.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace titan::dist {
@@ -48,6 +50,19 @@ std::vector<Tensor>& DataParallelPlan::optimizer_grads() {
 }
 ProcessGroup* DataParallelPlan::grad_shard_group() {
   return fsdp_ ? &fsdp_->shard_group() : nullptr;
+}
+
+int64_t DataParallelPlan::optimizer_offset(int g) const {
+  return fsdp_ ? std::min(fsdp_->shard_offset(g), fsdp_->group_numel(g)) : 0;
+}
+
+int64_t DataParallelPlan::optimizer_count(int g) const {
+  return fsdp_ ? fsdp_->shard_valid(g) : params_[g].numel();
+}
+
+bool DataParallelPlan::saves_state() const {
+  // HSDP mesh: world rank = replica * shard_degree + shard rank.
+  return fsdp_ ? world_.rank() < shard_ : world_.rank() == 0;
 }
 
 void DataParallelPlan::broadcast_from(int root) {

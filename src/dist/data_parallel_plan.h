@@ -44,6 +44,14 @@ class DataParallelPlan {
   // The group over which optimizer_grads() are partitioned (nullptr when replicated).
   ProcessGroup* grad_shard_group();
 
+  // Where optimizer_params()[g] sits in the full buffer g: elements [optimizer_offset(g),
+  // optimizer_offset(g) + optimizer_count(g)); the count excludes shard padding. Single/DDP: all of it.
+  int64_t optimizer_offset(int g) const;
+  int64_t optimizer_count(int g) const;
+  // True on the ranks whose optimizer state is the copy a checkpoint saves: rank 0 for single/DDP, the
+  // shard group of the first replica (world ranks 0..S-1) for FSDP/HSDP.
+  bool saves_state() const;
+
   // Makes every rank's parameters (and shards) equal to rank `root`'s.
   void broadcast_from(int root);
   // After backward: optimizer_grads() := mean over all ranks of the model gradients.

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -175,8 +176,22 @@ void atomic_rename(const std::string& tmp_path, const std::string& path) {
   }
 }
 
+void fsync_directory(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  TITAN_CHECK(fd >= 0, dir, ": cannot open directory to sync (", std::strerror(errno), ")");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  TITAN_CHECK(rc == 0, dir, ": fsync failed (", std::strerror(errno), ")");
+}
+
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
+  save_safetensors(path, tensors, metadata, nullptr);
+}
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata,
+                      const std::function<void(uint64_t)>& on_bytes) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
@@ -196,8 +211,16 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   TITAN_CHECK(f, path, ": cannot open for writing (", std::strerror(errno), ")");
   bool ok =
       std::fwrite(&header_len, 8, 1, f) == 1 && std::fwrite(json.data(), 1, json.size(), f) == json.size();
-  for (auto& [name, t] : tensors)
-    if (ok && t.nbytes()) ok = std::fwrite(t.raw(), 1, t.nbytes(), f) == t.nbytes();
+  // Data in chunks, so a caller can report progress on large files.
+  constexpr size_t kChunk = size_t(64) << 20;
+  for (auto& [name, t] : tensors) {
+    const char* p = static_cast<const char*>(t.raw());
+    for (size_t done = 0; ok && done < t.nbytes(); done += kChunk) {
+      const size_t n = std::min(kChunk, t.nbytes() - done);
+      ok = std::fwrite(p + done, 1, n, f) == n;
+      if (ok && on_bytes) on_bytes(n);
+    }
+  }
   ok = (std::fflush(f) == 0) && ok;
   std::fclose(f);
   if (!ok) {

@@ -4,6 +4,7 @@
 // so a failed write never leaves a partial file.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -54,6 +55,14 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 // Writes `tensors` (stored in their own dtype) to `path` atomically.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+
+// The same; on_bytes(n) is called after every chunk of n data bytes is written (progress reports).
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata,
+                      const std::function<void(uint64_t)>& on_bytes);
+
+// fsync of a directory, so renames and new entries inside it are durable.
+void fsync_directory(const std::string& dir);
 
 // Writes `tmp_path` then fsyncs and renames it to `path`. Used by every writer of final outputs.
 void atomic_rename(const std::string& tmp_path, const std::string& path);

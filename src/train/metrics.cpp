@@ -8,15 +8,27 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
 namespace titan {
 
-MetricsLogger::MetricsLogger(const std::string& jsonl_path, int64_t total_steps, bool progress, bool print)
+MetricsLogger::MetricsLogger(const std::string& jsonl_path, int64_t total_steps, bool progress, bool print,
+                             int64_t resumed_step)
     : total_steps_(total_steps), progress_(progress && isatty(STDOUT_FILENO)), print_(print) {
   if (!jsonl_path.empty()) {
+    // A resumed run keeps the records up to its checkpoint's step and continues after them.
+    std::string kept;
+    if (resumed_step > 0) {
+      std::ifstream in(jsonl_path);
+      for (std::string line; std::getline(in, line);) {
+        const auto j = nlohmann::json::parse(line, nullptr, false);
+        if (!j.is_discarded() && j.value("step", int64_t(0)) <= resumed_step) kept += line + "\n";
+      }
+    }
     jsonl_ = std::fopen(jsonl_path.c_str(), "w");
+    if (jsonl_ && !kept.empty()) std::fputs(kept.c_str(), jsonl_);
     TITAN_CHECK(jsonl_, jsonl_path, ": cannot open for writing");
   }
 }

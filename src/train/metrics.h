@@ -20,7 +20,9 @@ struct StepMetrics {
 class MetricsLogger {
  public:
   // jsonl_path empty: no file. progress: draw a bar (only if stdout is a terminal).
-  MetricsLogger(const std::string& jsonl_path, int64_t total_steps, bool progress, bool print);
+  // resumed_step > 0: keep the file's records up to that step and continue it (a resumed run).
+  MetricsLogger(const std::string& jsonl_path, int64_t total_steps, bool progress, bool print,
+                int64_t resumed_step = 0);
   ~MetricsLogger();
   void log(const StepMetrics& m);
   void finish();

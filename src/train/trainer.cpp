@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
+#include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "data/loader.h"
 #include "device/device.h"
@@ -18,6 +20,7 @@
 #include "optim/optimizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/trainer.h"
+#include "train/checkpointing.h"
 #include "train/metrics.h"
 #include "train/plan.h"
 
@@ -234,11 +237,36 @@ TrainResult run_training(const TrainConfig& cfg) {
   Qwen3Model model(mc, cfg.kernels);
   model.init_weights(cfg.training.seed);
   model.set_activation_checkpointing(cfg.activation_checkpoint.mode == "full");
-  if (!cfg.checkpoint.initial_load_path.empty()) {
-    TITAN_CHECK(cfg.checkpoint.initial_load_in_hf,
-                "checkpoint.initial_load_in_hf = false: only HF checkpoints can be loaded here");
-    std::printf("loading HF weights from %s\n", cfg.checkpoint.initial_load_path.c_str());
-    model.load_hf(cfg.checkpoint.initial_load_path);
+  // Checkpoints: with checkpoint.enable, the newest complete one in <dump>/<folder> is resumed (rank 0
+  // picks it so that every rank reads the same); otherwise checkpoint.initial_load_path gives the
+  // initial weights (HF directory, or a titan checkpoint with initial_load_in_hf = false).
+  const std::string ckpt_folder = (fs::path(cfg.job.dump_folder) / cfg.checkpoint.folder).string();
+  std::string resume_dir;
+  if (cfg.checkpoint.enable) {
+    int64_t found = -1;
+    if (lead) {
+      const std::string dir = ckpt::latest(ckpt_folder, true);
+      if (!dir.empty()) found = ckpt::Reader(dir).step();
+    }
+    pg.broadcast(&found, 1, dist::CommType::I64, 0);
+    if (found >= 0) resume_dir = (fs::path(ckpt_folder) / ("step-" + std::to_string(found))).string();
+  }
+  bool resume_training_state = false;
+  if (!resume_dir.empty()) {
+    ckpt::Reader reader(resume_dir);
+    resume_training_state = has_training_state(reader);
+    if (!resume_training_state) {
+      if (lead) std::printf("checkpoint: initial weights from the model-only checkpoint %s\n", resume_dir.c_str());
+      load_model_from_checkpoint(model, resume_dir, lead);
+    }
+  } else if (!cfg.checkpoint.initial_load_path.empty()) {
+    if (cfg.checkpoint.initial_load_in_hf) {
+      if (lead) std::printf("loading HF weights from %s\n", cfg.checkpoint.initial_load_path.c_str());
+      model.load_hf(cfg.checkpoint.initial_load_path);
+    } else {
+      if (lead) std::printf("loading model weights from checkpoint %s\n", cfg.checkpoint.initial_load_path.c_str());
+      load_model_from_checkpoint(model, cfg.checkpoint.initial_load_path, lead);
+    }
   }
   if (lead) {
     std::printf("kernels:");
@@ -270,6 +298,37 @@ TrainResult run_training(const TrainConfig& cfg) {
   LRSchedule schedule(LRScheduleConfig{cfg.lr_scheduler.warmup_steps, cfg.lr_scheduler.decay_ratio,
                                        cfg.lr_scheduler.decay_type, cfg.lr_scheduler.min_lr_factor},
                       cfg.training.steps);
+  int64_t first_step = 1;
+  if (resume_training_state) {
+    // Everything is validated before any state is replaced; each rank reads its own slices (any
+    // world size: the layout is the model's flat groups, not the writer's sharding).
+    ckpt::Reader reader(resume_dir);
+    check_resumable(reader, mc, cfg, plan.global_batch);
+    if (lead) std::printf("checkpoint: resuming from %s (step %lld)\n", resume_dir.c_str(), (long long)reader.step());
+    std::vector<ckpt::Slice> wanted = training_slices(model, dp, optimizer, true);
+    reader.read(wanted, lead);
+    optimizer.set_step_count(reader.meta()["optimizer"].at("step").get<int64_t>());
+    dp.after_optimizer_step();  // FSDP/HSDP: the loaded shards into the full parameter buffers
+    if (bf16) {
+      for (size_t i = 0; i < master.size(); ++i) model.flat_params()[i].copy_from(master[i]);
+      model.set_bf16_compute(true);
+    }
+    loader.load_state(reader.meta()["data_loader"]);
+    first_step = reader.step() + 1;
+  }
+  result.first_step = first_step;
+  // Saves a training checkpoint after `step` (collective); the final one also carries the HF export.
+  auto save_checkpoint = [&](int64_t step, const std::function<void(const std::string&)>& hf_export) {
+    ckpt::SaveRequest req;
+    req.folder = ckpt_folder;
+    req.step = step;
+    if (dp.saves_state()) req.slices = training_slices(model, dp, optimizer, lead);
+    if (lead) req.meta = training_metadata(model, cfg, optimizer, loader.state(), dp, plan.global_batch);
+    if (lead) req.extra_files = hf_export;
+    const std::string dir = ckpt::save(pg, req);
+    if (lead) ckpt::prune(ckpt_folder, cfg.checkpoint.keep_latest_k);
+    return dir;
+  };
   double peak_tflops = cfg.metrics.peak_tflops;
   if (peak_tflops > 0) {
     if (lead) std::printf("MFU peak: %.3f TFLOP/s (metrics.peak_tflops)\n", peak_tflops);
@@ -280,13 +339,22 @@ TrainResult run_training(const TrainConfig& cfg) {
                   device_interface(DeviceType::CPU).num_threads());
   }
   MetricsLogger metrics(cfg.metrics.enable_jsonl && lead ? (fs::path(cfg.job.dump_folder) / "metrics.jsonl").string() : "",
-                        cfg.training.steps, cfg.metrics.progress_bar && world == 1, lead);
+                        cfg.training.steps, cfg.metrics.progress_bar && world == 1, lead, first_step - 1);
   const auto& mem = device_interface(DeviceType::CPU).allocator->stats;
   const double phys_gib = physical_memory_bytes() / double(int64_t(1) << 30);
 
   data::Batch batch;
   const int64_t tokens_per_micro = cfg.training.local_batch_size * cfg.training.seq_len;
-  for (int64_t step = 1; step <= cfg.training.steps; ++step) {
+  // HF export (rank 0): config.json + safetensors (+ tokenizer.json) into `dir`.
+  const std::function<void(const std::string&)> export_hf = [&](const std::string& dir) {
+    model.save_hf(dir, cfg.checkpoint.export_dtype == "bfloat16" ? DType::BF16 : DType::F32);
+    if (!tokenizer_path.empty()) {
+      fs::path tok = fs::is_directory(tokenizer_path) ? fs::path(tokenizer_path) / "tokenizer.json" : fs::path(tokenizer_path);
+      fs::copy_file(tok, fs::path(dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
+    }
+  };
+  const fs::path final_dir = fs::path(ckpt_folder) / ("step-" + std::to_string(cfg.training.steps));
+  for (int64_t step = first_step; step <= cfg.training.steps; ++step) {
     const double t0 = now_s();
     model.zero_grad();
     double loss_sum = 0, aux_sum = 0;
@@ -352,21 +420,21 @@ TrainResult run_training(const TrainConfig& cfg) {
       m.time_s = dt;
       metrics.log(m);
     }
+    if (cfg.checkpoint.enable && (step % cfg.checkpoint.interval == 0 || step == cfg.training.steps)) {
+      const bool final_export = step == cfg.training.steps && cfg.checkpoint.last_save_in_hf;
+      result.checkpoint_dir = save_checkpoint(step, final_export ? export_hf : nullptr);
+      if (final_export) result.export_dir = result.checkpoint_dir;
+    }
   }
   metrics.finish();
 
   // Artifacts (rank 0): HF checkpoint (+ tokenizer), loss curve, sample.
   if (!lead) return result;
-  if (cfg.checkpoint.last_save_in_hf) {
-    const fs::path dir = fs::path(cfg.job.dump_folder) / cfg.checkpoint.folder / ("step-" + std::to_string(cfg.training.steps));
-    model.save_hf(dir.string(), cfg.checkpoint.export_dtype == "bfloat16" ? DType::BF16 : DType::F32);
-    if (!tokenizer_path.empty()) {
-      fs::path tok = fs::is_directory(tokenizer_path) ? fs::path(tokenizer_path) / "tokenizer.json" : fs::path(tokenizer_path);
-      fs::copy_file(tok, dir / "tokenizer.json", fs::copy_options::overwrite_existing);
-    }
-    result.export_dir = dir.string();
-    std::printf("saved HF checkpoint: %s\n", dir.c_str());
+  if (cfg.checkpoint.last_save_in_hf && !cfg.checkpoint.enable) {
+    ckpt::publish_directory(final_dir.string(), export_hf);
+    result.export_dir = final_dir.string();
   }
+  if (!result.export_dir.empty()) std::printf("saved HF checkpoint: %s\n", result.export_dir.c_str());
   const std::string svg = (fs::path(cfg.job.dump_folder) / "loss.svg").string();
   write_loss_svg(svg, result.losses, "titan train: " + mc.to_hf_json().value("model_type", "qwen3") + " loss");
   std::printf("loss curve: %s\n", svg.c_str());

@@ -13,6 +13,8 @@ namespace titan {
 struct TrainResult {
   std::vector<double> losses;  // per step
   std::string export_dir;      // HF checkpoint written at the end ("" if none)
+  std::string checkpoint_dir;  // last training checkpoint saved ("" if none)
+  int64_t first_step = 1;      // > 1 when the run resumed from a checkpoint
   std::string sample;          // text generated at the end ("" if none)
   bool dry_run = false;
 };

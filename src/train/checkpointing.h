@@ -1,0 +1,57 @@
+// The trainer's state in checkpoints (src/checkpoint): which tensors a training checkpoint holds, the
+// metadata that makes a resume exact, and the checks that refuse a checkpoint of another run.
+//
+// Tensors (1-D, f32, in the model's flat layer-group layout, so any sharding can read any other):
+//   model/<group>        parameters (the f32 master copy under bf16 mixed precision)
+//   exp_avg/<group>      AdamW first moment
+//   exp_avg_sq/<group>   AdamW second moment
+//   buffer/<name>        non-parameter model state (MoE expert bias), written by rank 0
+// with <group> = embed | layers.N | final. Metadata: step, model config (HF config.json form), optimizer
+// step count and hyper-parameters, LR schedule, data-loader position, batch shape, seed.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "dist/data_parallel_plan.h"
+#include "models/qwen3/model.h"
+#include "optim/optimizer.h"
+#include "train/config.h"
+
+namespace titan {
+
+// "embed", "layers.N" or "final" for flat group g of a model with `num_layers` layers.
+std::string group_name(int64_t num_layers, int g);
+
+// This rank's slices of the full training state: parameters and optimizer moments where dp puts them
+// (full buffers or shards), plus the buffers when `buffers`.
+std::vector<ckpt::Slice> training_slices(Qwen3Model& model, dist::DataParallelPlan& dp, AdamW& optimizer,
+                                         bool buffers);
+// Whole parameter groups and buffers of `model` (a model-only load or a conversion).
+std::vector<ckpt::Slice> model_slices(Qwen3Model& model);
+
+// Metadata of a training checkpoint (everything but the tensors).
+nlohmann::json training_metadata(const Qwen3Model& model, const TrainConfig& cfg, const AdamW& optimizer,
+                                 const nlohmann::json& loader_state, const dist::DataParallelPlan& dp,
+                                 int64_t global_batch_size);
+
+// Throws (naming the checkpoint and the field) unless `reader` holds this model's state and a run with
+// this batch shape can continue it exactly.
+void check_same_model(const ckpt::Reader& reader, const Qwen3Config& config);
+void check_resumable(const ckpt::Reader& reader, const Qwen3Config& config, const TrainConfig& cfg,
+                     int64_t global_batch_size);
+
+// True when the checkpoint holds training state (optimizer, data position), false for a model-only
+// (seed) checkpoint, which a run loads as its initial weights.
+inline bool has_training_state(const ckpt::Reader& reader) { return reader.meta().contains("optimizer"); }
+
+// Writes a model-only checkpoint of `model`: zero optimizer moments, no data position (titan convert
+// HF -> checkpoint; a seed checkpoint). Single process.
+std::string save_model_checkpoint(Qwen3Model& model, const std::string& folder, int64_t step);
+
+// Loads a model's parameters and buffers from a training checkpoint (the optimizer state is ignored).
+void load_model_from_checkpoint(Qwen3Model& model, const std::string& dir, bool log);
+
+}  // namespace titan
