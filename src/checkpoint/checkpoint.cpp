@@ -36,10 +36,12 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// TITAN_FAULT_INJECT=checkpoint:<point>: die here as kill -9 would (tests of interrupted saves).
-void fault_point(const char* point) {
+// TITAN_FAULT_INJECT=checkpoint:<point>[@step]: die here as kill -9 would (tests of interrupted saves).
+void fault_point(const char* point, int64_t step) {
   const char* env = std::getenv("TITAN_FAULT_INJECT");
-  if (env && std::string(env) == std::string("checkpoint:") + point) {
+  if (!env) return;
+  const std::string want = env, here = std::string("checkpoint:") + point;
+  if (want == here || want == here + "@" + std::to_string(step)) {
     std::fflush(stdout);
     std::raise(SIGKILL);
   }
@@ -193,7 +195,7 @@ std::string save(dist::ProcessGroup& pg, const SaveRequest& req, IoStats* stats)
       progress.add(static_cast<int64_t>(n));
       if (!half_reported && progress.done() * 2 >= total) {
         half_reported = true;
-        fault_point("mid-shard");
+        fault_point("mid-shard", req.step);
       }
     });
     entry = {{"file", name},
@@ -202,7 +204,7 @@ std::string save(dist::ProcessGroup& pg, const SaveRequest& req, IoStats* stats)
              {"slices", slices}};
   }
   const std::vector<std::string> records = all_gather_strings(pg, writes ? entry.dump() : std::string());
-  fault_point("after-shards");
+  fault_point("after-shards", req.step);
 
   std::string result = final_dir.string();
   if (rank == 0) {
@@ -231,11 +233,11 @@ std::string save(dist::ProcessGroup& pg, const SaveRequest& req, IoStats* stats)
     const std::string text = meta.dump(1);
     write_text_file(tmp_dir / kMetadata, text);
     if (req.extra_files) req.extra_files(tmp_dir.string());
-    fault_point("after-metadata");
+    fault_point("after-metadata", req.step);
     write_text_file(tmp_dir / kMarker,
                     nlohmann::json{{"step", req.step}, {"metadata_xxh3", text_checksum(text)}}.dump() + "\n");
     fsync_directory(tmp_dir.string());
-    fault_point("before-rename");
+    fault_point("before-rename", req.step);
     // Replace an older directory of the same step (e.g. from a run that was restarted from scratch).
     const fs::path old_dir = folder / ("." + step_name(req.step) + ".old");
     if (fs::exists(final_dir)) {
@@ -245,7 +247,7 @@ std::string save(dist::ProcessGroup& pg, const SaveRequest& req, IoStats* stats)
     fs::rename(tmp_dir, final_dir);
     fsync_directory(folder.string());
     fs::remove_all(old_dir);
-    fault_point("after-rename");
+    fault_point("after-rename", req.step);
     const double dt = now_s() - t0;
     if (stats) *stats = IoStats{bytes, dt, static_cast<int>(files.size())};
     if (log) {

@@ -17,9 +17,9 @@
 // is renamed to step-N. A checkpoint counts only when its directory has that name and a marker that
 // matches its metadata; every file's XXH3-64 is verified before any state is copied out.
 //
-// Fault injection for tests: TITAN_FAULT_INJECT=checkpoint:<point> sends SIGKILL to the process at that
-// point of a save: mid-shard (half of the shard bytes written), after-shards, after-metadata,
-// before-rename, after-rename.
+// Fault injection for tests: TITAN_FAULT_INJECT=checkpoint:<point>[@step] sends SIGKILL to the process
+// at that point of a save (of that step only, with @step): mid-shard (half of the shard bytes written),
+// after-shards, after-metadata, before-rename, after-rename.
 #pragma once
 #include <cstdint>
 #include <functional>

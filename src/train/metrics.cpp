@@ -41,7 +41,7 @@ void MetricsLogger::log(const StepMetrics& m) {
   elapsed_ += m.time_s;
   if (jsonl_) {
     std::fprintf(jsonl_,
-                 "{\"step\": %lld, \"loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.8g, \"tokens\": %lld, "
+                 "{\"step\": %lld, \"loss\": %.17g, \"grad_norm\": %.6f, \"lr\": %.8g, \"tokens\": %lld, "
                  "\"tps\": %.2f, "
                  "\"tflops\": %.4f, \"mfu\": %.3f, \"mem_gib\": %.4f, \"time_s\": %.4f}\n",
                  (long long)m.step, m.loss, m.grad_norm, m.lr, (long long)m.tokens, m.tps, m.tflops, m.mfu,

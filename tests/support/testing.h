@@ -54,6 +54,29 @@ inline int run_titan(const std::string& args, std::string* output = nullptr) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+// Runs a shell command (stdout+stderr captured); rc is the exit status, -1 when killed by a signal.
+// OpenMPI may run as root (CI containers); OMP_NUM_THREADS=1 keeps 2-core runs of several ranks fast.
+struct ShellResult {
+  int rc = -1;
+  std::string output;
+};
+inline ShellResult run_shell_command(const std::string& cmd) {
+  TempDir tmp;
+  const std::string log = tmp / "out.txt";
+  const std::string full = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " + cmd +
+                           " > " + log + " 2>&1";
+  const int status = std::system(full.c_str());
+  ShellResult r;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  FILE* f = std::fopen(log.c_str(), "rb");
+  if (f) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) r.output.append(buf, n);
+    std::fclose(f);
+  }
+  return r;
+}
+
 inline std::string source_path(const std::string& rel) {
   return std::string(TITAN_SOURCE_DIR) + "/" + rel;
 }
