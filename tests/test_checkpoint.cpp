@@ -274,6 +274,22 @@ TEST(Resume, FsdpTwoRanksResumeExactlyAndOnOneRankWithinTolerance) {
   ASSERT_EQ(one.size(), 10u);
   for (auto& [step, loss] : one) EXPECT_NEAR(loss, ref.at(step), 1e-5 * ref.at(step)) << "step " << step;
 
+  // The same checkpoint on HSDP 2 x 2 (local batch 1): each shard group reads halves of the 2-rank
+  // shards; its own saves come from the first replica only.
+  fs::create_directories(tmp / "h4/checkpoint");
+  fs::copy(tmp / "b2/checkpoint/step-10", tmp / "h4/checkpoint/step-10", fs::copy_options::recursive);
+  r = testing::run_shell_command("timeout 300 mpirun --oversubscribe --bind-to none -np 4 " + kTitan +
+                                 train_args(tmp, tmp / "h4", 1) + " --parallelism.data_parallel_replicate_degree=2");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const auto hsdp = jsonl_losses(tmp / "h4/metrics.jsonl");
+  ASSERT_EQ(hsdp.size(), 10u);
+  for (auto& [step, loss] : hsdp) EXPECT_NEAR(loss, ref.at(step), 1e-5 * ref.at(step)) << "hsdp step " << step;
+  {
+    ckpt::Reader saved(tmp / "h4/checkpoint/step-20");
+    EXPECT_EQ(saved.meta()["parallelism"]["mode"], "hsdp");
+    EXPECT_EQ(saved.meta()["files"].size(), 2u);
+  }
+
   // A world size whose global batch differs cannot continue this checkpoint.
   fs::create_directories(tmp / "d1/checkpoint");
   fs::copy(tmp / "b2/checkpoint/step-10", tmp / "d1/checkpoint/step-10", fs::copy_options::recursive);

@@ -191,16 +191,20 @@ std::string save(dist::ProcessGroup& pg, const SaveRequest& req, IoStats* stats)
     Progress progress(log, "saving " + step_name(req.step) + " (rank 0's shard)", total);
     bool half_reported = false;
     const std::string path = (tmp_dir / name).string();
-    save_safetensors(path, tensors, {{"format", std::string(kFormat) + "-shard"}}, [&](uint64_t n) {
+    uint64_t checksum = 0;
+    SafetensorsWriteOptions options;
+    options.checksum = &checksum;
+    options.on_bytes = [&](uint64_t n) {
       progress.add(static_cast<int64_t>(n));
       if (!half_reported && progress.done() * 2 >= total) {
         half_reported = true;
         fault_point("mid-shard", req.step);
       }
-    });
+    };
+    save_safetensors(path, tensors, {{"format", std::string(kFormat) + "-shard"}}, options);
     entry = {{"file", name},
              {"bytes", static_cast<int64_t>(fs::file_size(path))},
-             {"xxh3", file_checksum(path)},
+             {"xxh3", hex64(checksum)},
              {"slices", slices}};
   }
   const std::vector<std::string> records = all_gather_strings(pg, writes ? entry.dump() : std::string());

@@ -1,7 +1,8 @@
 // safetensors: 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets},
 // "__metadata__": {str: str}}, then the raw bytes. Files are read through mmap and validated up front
-// (every error names the file and the tensor); writes are streamed into a temporary file and renamed,
-// so a failed write never leaves a partial file.
+// (every error names the file and the tensor); writes are streamed into a temporary file (write-back
+// started as it goes, so large files are written at the disk's speed even under memory pressure),
+// fsynced and renamed, so a failed write never leaves a partial file.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -56,10 +57,12 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
-// The same; on_bytes(n) is called after every chunk of n data bytes is written (progress reports).
+struct SafetensorsWriteOptions {
+  std::function<void(uint64_t)> on_bytes;  // called after every chunk of n data bytes (progress reports)
+  uint64_t* checksum = nullptr;            // receives the XXH3-64 of the whole file
+};
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata,
-                      const std::function<void(uint64_t)>& on_bytes);
+                      const std::map<std::string, std::string>& metadata, const SafetensorsWriteOptions& options);
 
 // fsync of a directory, so renames and new entries inside it are durable.
 void fsync_directory(const std::string& dir);

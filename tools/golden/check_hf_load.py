@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Check that a checkpoint directory loads cleanly as an HF Qwen3ForCausalLM.
+"""Check that a checkpoint directory loads cleanly as an HF model (Qwen3ForCausalLM or Qwen3MoeForCausalLM, from config.json).
 
   python tools/golden/check_hf_load.py DIR [--dtype f32|bf16]
          [--compare EXPECTED.safetensors --input input.json] [--atol A --rtol R]
 
-Loads DIR with ``Qwen3ForCausalLM.from_pretrained(DIR, output_loading_info=True)``
+Loads DIR with ``AutoModelForCausalLM.from_pretrained(DIR, output_loading_info=True)``
 and prints missing / unexpected / mismatched keys; exits 1 if any list is
 non-empty. Then runs a forward pass (eager attention) and prints the logits
 shape. With --compare, the forward runs on input.json's input_ids and the
@@ -20,7 +20,7 @@ import sys
 
 import torch
 from safetensors.torch import load_file
-from transformers import Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM
 
 DTYPES = {"f32": torch.float32, "fp32": torch.float32, "float32": torch.float32,
           "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -42,7 +42,7 @@ def main():
         ap.error("--compare needs --input")
 
     dtype = DTYPES[args.dtype]
-    model, info = Qwen3ForCausalLM.from_pretrained(
+    model, info = AutoModelForCausalLM.from_pretrained(
         args.dir, output_loading_info=True, dtype=dtype, attn_implementation="eager",
         ignore_mismatched_sizes=True)  # report size mismatches instead of raising
     model.eval()
