@@ -146,6 +146,14 @@ TEST(Trainer, DataParallelMatchesOneRank) {
                             " --parallelism.data_parallel_replicate_degree=" + std::to_string(l.replicate) +
                             " --job.dump_folder=" + (tmp / l.name) + " > " + (tmp / l.name) + ".log 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << l.name;
+    // ZeRO-3 memory: parameters + gradients + AdamW state per rank = 16 bytes/parameter / shard degree.
+    std::ifstream log(tmp / (std::string(l.name) + ".log"));
+    const std::string text((std::istreambuf_iterator<char>(log)), {});
+    const size_t at = text.find("bytes/parameter");
+    ASSERT_NE(at, std::string::npos) << text;
+    const double per_param = std::stod(text.substr(text.rfind('(', at) + 1));
+    const int shard = l.np / l.replicate;
+    EXPECT_NEAR(per_param, 16.0 / shard, 0.01 * 16.0 / shard) << l.name;
     const auto got = jsonl_losses(tmp / (std::string(l.name) + "/metrics.jsonl"));
     ASSERT_EQ(got.size(), ref.size()) << l.name;
     for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << l.name << " step " << i + 1;

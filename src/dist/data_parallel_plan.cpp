@@ -9,7 +9,7 @@ namespace titan::dist {
 
 DataParallelPlan::DataParallelPlan(ProcessGroup& world, int replicate_degree, int shard_degree,
                                    std::vector<Tensor> params, std::vector<Tensor> grads,
-                                   int64_t bucket_bytes)
+                                   int64_t bucket_bytes, bool stream_params)
     : world_(world), params_(std::move(params)), grads_(std::move(grads)) {
   const int n = world.size();
   TITAN_CHECK(replicate_degree >= 1, "data_parallel_replicate_degree must be >= 1, got ", replicate_degree);
@@ -24,6 +24,18 @@ DataParallelPlan::DataParallelPlan(ProcessGroup& world, int replicate_degree, in
   shard_ = shard_degree;
   if (n == 1 || shard_ == 1) {
     ddp_ = std::make_unique<DdpReducer>(world, grads_, bucket_bytes);
+  } else if (stream_params) {
+    // ZeRO-3: shards of rank 0's values; no reference to the full buffers is kept.
+    stream_ = true;
+    broadcast_tensors(world, params_, 0);
+    std::vector<int64_t> numels;
+    for (auto& p : params_) numels.push_back(p.numel());
+    if (replicate_ > 1) mesh_ = make_hsdp_mesh(world, shard_);
+    fsdp_ = replicate_ > 1 ? std::make_unique<FsdpShards>(*mesh_.shard, numels, mesh_.replicate.get())
+                           : std::make_unique<FsdpShards>(world, numels);
+    fsdp_->load_shards(params_);
+    params_.clear();
+    grads_.clear();
   } else if (replicate_ == 1) {
     fsdp_ = std::make_unique<FsdpShards>(world, params_, grads_);
   } else {
@@ -60,17 +72,42 @@ int64_t DataParallelPlan::optimizer_count(int g) const {
   return fsdp_ ? fsdp_->shard_valid(g) : params_[g].numel();
 }
 
+Tensor DataParallelPlan::gather_params(int g) {
+  TITAN_CHECK(stream_, "gather_params: the plan does not stream parameters");
+  fsdp_->gather_params(g);
+  return fsdp_->full_params(g);
+}
+
+void DataParallelPlan::release_params(int g) {
+  fsdp_->release_params(g);
+}
+
+Tensor DataParallelPlan::grad_buffer(int g) {
+  TITAN_CHECK(stream_, "grad_buffer: the plan does not stream parameters");
+  return fsdp_->full_grads(g);
+}
+
+void DataParallelPlan::reduce_grads(int g) {
+  fsdp_->reduce_scatter_grads(g, /*accumulate=*/true);
+}
+
+void DataParallelPlan::zero_grads() {
+  for (auto& t : fsdp_->shard_grads()) t.zero_();
+}
+
 bool DataParallelPlan::saves_state() const {
   // HSDP mesh: world rank = replica * shard_degree + shard rank.
   return fsdp_ ? world_.rank() < shard_ : world_.rank() == 0;
 }
 
 void DataParallelPlan::broadcast_from(int root) {
+  if (stream_) return;  // sharded from rank 0's values at construction
   broadcast_tensors(world_, params_, root);
   if (fsdp_) fsdp_->load_shards(params_);
 }
 
 void DataParallelPlan::reduce_grads() {
+  if (stream_) return;
   if (ddp_) {
     if (world_.size() > 1) ddp_->all_reduce_mean();
   } else {
@@ -83,7 +120,7 @@ double DataParallelPlan::clip_grad_norm(double max_norm) {
 }
 
 void DataParallelPlan::after_optimizer_step() {
-  if (fsdp_) fsdp_->gather_all_params();
+  if (fsdp_ && !stream_) fsdp_->gather_all_params();
 }
 
 }  // namespace titan::dist

@@ -30,8 +30,13 @@ class DataParallelPlan {
  public:
   // shard_degree < 0: world / replicate_degree. Parameters must be equal on all ranks, or call
   // broadcast_from(0) first. Collective (HSDP creates sub-groups).
+  // stream_params (FSDP/HSDP only; ignored otherwise): ZeRO-3 memory. The parameters are broadcast from
+  // rank 0 and sharded here; the plan then keeps no reference to the full buffers (the caller drops
+  // them) and hands out gathered groups and gradient buffers on demand (gather_params, grad_buffer,
+  // reduce_grads(g): a model's ParamStreamer).
   DataParallelPlan(ProcessGroup& world, int replicate_degree, int shard_degree, std::vector<Tensor> params,
-                   std::vector<Tensor> grads, int64_t bucket_bytes = int64_t(25) << 20);
+                   std::vector<Tensor> grads, int64_t bucket_bytes = int64_t(25) << 20,
+                   bool stream_params = false);
 
   int replicate_degree() const { return replicate_; }
   int shard_degree() const { return shard_; }
@@ -52,9 +57,18 @@ class DataParallelPlan {
   // shard group of the first replica (world ranks 0..S-1) for FSDP/HSDP.
   bool saves_state() const;
 
+  // ZeRO-3 streaming (stream_params): only the shards persist.
+  bool streams_params() const { return stream_; }
+  Tensor gather_params(int g);   // all-gather group g into a pooled full buffer
+  void release_params(int g);    // the buffer goes back to the pool
+  Tensor grad_buffer(int g);     // a zeroed full gradient buffer for group g
+  void reduce_grads(int g);      // reduce-scatter (accumulating) into the shard gradients; drops the buffer
+  void zero_grads();             // shard gradients := 0 (start of an accumulation window)
+
   // Makes every rank's parameters (and shards) equal to rank `root`'s.
   void broadcast_from(int root);
-  // After backward: optimizer_grads() := mean over all ranks of the model gradients.
+  // After backward: optimizer_grads() := mean over all ranks of the model gradients (streaming: already
+  // done group by group during the backward; nothing left to do).
   void reduce_grads();
   // Global-norm clipping of optimizer_grads(); returns the norm before clipping.
   double clip_grad_norm(double max_norm);
@@ -64,6 +78,7 @@ class DataParallelPlan {
  private:
   ProcessGroup& world_;
   int replicate_ = 1, shard_ = 1;
+  bool stream_ = false;
   std::vector<Tensor> params_, grads_;
   HsdpMesh mesh_;
   std::unique_ptr<DdpReducer> ddp_;

@@ -27,10 +27,9 @@ std::vector<ckpt::Slice> training_slices(Qwen3Model& model, dist::DataParallelPl
                                          bool buffers) {
   std::vector<ckpt::Slice> out;
   const int64_t L = model.config().num_hidden_layers;
-  auto& full = model.flat_params();
-  for (int g = 0; g < static_cast<int>(full.size()); ++g) {
+  for (int g = 0; g < model.num_groups(); ++g) {
     const std::string group = group_name(L, g);
-    const int64_t numel = full[g].numel(), offset = dp.optimizer_offset(g), count = dp.optimizer_count(g);
+    const int64_t numel = model.group_numel(g), offset = dp.optimizer_offset(g), count = dp.optimizer_count(g);
     out.push_back(slice_of("model/" + group, numel, offset, dp.optimizer_params()[g], count));
     out.push_back(slice_of("exp_avg/" + group, numel, offset, optimizer.exp_avg()[g], count));
     out.push_back(slice_of("exp_avg_sq/" + group, numel, offset, optimizer.exp_avg_sq()[g], count));

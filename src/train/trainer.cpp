@@ -159,6 +159,20 @@ void validate_kernel_choice(const std::map<std::string, std::string>& kernels) {
   }
 }
 
+// The model's parameter streamer over the data-parallel plan (FSDP/HSDP: ZeRO-3 memory).
+class PlanStreamer final : public ParamStreamer {
+ public:
+  explicit PlanStreamer(dist::DataParallelPlan& dp) : dp_(dp) {}
+  Tensor gather_params(int g) override { return dp_.gather_params(g); }
+  void release_params(int g) override { dp_.release_params(g); }
+  Tensor grad_buffer(int g) override { return dp_.grad_buffer(g); }
+  void reduce_grads(int g) override { dp_.reduce_grads(g); }
+  void zero_grads() override { dp_.zero_grads(); }
+
+ private:
+  dist::DataParallelPlan& dp_;
+};
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -276,17 +290,29 @@ TrainResult run_training(const TrainConfig& cfg) {
   const bool bf16 = cfg.training.mixed_precision_param == "bfloat16";
   // bf16 compute with f32 master weights: AdamW steps the master copy, the model computes with its
   // bf16-rounded image (refreshed after every step).
+  // FSDP/HSDP stream the parameters (ZeRO-3): every rank keeps 1/S of the parameters, gradients and
+  // optimizer state; a layer group is gathered just before its forward/backward and freed after.
+  const bool stream = plan.dp_shard > 1;
   std::vector<Tensor> master;
-  if (bf16) {
+  if (bf16 && !stream) {
     for (auto& p : model.flat_params()) master.push_back(p.clone());
     model.set_bf16_compute(true);
     if (lead) std::printf("mixed precision: bf16 compute (f32 kernels on bf16-rounded operands), f32 master weights\n");
   }
   // Data parallelism (DDP / FSDP / HSDP from the replicate x shard degrees); with one rank a no-op.
   dist::DataParallelPlan dp(pg, static_cast<int>(plan.dp_replicate), static_cast<int>(plan.dp_shard),
-                            bf16 ? master : model.flat_params(), model.flat_grads());
+                            master.empty() ? model.flat_params() : master, model.flat_grads(), int64_t(25) << 20,
+                            stream);
+  PlanStreamer streamer(dp);
+  if (stream) {
+    model.set_param_streamer(&streamer);  // drops the full buffers; the shards are f32 master weights
+    if (bf16) {
+      model.set_bf16_compute(true);  // gathered groups are rounded to bf16
+      if (lead) std::printf("mixed precision: bf16 compute, f32 master weights in the FSDP shards\n");
+    }
+  }
   dp.broadcast_from(0);
-  if (bf16) {
+  if (!master.empty()) {
     for (size_t i = 0; i < master.size(); ++i) model.flat_params()[i].copy_from(master[i]);
     model.set_bf16_compute(true);
   }
@@ -295,6 +321,22 @@ TrainResult run_training(const TrainConfig& cfg) {
                   AdamWConfig{(float)cfg.optimizer.lr, (float)cfg.optimizer.beta1, (float)cfg.optimizer.beta2,
                               (float)cfg.optimizer.eps, (float)cfg.optimizer.weight_decay},
                   cfg.optimizer.implementation);
+  {
+    // Persistent training state on this rank (FSDP/HSDP: shards only, ~16/S bytes per parameter).
+    int64_t param_bytes = 0, grad_bytes = 0;
+    for (auto& t : model.flat_params()) param_bytes += t.defined() ? t.nbytes() : 0;
+    for (auto& t : model.flat_grads()) grad_bytes += t.defined() ? t.nbytes() : 0;
+    for (auto& t : master) param_bytes += t.nbytes();
+    if (stream || dp.shard_degree() > 1) {
+      for (auto& t : dp.optimizer_params()) param_bytes += t.nbytes();
+      for (auto& t : dp.optimizer_grads()) grad_bytes += t.nbytes();
+    }
+    const int64_t opt_bytes = optimizer.state_bytes();
+    if (lead)
+      std::printf("state per rank: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB (%.2f bytes/parameter)\n",
+                  param_bytes / 1048576.0, grad_bytes / 1048576.0, opt_bytes / 1048576.0,
+                  double(param_bytes + grad_bytes + opt_bytes) / double(model.num_params()));
+  }
   LRSchedule schedule(LRScheduleConfig{cfg.lr_scheduler.warmup_steps, cfg.lr_scheduler.decay_ratio,
                                        cfg.lr_scheduler.decay_type, cfg.lr_scheduler.min_lr_factor},
                       cfg.training.steps);
@@ -309,7 +351,7 @@ TrainResult run_training(const TrainConfig& cfg) {
     reader.read(wanted, lead);
     optimizer.set_step_count(reader.meta()["optimizer"].at("step").get<int64_t>());
     dp.after_optimizer_step();  // FSDP/HSDP: the loaded shards into the full parameter buffers
-    if (bf16) {
+    if (!master.empty()) {
       for (size_t i = 0; i < master.size(); ++i) model.flat_params()[i].copy_from(master[i]);
       model.set_bf16_compute(true);
     }
@@ -399,7 +441,7 @@ TrainResult run_training(const TrainConfig& cfg) {
     const double lr = cfg.optimizer.lr * schedule.factor(step - 1);
     optimizer.step(static_cast<float>(lr));
     dp.after_optimizer_step();
-    if (bf16) {
+    if (!master.empty()) {
       for (size_t i = 0; i < master.size(); ++i) model.flat_params()[i].copy_from(master[i]);
       model.set_bf16_compute(true);
     }
@@ -420,6 +462,8 @@ TrainResult run_training(const TrainConfig& cfg) {
       m.time_s = dt;
       metrics.log(m);
     }
+    // Streamed parameters come back into full buffers for the HF export and the sample (collective).
+    if (step == cfg.training.steps && stream) model.set_param_streamer(nullptr);
     if (cfg.checkpoint.enable && (step % cfg.checkpoint.interval == 0 || step == cfg.training.steps)) {
       const bool final_export = step == cfg.training.steps && cfg.checkpoint.last_save_in_hf;
       result.checkpoint_dir = save_checkpoint(step, final_export ? export_hf : nullptr);
@@ -427,6 +471,7 @@ TrainResult run_training(const TrainConfig& cfg) {
     }
   }
   metrics.finish();
+  if (model.param_streamer()) model.set_param_streamer(nullptr);
 
   // Artifacts (rank 0): HF checkpoint (+ tokenizer), loss curve, sample.
   if (!lead) return result;

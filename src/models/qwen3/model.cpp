@@ -32,7 +32,8 @@ void round_bf16(float* x, int64_t n) {
 void Qwen3Model::set_bf16_compute(bool on) {
   bf16_ = on;
   if (on)
-    for (auto& t : flat_params_) round_bf16(t.f32(), t.numel());
+    for (auto& t : flat_params_)
+      if (t.defined()) round_bf16(t.f32(), t.numel());
 }
 
 Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels) : config_(config) {
@@ -126,23 +127,71 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels) :
 
   for (size_t g = 0; g < groups.size(); ++g) {
     int64_t total = 0;
-    for (auto& [_, s] : groups[g]) total += shape_numel(s);
-    flat_params_.push_back(Tensor::zeros({total}));
-    flat_grads_.push_back(Tensor::zeros({total}));
-    int64_t off = 0;
     for (auto& [name, s] : groups[g]) {
       Param p;
       p.name = name;
       p.group = static_cast<int>(g);
-      p.offset = off;
+      p.offset = total;
       p.shape = s;
-      p.value = flat_params_[g].view_at(off, s);
-      p.grad = flat_grads_[g].view_at(off, s);
       params_.push_back(std::move(p));
-      off += shape_numel(s);
+      total += shape_numel(s);
     }
+    group_numel_.push_back(total);
+    flat_params_.push_back(Tensor::zeros({total}));
+    flat_grads_.push_back(Tensor::zeros({total}));
   }
+  make_param_views();
   init_weights(0);
+}
+
+void Qwen3Model::make_param_views() {
+  for (auto& p : params_) {
+    p.value = flat_params_[p.group].view_at(p.offset, p.shape);
+    p.grad = flat_grads_[p.group].view_at(p.offset, p.shape);
+  }
+}
+
+void Qwen3Model::set_param_streamer(ParamStreamer* streamer) {
+  if (streamer == streamer_) return;
+  if (streamer) {
+    TITAN_CHECK(!streamer_, "set_param_streamer: the parameters are already streamed");
+    streamer_ = streamer;
+    for (auto& p : params_) p.value = p.grad = Tensor();
+    for (auto& t : flat_params_) t = Tensor();
+    for (auto& t : flat_grads_) t = Tensor();
+    return;
+  }
+  ParamStreamer* from = streamer_;
+  streamer_ = nullptr;
+  for (int g = 0; g < num_groups(); ++g) {
+    flat_params_[g] = from->gather_params(g).clone();
+    from->release_params(g);
+    if (bf16_) round_bf16(flat_params_[g].f32(), flat_params_[g].numel());
+    flat_grads_[g] = Tensor::zeros({group_numel_[g]});
+  }
+  make_param_views();
+}
+
+void Qwen3Model::acquire_params(int g) {
+  if (!streamer_) return;
+  flat_params_[g] = streamer_->gather_params(g);
+  if (bf16_) round_bf16(flat_params_[g].f32(), flat_params_[g].numel());
+}
+
+void Qwen3Model::release_params(int g) {
+  if (!streamer_) return;
+  flat_params_[g] = Tensor();
+  streamer_->release_params(g);
+}
+
+void Qwen3Model::acquire_grads(int g) {
+  if (streamer_) flat_grads_[g] = streamer_->grad_buffer(g);
+}
+
+void Qwen3Model::finish_grads(int g) {
+  if (!streamer_) return;
+  flat_grads_[g] = Tensor();
+  streamer_->reduce_grads(g);
 }
 
 Param& Qwen3Model::param(const std::string& name) {
@@ -153,7 +202,7 @@ Param& Qwen3Model::param(const std::string& name) {
 
 int64_t Qwen3Model::num_params() const {
   int64_t n = 0;
-  for (auto& t : flat_params_) n += t.numel();
+  for (int64_t g : group_numel_) n += g;
   return n;
 }
 
@@ -184,6 +233,7 @@ Qwen3Model::LayerView Qwen3Model::layer_view(int64_t layer, float* base) const {
 }
 
 void Qwen3Model::init_weights(uint64_t seed) {
+  TITAN_CHECK(!streamer_, "the parameters are streamed (FSDP); take them back with set_param_streamer(nullptr) first");
   std::mt19937_64 rng(seed);
   const double std = config_.initializer_range;
   for (auto& p : params_) {
@@ -243,6 +293,7 @@ static std::vector<std::pair<std::string, Tensor>> io_tensors(const Qwen3Config&
 }
 
 void Qwen3Model::load_hf(const std::string& dir) {
+  TITAN_CHECK(!streamer_, "the parameters are streamed (FSDP); take them back with set_param_streamer(nullptr) first");
   HFCheckpointReader ckpt(dir);
   const auto targets = io_tensors(config_, params_, flat_params_,
                                   [&](int64_t l) { return ckpt.contains(fused_gate_up_key(l)); });
@@ -271,6 +322,7 @@ void Qwen3Model::load_hf(const std::string& dir) {
 }
 
 NamedTensors Qwen3Model::state_dict(bool fused_experts) const {
+  TITAN_CHECK(!streamer_, "the parameters are streamed (FSDP); take them back with set_param_streamer(nullptr) first");
   NamedTensors out;
   for (auto& [name, view] :
        io_tensors(config_, params_, flat_params_, [&](int64_t) { return fused_experts; }))
@@ -302,6 +354,10 @@ void Qwen3Model::update_expert_bias() {
 }
 
 void Qwen3Model::zero_grad() {
+  if (streamer_) {
+    streamer_->zero_grads();
+    return;
+  }
   for (auto& g : flat_grads_) g.zero_();
 }
 

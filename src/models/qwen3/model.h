@@ -61,6 +61,20 @@ struct ForwardResult {
   double aux_loss = 0;    // MoE: HF load_balancing_loss_func over all sparse layers (computed always)
 };
 
+// Parameter streaming (FSDP / ZeRO-3): the model keeps no full parameter or gradient buffers. Before a
+// group's forward or backward it asks for the group's gathered parameters and a gradient buffer, and
+// hands the gradient back as soon as the backward has finished it (to be reduce-scattered into shards).
+// Groups are the flat buffers: 0 = embed_tokens, 1..L = decoder layers, L+1 = final norm (+ lm_head).
+class ParamStreamer {
+ public:
+  virtual ~ParamStreamer() = default;
+  virtual Tensor gather_params(int group) = 0;  // the group's full parameters (collective)
+  virtual void release_params(int group) = 0;   // done with them until the next gather
+  virtual Tensor grad_buffer(int group) = 0;     // a zeroed full gradient buffer for the group
+  virtual void reduce_grads(int group) = 0;      // the group's gradient is complete (collective); drops it
+  virtual void zero_grads() = 0;                 // a new gradient-accumulation window starts
+};
+
 class Qwen3Model {
  public:
   explicit Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels = {});
@@ -71,6 +85,13 @@ class Qwen3Model {
   Param& param(const std::string& hf_name);
   std::vector<Tensor>& flat_params() { return flat_params_; }
   std::vector<Tensor>& flat_grads() { return flat_grads_; }
+  int num_groups() const { return static_cast<int>(group_numel_.size()); }
+  int64_t group_numel(int g) const { return group_numel_[g]; }
+  // Hands the parameters over to `streamer`: the full parameter and gradient buffers (and every Param
+  // view) are dropped; forward/backward gather group by group. nullptr takes them back: every group is
+  // gathered into new full buffers (collective when the streamer's gathers are), e.g. for an HF export.
+  void set_param_streamer(ParamStreamer* streamer);
+  ParamStreamer* param_streamer() const { return streamer_; }
   int64_t num_params() const;
   std::map<std::string, std::string> kernel_names() const { return kernel_names_; }
 
@@ -162,11 +183,20 @@ class Qwen3Model {
   void forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats);
   void moe_backward_layer(int64_t l, float* dresid, float aux_scale);
   void plan_activations(int64_t B, int64_t T);
+  // With a streamer: gather group g into flat_params_[g] / drop it; a gradient buffer into
+  // flat_grads_[g] / hand it back for reduction. No-ops without one (the buffers are always there).
+  void acquire_params(int g);
+  void release_params(int g);
+  void acquire_grads(int g);
+  void finish_grads(int g);
+  void make_param_views();
   void build_rope_tables(int64_t T);
 
   Qwen3Config config_;
   std::vector<Param> params_;
   std::vector<Tensor> flat_params_, flat_grads_;
+  std::vector<int64_t> group_numel_;
+  ParamStreamer* streamer_ = nullptr;
   std::map<std::string, std::string> kernel_names_;
   const MatmulKernels* matmul_;
   const RmsNormKernels* rmsnorm_;

@@ -39,8 +39,9 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
       num_valid += y >= 0;
     }
 
-  const float* wte = flat_params_[0].f32();
-  embedding_->forward(layer_acts_[0].resid_in, ids, wte, N, H);
+  acquire_params(0);
+  embedding_->forward(layer_acts_[0].resid_in, ids, flat_params_[0].f32(), N, H);
+  release_params(0);
   auto bf16 = [this](float* x, int64_t n) {
     if (bf16_) round_bf16(x, n);
   };
@@ -51,14 +52,20 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     float* out = l + 1 < c.num_hidden_layers ? layer_acts_[l + 1].resid_in : final_resid_.f32();
+    acquire_params(static_cast<int>(l) + 1);
     forward_layer(l, out, opts.compute_grad, true);
+    release_params(static_cast<int>(l) + 1);
   }
   const int group_head = static_cast<int>(c.num_hidden_layers) + 1;
+  acquire_params(group_head);
+  if (c.tie_word_embeddings) acquire_params(0);
   const float* norm_w = flat_params_[group_head].f32();
-  const float* lm_head = c.tie_word_embeddings ? wte : norm_w + H;
+  const float* lm_head = c.tie_word_embeddings ? flat_params_[0].f32() : norm_w + H;
   rmsnorm_->forward(lnf_.f32(), rstdf_.f32(), final_resid_.f32(), norm_w, N, H, eps);
   bf16(lnf_.f32(), N * H);
   matmul_->forward(logits_.f32(), lnf_.f32(), lm_head, N, H, V);
+  release_params(group_head);
+  if (c.tie_word_embeddings) release_params(0);
   bf16(logits_.f32(), N * V);
   if (opts.keep_logits) {
     if (!logits_copy_.defined() || logits_copy_.numel() != N * V) logits_copy_ = Tensor::empty({B, T, V});
@@ -153,12 +160,15 @@ void Qwen3Model::backward() {
   const int64_t B = B_, T = T_, N = B * T, H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim,
                 nH = c.num_attention_heads, nKV = c.num_key_value_heads, V = c.vocab_size;
   const int group_head = static_cast<int>(c.num_hidden_layers) + 1;
-  float* wte = flat_params_[0].f32();
-  float* dwte = flat_grads_[0].f32();
+  // Streamed parameters: the head's (and with tied embeddings the embedding's) parameters and gradient
+  // buffers first; the tied embedding gradient stays until the embedding backward at the end.
+  acquire_params(group_head);
+  acquire_grads(group_head);
+  if (c.tie_word_embeddings) acquire_params(0), acquire_grads(0);
   const float* norm_w = flat_params_[group_head].f32();
   float* dnorm_w = flat_grads_[group_head].f32();
-  const float* lm_head = c.tie_word_embeddings ? wte : norm_w + H;
-  float* dlm_head = c.tie_word_embeddings ? dwte : dnorm_w + H;
+  const float* lm_head = c.tie_word_embeddings ? flat_params_[0].f32() : norm_w + H;
+  float* dlm_head = c.tie_word_embeddings ? flat_grads_[0].f32() : dnorm_w + H;
   const float* cos = rope_cos_.f32();
   const float* sin = rope_sin_.f32();
 
@@ -169,10 +179,15 @@ void Qwen3Model::backward() {
   matmul_->backward(dln, dlm_head, logits_.f32(), lnf_.f32(), lm_head, N, H, V);
   std::memset(dresid, 0, N * H * sizeof(float));
   rmsnorm_->backward(dresid, dnorm_w, dln, final_resid_.f32(), norm_w, rstdf_.f32(), N, H);
+  release_params(group_head);
+  if (c.tie_word_embeddings) release_params(0);
+  finish_grads(group_head);
 
   for (int64_t l = c.num_hidden_layers - 1; l >= 0; --l) {
     // Checkpointing: recompute the layer's activations from its saved input (dln_ is free scratch
     // for the unused output here; it is cleared before every use below).
+    acquire_params(static_cast<int>(l) + 1);
+    acquire_grads(static_cast<int>(l) + 1);
     if (ac_) forward_layer(l, dln, false, false);
     LayerActs& a = layer_acts_[l];
     LayerView w = layer_view(l);
@@ -218,8 +233,12 @@ void Qwen3Model::backward() {
     matmul_->backward(dln, g.wk, dkr, a.ln1, w.wk, N, H, c.kv_dim());
     matmul_->backward(dln, g.wv, dv, a.ln1, w.wv, N, H, c.kv_dim());
     rmsnorm_->backward(dresid, g.input_norm, dln, a.resid_in, w.input_norm, a.rstd1, N, H);
+    finish_grads(static_cast<int>(l) + 1);
+    release_params(static_cast<int>(l) + 1);
   }
-  embedding_->backward(dwte, dresid, ids_.data<int32_t>(), N, H, V);
+  if (!c.tie_word_embeddings) acquire_grads(0);
+  embedding_->backward(flat_grads_[0].f32(), dresid, ids_.data<int32_t>(), N, H, V);
+  finish_grads(0);
 }
 
 // Sparse MLP of layer l: router (HF Qwen3MoeTopKRouter) + routed experts; out = experts(ln2) (the caller
