@@ -23,6 +23,7 @@
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 #include "train/checkpointing.h"
+#include "train/plan_streamer.h"
 
 namespace fs = std::filesystem;
 
@@ -62,7 +63,11 @@ int main(int argc, char** argv) {
   const bool lead = pg.rank() == 0;
   titan::Qwen3Model model(titan::Qwen3Config::flavor(flavor));
   model.init_weights(0);
-  titan::dist::DataParallelPlan dp(pg, 1, pg.size(), model.flat_params(), model.flat_grads());
+  // As the trainer does: several ranks shard and stream the parameters (ZeRO-3 memory).
+  titan::dist::DataParallelPlan dp(pg, 1, pg.size(), model.flat_params(), model.flat_grads(), int64_t(25) << 20,
+                                   pg.size() > 1);
+  titan::PlanStreamer streamer(dp);
+  if (dp.streams_params()) model.set_param_streamer(&streamer);
   titan::AdamW opt(dp.optimizer_params(), dp.optimizer_grads(), titan::AdamWConfig{});
   // Moments with non-trivial contents (the parameters), as after some training.
   for (size_t g = 0; g < opt.exp_avg().size(); ++g) {

@@ -23,6 +23,7 @@
 #include "train/checkpointing.h"
 #include "train/metrics.h"
 #include "train/plan.h"
+#include "train/plan_streamer.h"
 
 namespace titan {
 
@@ -158,20 +159,6 @@ void validate_kernel_choice(const std::map<std::string, std::string>& kernels) {
                 "': no such implementation (valid: ", valid, ")");
   }
 }
-
-// The model's parameter streamer over the data-parallel plan (FSDP/HSDP: ZeRO-3 memory).
-class PlanStreamer final : public ParamStreamer {
- public:
-  explicit PlanStreamer(dist::DataParallelPlan& dp) : dp_(dp) {}
-  Tensor gather_params(int g) override { return dp_.gather_params(g); }
-  void release_params(int g) override { dp_.release_params(g); }
-  Tensor grad_buffer(int g) override { return dp_.grad_buffer(g); }
-  void reduce_grads(int g) override { dp_.reduce_grads(g); }
-  void zero_grads() override { dp_.zero_grads(); }
-
- private:
-  dist::DataParallelPlan& dp_;
-};
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
