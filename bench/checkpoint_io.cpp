@@ -54,9 +54,12 @@ int main(int argc, char** argv) {
   int rounds = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
-    if (k == "--flavor") flavor = argv[i + 1];
-    else if (k == "--dir") dir = argv[i + 1];
-    else if (k == "--rounds") rounds = std::atoi(argv[i + 1]);
+    if (k == "--flavor")
+      flavor = argv[i + 1];
+    else if (k == "--dir")
+      dir = argv[i + 1];
+    else if (k == "--rounds")
+      rounds = std::atoi(argv[i + 1]);
   }
   titan::dist::ProcessGroup& pg = titan::dist::init();
   const int threads = omp_get_max_threads();
@@ -64,8 +67,8 @@ int main(int argc, char** argv) {
   titan::Qwen3Model model(titan::Qwen3Config::flavor(flavor));
   model.init_weights(0);
   // As the trainer does: several ranks shard and stream the parameters (ZeRO-3 memory).
-  titan::dist::DataParallelPlan dp(pg, 1, pg.size(), model.flat_params(), model.flat_grads(), int64_t(25) << 20,
-                                   pg.size() > 1);
+  titan::dist::DataParallelPlan dp(pg, 1, pg.size(), model.flat_params(), model.flat_grads(),
+                                   int64_t(25) << 20, pg.size() > 1);
   titan::PlanStreamer streamer(dp);
   if (dp.streams_params()) model.set_param_streamer(&streamer);
   titan::AdamW opt(dp.optimizer_params(), dp.optimizer_grads(), titan::AdamWConfig{});
@@ -117,8 +120,8 @@ int main(int argc, char** argv) {
                   bytes / 1073741824.0, save_gbs.back(), cold_gbs.back(), warm_gbs.back());
   }
   if (lead) {
-    std::printf("median over %d rounds: %.2f GiB, save %.2f GB/s, load cold %.2f GB/s, load warm %.2f GB/s\n", rounds,
-                bytes / 1073741824.0, median(save_gbs), median(cold_gbs), median(warm_gbs));
+    std::printf("median over %d rounds: %.2f GiB, save %.2f GB/s, load cold %.2f GB/s, load warm %.2f GB/s\n",
+                rounds, bytes / 1073741824.0, median(save_gbs), median(cold_gbs), median(warm_gbs));
     fs::remove_all(dir);
   }
   return titan::dist::finish_command("bench_checkpoint_io", 0);

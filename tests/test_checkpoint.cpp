@@ -23,15 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::TempDir;
 
-template <class Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 Tensor ramp(int64_t n, float base) {
   Tensor t = Tensor::empty({n});
@@ -78,7 +70,8 @@ TEST(CheckpointIo, BadCheckpointsAreRefusedBeforeAnythingIsCopied) {
       for (int64_t i = 0; i < s.data.numel(); ++i) s.data.f32()[i] = -7.0f;
     std::string e = error_of([&] { ckpt::Reader(dir).read(want); });
     for (auto& s : want)
-      for (int64_t i = 0; i < s.data.numel(); ++i) EXPECT_EQ(s.data.f32()[i], -7.0f) << "partial load of " << s.name;
+      for (int64_t i = 0; i < s.data.numel(); ++i)
+        EXPECT_EQ(s.data.f32()[i], -7.0f) << "partial load of " << s.name;
     return e;
   };
   std::vector<ckpt::Slice> both = {{"a", 10, 0, Tensor::zeros({10})}, {"b", 6, 0, Tensor::zeros({6})}};
@@ -164,8 +157,10 @@ std::string train_args(const TempDir& tmp, const std::string& dump, int64_t loca
   }
   return " train --job.dump_folder=" + dump + " --training.dataset=" + (tmp / "corpus.txt") +
          " --model.tokenizer_path=" + testing::source_path("tests/golden/tokenizer/small") +
-         " --model.vocab_size=1024 --training.seq_len=32 --training.local_batch_size=" + std::to_string(local_batch) +
-         " --training.steps=20 --training.sample_tokens=0 --lr_scheduler.warmup_steps=2 --metrics.peak_tflops=1"
+         " --model.vocab_size=1024 --training.seq_len=32 --training.local_batch_size=" +
+         std::to_string(local_batch) +
+         " --training.steps=20 --training.sample_tokens=0 --lr_scheduler.warmup_steps=2 "
+         "--metrics.peak_tflops=1"
          " --job.print_config=false --checkpoint.enable=true --checkpoint.interval=10";
 }
 
@@ -232,8 +227,8 @@ TEST(Resume, SaveKilledAtAnyStageLeavesThePreviousCheckpointUsable) {
   ASSERT_EQ(ref.size(), 20u);
   for (const char* point : {"mid-shard", "after-shards", "after-metadata", "before-rename"}) {
     const std::string dump = tmp / point;
-    auto r = testing::run_shell_command("TITAN_FAULT_INJECT=checkpoint:" + std::string(point) + "@20 timeout 300 " +
-                                        kTitan + train_args(tmp, dump));
+    auto r = testing::run_shell_command("TITAN_FAULT_INJECT=checkpoint:" + std::string(point) +
+                                        "@20 timeout 300 " + kTitan + train_args(tmp, dump));
     ASSERT_NE(r.rc, 0) << point << "\n" << r.output;
     EXPECT_EQ(r.output.find("saved " + dump + "/checkpoint/step-20"), std::string::npos) << point;
     EXPECT_FALSE(ckpt::is_complete(dump + "/checkpoint/step-20")) << point;
@@ -279,11 +274,13 @@ TEST(Resume, FsdpTwoRanksResumeExactlyAndOnOneRankWithinTolerance) {
   fs::create_directories(tmp / "h4/checkpoint");
   fs::copy(tmp / "b2/checkpoint/step-10", tmp / "h4/checkpoint/step-10", fs::copy_options::recursive);
   r = testing::run_shell_command("timeout 300 mpirun --oversubscribe --bind-to none -np 4 " + kTitan +
-                                 train_args(tmp, tmp / "h4", 1) + " --parallelism.data_parallel_replicate_degree=2");
+                                 train_args(tmp, tmp / "h4", 1) +
+                                 " --parallelism.data_parallel_replicate_degree=2");
   ASSERT_EQ(r.rc, 0) << r.output;
   const auto hsdp = jsonl_losses(tmp / "h4/metrics.jsonl");
   ASSERT_EQ(hsdp.size(), 10u);
-  for (auto& [step, loss] : hsdp) EXPECT_NEAR(loss, ref.at(step), 1e-5 * ref.at(step)) << "hsdp step " << step;
+  for (auto& [step, loss] : hsdp)
+    EXPECT_NEAR(loss, ref.at(step), 1e-5 * ref.at(step)) << "hsdp step " << step;
   {
     ckpt::Reader saved(tmp / "h4/checkpoint/step-20");
     EXPECT_EQ(saved.meta()["parallelism"]["mode"], "hsdp");
@@ -305,10 +302,12 @@ TEST(Resume, CheckpointOfAnotherModelIsRefused) {
   auto r = testing::run_shell_command("TITAN_FAULT_INJECT=checkpoint:after-rename@10 timeout 300 " + kTitan +
                                       train_args(tmp, tmp / "x"));
   ASSERT_TRUE(ckpt::is_complete(tmp / "x/checkpoint/step-10")) << r.output;
-  r = testing::run_shell_command("timeout 300 " + kTitan + train_args(tmp, tmp / "x") + " --model.vocab_size=2048");
+  r = testing::run_shell_command("timeout 300 " + kTitan + train_args(tmp, tmp / "x") +
+                                 " --model.vocab_size=2048");
   EXPECT_NE(r.rc, 0);
-  EXPECT_NE(r.output.find("is of another model: field 'vocab_size' is 1024 in the checkpoint, 2048 in this run"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("is of another model: field 'vocab_size' is 1024 in the checkpoint, 2048 in this run"),
+      std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("step:"), std::string::npos) << r.output;
 }
@@ -336,10 +335,12 @@ TEST(Convert, CheckpointToHfAndBackKeepsEveryParameter) {
   b.load_hf(tmp / "hf2");  // bf16 on disk
   const NamedTensors sa = a.state_dict(), sb = b.state_dict();
   ASSERT_EQ(sa.size(), sb.size());
-  for (size_t i = 0; i < sa.size(); ++i) EXPECT_LE(testing::rel_error(sb[i].second, sa[i].second), 4e-3) << sa[i].first;
+  for (size_t i = 0; i < sa.size(); ++i)
+    EXPECT_LE(testing::rel_error(sb[i].second, sa[i].second), 4e-3) << sa[i].first;
   // The f32 export equals the checkpoint's parameters exactly.
   Qwen3Model direct(c);
-  r = testing::run_shell_command(kTitan + " convert --input " + (tmp / "ck/step-0") + " --output " + (tmp / "hf3"));
+  r = testing::run_shell_command(kTitan + " convert --input " + (tmp / "ck/step-0") + " --output " +
+                                 (tmp / "hf3"));
   ASSERT_EQ(r.rc, 0) << r.output;
   direct.load_hf(tmp / "hf3");
   const NamedTensors sd = direct.state_dict();
@@ -348,7 +349,8 @@ TEST(Convert, CheckpointToHfAndBackKeepsEveryParameter) {
   // The model-only checkpoint starts a run as its initial weights.
   r = testing::run_shell_command("timeout 300 " + kTitan + train_args(tmp, tmp / "ft") +
                                  " --training.steps=2 --checkpoint.initial_load_in_hf=false"
-                                 " --checkpoint.initial_load_path=" + (tmp / "ck/step-0"));
+                                 " --checkpoint.initial_load_path=" +
+                                 (tmp / "ck/step-0"));
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("loading model weights from checkpoint"), std::string::npos) << r.output;
   // Bad input: a directory that is neither.

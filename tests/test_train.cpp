@@ -16,15 +16,7 @@ namespace {
 using testing::TempDir;
 namespace fs = std::filesystem;
 
-template <class Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(TrainConfig, UnknownSectionsKeysAndBadValuesListTheValidOnes) {
   TrainConfig c;

@@ -47,7 +47,9 @@ void fault_point(const char* point, int64_t step) {
   }
 }
 
-std::string step_name(int64_t step) { return "step-" + std::to_string(step); }
+std::string step_name(int64_t step) {
+  return "step-" + std::to_string(step);
+}
 
 // Small text file written atomically (temporary name, fsync, rename).
 void write_text_file(const fs::path& path, const std::string& text) {
@@ -74,7 +76,9 @@ std::string hex64(uint64_t h) {
   return buf;
 }
 
-std::string text_checksum(const std::string& s) { return hex64(XXH3_64bits(s.data(), s.size())); }
+std::string text_checksum(const std::string& s) {
+  return hex64(XXH3_64bits(s.data(), s.size()));
+}
 
 // Prints "checkpoint: <what> x / y GiB" at most every 2 s, starting 2 s in (long saves and loads only).
 class Progress {
@@ -117,6 +121,20 @@ std::vector<std::string> all_gather_strings(dist::ProcessGroup& pg, const std::s
     pos += l;
   }
   return out;
+}
+
+// Renames the finished temporary directory to `final_dir` (an existing one is moved aside to
+// .<name>.old first and deleted after), then makes the rename durable.
+void move_into_place(const fs::path& tmp_dir, const fs::path& final_dir) {
+  const fs::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : fs::path(".");
+  const fs::path old_dir = parent / ("." + final_dir.filename().string() + ".old");
+  if (fs::exists(final_dir)) {
+    fs::remove_all(old_dir);
+    fs::rename(final_dir, old_dir);
+  }
+  fs::rename(tmp_dir, final_dir);
+  fsync_directory(parent.string());
+  fs::remove_all(old_dir);
 }
 
 }  // namespace
@@ -183,9 +201,11 @@ std::string save(dist::ProcessGroup& pg, const SaveRequest& req, IoStats* stats)
     for (auto& s : req.slices) {
       TITAN_CHECK(s.data.dtype() == DType::F32, "checkpoint: slice '", s.name, "' is not f32");
       TITAN_CHECK(s.offset >= 0 && s.offset + s.data.numel() <= s.numel, "checkpoint: slice '", s.name, "' [",
-                  s.offset, ", ", s.offset + s.data.numel(), ") is outside its tensor of ", s.numel, " elements");
+                  s.offset, ", ", s.offset + s.data.numel(), ") is outside its tensor of ", s.numel,
+                  " elements");
       tensors.emplace_back(s.name, s.data.view({s.data.numel()}));
-      slices.push_back({{"name", s.name}, {"numel", s.numel}, {"offset", s.offset}, {"count", s.data.numel()}});
+      slices.push_back(
+          {{"name", s.name}, {"numel", s.numel}, {"offset", s.offset}, {"count", s.data.numel()}});
       total += static_cast<int64_t>(s.data.nbytes());
     }
     Progress progress(log, "saving " + step_name(req.step) + " (rank 0's shard)", total);
@@ -242,15 +262,8 @@ std::string save(dist::ProcessGroup& pg, const SaveRequest& req, IoStats* stats)
                     nlohmann::json{{"step", req.step}, {"metadata_xxh3", text_checksum(text)}}.dump() + "\n");
     fsync_directory(tmp_dir.string());
     fault_point("before-rename", req.step);
-    // Replace an older directory of the same step (e.g. from a run that was restarted from scratch).
-    const fs::path old_dir = folder / ("." + step_name(req.step) + ".old");
-    if (fs::exists(final_dir)) {
-      fs::remove_all(old_dir);
-      fs::rename(final_dir, old_dir);
-    }
-    fs::rename(tmp_dir, final_dir);
-    fsync_directory(folder.string());
-    fs::remove_all(old_dir);
+    // Replaces an older directory of the same step (e.g. from a run that was restarted from scratch).
+    move_into_place(tmp_dir, final_dir);
     fault_point("after-rename", req.step);
     const double dt = now_s() - t0;
     if (stats) *stats = IoStats{bytes, dt, static_cast<int>(files.size())};
@@ -268,19 +281,12 @@ void publish_directory(const std::string& final_path, const std::function<void(c
   const fs::path final_dir(final_path);
   const fs::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : fs::path(".");
   const fs::path tmp_dir = parent / ("." + final_dir.filename().string() + ".tmp");
-  const fs::path old_dir = parent / ("." + final_dir.filename().string() + ".old");
   fs::create_directories(parent);
   fs::remove_all(tmp_dir);
   fs::create_directory(tmp_dir);
   write(tmp_dir.string());
   fsync_directory(tmp_dir.string());
-  if (fs::exists(final_dir)) {
-    fs::remove_all(old_dir);
-    fs::rename(final_dir, old_dir);
-  }
-  fs::rename(tmp_dir, final_dir);
-  fsync_directory(parent.string());
-  fs::remove_all(old_dir);
+  move_into_place(tmp_dir, final_dir);
 }
 
 // ---- discovery ----
@@ -310,8 +316,8 @@ std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const std::string
     if (!is_complete(e.path().string())) {
       // An HF export without training state is not a checkpoint either, but not worth a word.
       if (log && fs::exists(e.path() / kMetadata))
-        std::printf("checkpoint: skipping %s (no valid %s marker: the save did not finish)\n", e.path().c_str(),
-                    kMarker);
+        std::printf("checkpoint: skipping %s (no valid %s marker: the save did not finish)\n",
+                    e.path().c_str(), kMarker);
       continue;
     }
     out.emplace_back(std::stoll(m[1].str()), e.path());
@@ -345,12 +351,14 @@ Reader::Reader(const std::string& dir) : dir_(dir) {
   TITAN_CHECK(fs::is_directory(d), "checkpoint ", dir, ": no such directory");
   TITAN_CHECK(fs::exists(d / kMetadata), "checkpoint ", dir, ": ", kMetadata,
               " is missing (not a titan training checkpoint)");
-  TITAN_CHECK(fs::exists(d / kMarker), "checkpoint ", dir, ": no ", kMarker, " marker (the save did not finish)");
+  TITAN_CHECK(fs::exists(d / kMarker), "checkpoint ", dir, ": no ", kMarker,
+              " marker (the save did not finish)");
   const std::string text = read_text_file(d / kMetadata);
   try {
     const nlohmann::json marker = nlohmann::json::parse(read_text_file(d / kMarker));
-    TITAN_CHECK(marker.at("metadata_xxh3").get<std::string>() == text_checksum(text), (d / kMetadata).string(),
-                ": checksum does not match the ", kMarker, " marker (file corrupted or modified)");
+    TITAN_CHECK(marker.at("metadata_xxh3").get<std::string>() == text_checksum(text),
+                (d / kMetadata).string(), ": checksum does not match the ", kMarker,
+                " marker (file corrupted or modified)");
     meta_ = nlohmann::json::parse(text);
     TITAN_CHECK(meta_.at("format") == kFormat, (d / kMetadata).string(), ": field 'format' is ",
                 meta_.at("format").dump(), ", expected \"", kFormat, "\"");
@@ -389,8 +397,8 @@ IoStats Reader::read(std::vector<Slice>& wanted, bool log) const {
     TITAN_CHECK(numel == s.numel, "checkpoint ", dir_, ": tensor '", s.name, "' has ", numel,
                 " elements, this run expects ", s.numel, " (a checkpoint of another model config?)");
     const int64_t lo = s.offset, hi = s.offset + s.data.numel();
-    TITAN_CHECK(lo >= 0 && hi <= numel, "checkpoint: requested [", lo, ", ", hi, ") of '", s.name, "' (", numel,
-                " elements)");
+    TITAN_CHECK(lo >= 0 && hi <= numel, "checkpoint: requested [", lo, ", ", hi, ") of '", s.name, "' (",
+                numel, " elements)");
     std::vector<std::pair<int64_t, int64_t>> covered;
     for (size_t f = 0; f < files.size(); ++f) {
       for (auto& fs_slice : files[f].at("slices")) {
@@ -432,8 +440,9 @@ IoStats Reader::read(std::vector<Slice>& wanted, bool log) const {
       const std::string n = sl.at("name");
       TITAN_CHECK(file->contains(n), path, ": tensor '", n, "' listed in metadata.json is missing");
       const auto& e = file->entry(n);
-      TITAN_CHECK(e.dtype == "F32" && e.end - e.begin == static_cast<size_t>(sl.at("count").get<int64_t>()) * 4,
-                  path, ": tensor '", n, "' is not ", sl.at("count").get<int64_t>(), " f32 elements");
+      TITAN_CHECK(
+          e.dtype == "F32" && e.end - e.begin == static_cast<size_t>(sl.at("count").get<int64_t>()) * 4, path,
+          ": tensor '", n, "' is not ", sl.at("count").get<int64_t>(), " f32 elements");
     }
     open[f] = std::move(file);
   }

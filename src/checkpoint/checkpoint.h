@@ -48,9 +48,9 @@ struct IoStats {
 };
 
 struct SaveRequest {
-  std::string folder;   // checkpoints live in <folder>/step-N
+  std::string folder;  // checkpoints live in <folder>/step-N
   int64_t step = 0;
-  nlohmann::json meta;  // rank 0's is written (plus "format", "version", "step", "tensors", "files")
+  nlohmann::json meta;        // rank 0's is written (plus "format", "version", "step", "tensors", "files")
   std::vector<Slice> slices;  // what this rank writes (empty on ranks whose state another rank writes)
   // Rank 0, before the marker: extra files written into the (temporary) checkpoint directory.
   std::function<void(const std::string& dir)> extra_files;
@@ -63,7 +63,8 @@ std::string save(dist::ProcessGroup& pg, const SaveRequest& request, IoStats* st
 // Writes a directory through `write(tmp_dir)` into <final_dir> atomically (temporary sibling,
 // fsync, rename; an existing <final_dir> is replaced). For outputs that are not training checkpoints
 // (an HF export). Not collective.
-void publish_directory(const std::string& final_dir, const std::function<void(const std::string& dir)>& write);
+void publish_directory(const std::string& final_dir,
+                       const std::function<void(const std::string& dir)>& write);
 
 // The newest complete checkpoint in `folder` ("" when there is none). Incomplete or temporary
 // directories are skipped (and named on stdout when `log`).

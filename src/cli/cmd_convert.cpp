@@ -19,21 +19,25 @@ namespace fs = std::filesystem;
 int convert_main(int argc, char** argv) {
   std::string input, output, dtype = "float32";
   int64_t max_shard = int64_t(5) << 30, step = 0;
-  CLI::App app{"Convert a training checkpoint to an HF directory, or an HF directory to a training checkpoint",
-               "titan convert"};
-  app.add_option("--input", input, "training checkpoint (step-N or its folder) or HF model directory")->required();
+  CLI::App app{
+      "Convert a training checkpoint to an HF directory, or an HF directory to a training checkpoint",
+      "titan convert"};
+  app.add_option("--input", input, "training checkpoint (step-N or its folder) or HF model directory")
+      ->required();
   app.add_option("--output", output,
                  "HF directory (from a checkpoint) or checkpoint folder (from HF; step-N is created inside)")
       ->required();
   app.add_option("--dtype", dtype, "HF export dtype: float32 or bfloat16")->capture_default_str();
-  app.add_option("--max-shard-size", max_shard, "HF export: shard above this many bytes")->capture_default_str();
+  app.add_option("--max-shard-size", max_shard, "HF export: shard above this many bytes")
+      ->capture_default_str();
   app.add_option("--step", step, "HF -> checkpoint: the step number to record")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  TITAN_CHECK(dtype == "float32" || dtype == "bfloat16", "--dtype '", dtype, "': valid values are float32, bfloat16");
+  TITAN_CHECK(dtype == "float32" || dtype == "bfloat16", "--dtype '", dtype,
+              "': valid values are float32, bfloat16");
   TITAN_CHECK(fs::is_directory(input), "--input ", input, ": no such directory");
 
   std::string ckpt_dir;
@@ -41,9 +45,10 @@ int convert_main(int argc, char** argv) {
     ckpt_dir = input;
   } else if (!fs::exists(fs::path(input) / "config.json")) {
     ckpt_dir = titan::ckpt::latest(input, true);
-    TITAN_CHECK(!ckpt_dir.empty(), "--input ", input,
-                ": neither a training checkpoint (metadata.json), a folder of complete checkpoints, nor an HF "
-                "directory (config.json)");
+    TITAN_CHECK(
+        !ckpt_dir.empty(), "--input ", input,
+        ": neither a training checkpoint (metadata.json), a folder of complete checkpoints, nor an HF "
+        "directory (config.json)");
   }
 
   if (!ckpt_dir.empty()) {

@@ -29,7 +29,8 @@ std::vector<ckpt::Slice> training_slices(Qwen3Model& model, dist::DataParallelPl
   const int64_t L = model.config().num_hidden_layers;
   for (int g = 0; g < model.num_groups(); ++g) {
     const std::string group = group_name(L, g);
-    const int64_t numel = model.group_numel(g), offset = dp.optimizer_offset(g), count = dp.optimizer_count(g);
+    const int64_t numel = model.group_numel(g), offset = dp.optimizer_offset(g),
+                  count = dp.optimizer_count(g);
     out.push_back(slice_of("model/" + group, numel, offset, dp.optimizer_params()[g], count));
     out.push_back(slice_of("exp_avg/" + group, numel, offset, optimizer.exp_avg()[g], count));
     out.push_back(slice_of("exp_avg_sq/" + group, numel, offset, optimizer.exp_avg_sq()[g], count));
@@ -75,7 +76,9 @@ nlohmann::json training_metadata(const Qwen3Model& model, const TrainConfig& cfg
         {"seq_len", cfg.training.seq_len},
         {"mixed_precision_param", cfg.training.mixed_precision_param}}},
       {"parallelism",
-       {{"mode", dp.mode()}, {"replicate_degree", dp.replicate_degree()}, {"shard_degree", dp.shard_degree()}}},
+       {{"mode", dp.mode()},
+        {"replicate_degree", dp.replicate_degree()},
+        {"shard_degree", dp.shard_degree()}}},
       // Training draws no random numbers after initialisation (no dropout; shuffling is a function of the
       // seed and the data position), so the seed is the whole random state.
       {"rng", {{"seed", cfg.training.seed}}},
@@ -89,7 +92,8 @@ void check_same_model(const ckpt::Reader& reader, const Qwen3Config& config) {
   for (auto& [key, value] : mine.items()) {
     const nlohmann::json other = saved.contains(key) ? saved[key] : nlohmann::json();
     TITAN_CHECK(other == value, "checkpoint ", reader.dir(), " is of another model: field '", key, "' is ",
-                saved.contains(key) ? other.dump() : "missing", " in the checkpoint, ", value.dump(), " in this run");
+                saved.contains(key) ? other.dump() : "missing", " in the checkpoint, ", value.dump(),
+                " in this run");
   }
 }
 
@@ -98,14 +102,17 @@ void check_resumable(const ckpt::Reader& reader, const Qwen3Config& config, cons
   check_same_model(reader, config);
   const nlohmann::json& meta = reader.meta();
   TITAN_CHECK(meta.contains("optimizer") && meta.contains("data_loader") && meta.contains("training"),
-              "checkpoint ", reader.dir(), ": metadata.json lacks the optimizer / data-loader / training fields");
+              "checkpoint ", reader.dir(),
+              ": metadata.json lacks the optimizer / data-loader / training fields");
   const nlohmann::json& t = meta["training"];
   const int64_t saved_gbs = t.at("global_batch_size"), saved_seq = t.at("seq_len");
-  TITAN_CHECK(saved_seq == cfg.training.seq_len, "checkpoint ", reader.dir(), ": training.seq_len is ", saved_seq,
-              " in the checkpoint, ", cfg.training.seq_len, " in this run (resuming needs the same sequence length)");
-  TITAN_CHECK(saved_gbs == global_batch_size, "checkpoint ", reader.dir(), " cannot be resharded onto this run: ",
-              "it was trained with training.global_batch_size ", saved_gbs, " (",
-              meta.value("world_size", 0), " rank(s)); this run's global batch is ", global_batch_size,
+  TITAN_CHECK(saved_seq == cfg.training.seq_len, "checkpoint ", reader.dir(), ": training.seq_len is ",
+              saved_seq, " in the checkpoint, ", cfg.training.seq_len,
+              " in this run (resuming needs the same sequence length)");
+  TITAN_CHECK(saved_gbs == global_batch_size, "checkpoint ", reader.dir(),
+              " cannot be resharded onto this run: ", "it was trained with training.global_batch_size ",
+              saved_gbs, " (", meta.value("world_size", 0), " rank(s)); this run's global batch is ",
+              global_batch_size,
               ". Resuming needs the same global batch: set training.global_batch_size = ", saved_gbs,
               " with a local batch and a world size that divide it");
   TITAN_CHECK(reader.step() <= cfg.training.steps, "checkpoint ", reader.dir(), " is at step ", reader.step(),

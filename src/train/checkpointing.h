@@ -45,7 +45,9 @@ void check_resumable(const ckpt::Reader& reader, const Qwen3Config& config, cons
 
 // True when the checkpoint holds training state (optimizer, data position), false for a model-only
 // (seed) checkpoint, which a run loads as its initial weights.
-inline bool has_training_state(const ckpt::Reader& reader) { return reader.meta().contains("optimizer"); }
+inline bool has_training_state(const ckpt::Reader& reader) {
+  return reader.meta().contains("optimizer");
+}
 
 // Writes a model-only checkpoint of `model`: zero optimizer moments, no data position (titan convert
 // HF -> checkpoint; a seed checkpoint). Single process.

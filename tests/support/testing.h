@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace titan::testing {
@@ -52,6 +53,17 @@ inline int run_titan(const std::string& args, std::string* output = nullptr) {
     }
   }
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// The message of the titan::Error that fn() throws ("" when it throws none).
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // Runs a shell command (stdout+stderr captured); rc is the exit status, -1 when killed by a signal.
