@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "dist/process_group.h"
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "models/qwen3/model.h"
@@ -271,6 +272,101 @@ TEST(Qwen3Moe, SavePerExpertByDefaultAndLoadBothLayouts) {
                   .load("model.layers.2.mlp.experts.gate_up_proj");
   const Param& up3 = a.param("model.layers.2.mlp.experts.3.up_proj.weight");
   EXPECT_EQ(gu.f32()[(3 * 32 + 16) * 32 + 5], up3.value.f32()[5]);
+}
+
+template <class Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// ---- expert parallel: layout, init and loading of a rank's expert slice (no communication needed) ----
+
+// Reports a rank and size without communicating (the model's constructor and loading only ask for them).
+class RankOnlyGroup final : public dist::ProcessGroup {
+ public:
+  RankOnlyGroup(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int world_rank_of(int r) const override { return r; }
+  std::string backend() const override { return "rank-only"; }
+  void all_reduce(void*, int64_t, dist::CommType, dist::ReduceOp) override { fail("no collectives"); }
+  void reduce_scatter(const void*, void*, const std::vector<int64_t>&, dist::CommType,
+                      dist::ReduceOp) override {
+    fail("no collectives");
+  }
+  void all_gather(const void*, void*, const std::vector<int64_t>&, dist::CommType) override {
+    fail("no collectives");
+  }
+  void broadcast(void*, int64_t, dist::CommType, int) override { fail("no collectives"); }
+  void all_to_all(const void*, void*, int64_t, dist::CommType) override { fail("no collectives"); }
+  void all_to_all_v(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&,
+                    dist::CommType) override {
+    fail("no collectives");
+  }
+  void barrier() override {}
+  std::shared_ptr<dist::ProcessGroup> split(int, int) override { return nullptr; }
+
+ private:
+  int rank_, size_;
+};
+
+TEST(Qwen3MoeExpertParallel, SliceLayoutInitAndLoading) {
+  const Qwen3Config c = tiny_moe();  // 8 experts, layers 0 and 2 sparse
+  Qwen3Model full(c);
+  full.init_weights(7);
+  TempDir tmp;
+  full.save_hf(tmp / "per_expert", DType::F32);
+  full.save_hf(tmp / "fused", DType::F32, int64_t(5) << 30, /*fused_experts=*/true);
+  for (int e : {2, 4, 8}) {
+    for (int r = 0; r < e; ++r) {
+      RankOnlyGroup g(r, e);
+      Qwen3Model m(c, {}, &g);
+      const int64_t El = 8 / e;
+      EXPECT_EQ(m.local_experts(), El);
+      EXPECT_EQ(m.first_expert(), r * El);
+      // Only the local experts exist, under their global names; everything else is complete.
+      EXPECT_NO_THROW(m.param("model.layers.2.mlp.experts." + std::to_string(r * El) + ".down_proj.weight"));
+      EXPECT_THROW(
+          m.param("model.layers.2.mlp.experts." + std::to_string((r * El + El) % 8) + ".up_proj.weight"),
+          Error);
+      EXPECT_EQ(m.num_params(), full.num_params() - 2 * (8 - El) * 3 * 16 * 32);
+      // init: the slice equals the same experts of the full model (same seed).
+      m.init_weights(7);
+      for (auto& p : m.params())
+        EXPECT_EQ(rel_error(p.value, full.param(p.name).value), 0.0) << p.name << " rank " << r << "/" << e;
+      // Expert weights are the tail of a sparse layer's buffer.
+      const auto off = m.expert_offsets();
+      const Param& first =
+          m.param("model.layers.0.mlp.experts." + std::to_string(r * El) + ".gate_proj.weight");
+      EXPECT_EQ(off[1], first.offset);
+      EXPECT_EQ(off[2], m.flat_params()[2].numel());  // the dense layer
+      EXPECT_EQ(off[0], m.flat_params()[0].numel());
+      // HF loading keeps this rank's slice (per-expert and fused v5 keys).
+      for (auto dir : {"per_expert", "fused"}) {
+        Qwen3Model l(c, {}, &g);
+        l.init_weights(99);
+        l.load_hf(tmp / dir);
+        for (auto& p : l.params())
+          EXPECT_EQ(rel_error(p.value, full.param(p.name).value), 0.0)
+              << dir << " " << p.name << " rank " << r;
+      }
+    }
+  }
+  RankOnlyGroup two(0, 2), three(0, 3);
+  Qwen3Model ep(c, {}, &two);
+  EXPECT_NE(error_of([&] { ep.save_hf(tmp / "x", DType::F32); }).find("gathered_state_dict"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { Qwen3Model bad(c, {}, &three); }).find("does not divide num_experts = 8"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              Qwen3Model dense(Qwen3Config::flavor("debug"), {}, &two);
+            }).find("parallelism.expert_parallel_degree = 2: the model is dense"),
+            std::string::npos);
 }
 
 TEST(Qwen3Moe, GradientsAccumulateAcrossBackwardCalls) {

@@ -2,14 +2,17 @@
 #include "dist/data_parallel_plan.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
+#include "dist/expert_parallel.h"
+#include "optim/optimizer.h"
 
 namespace titan::dist {
 
 DataParallelPlan::DataParallelPlan(ProcessGroup& world, int replicate_degree, int shard_degree,
                                    std::vector<Tensor> params, std::vector<Tensor> grads,
-                                   int64_t bucket_bytes, bool stream_params)
+                                   int64_t bucket_bytes, bool stream_params, ExpertParallelLayout expert)
     : world_(world), params_(std::move(params)), grads_(std::move(grads)) {
   const int n = world.size();
   TITAN_CHECK(replicate_degree >= 1, "data_parallel_replicate_degree must be >= 1, got ", replicate_degree);
@@ -22,7 +25,31 @@ DataParallelPlan::DataParallelPlan(ProcessGroup& world, int replicate_degree, in
               " x data_parallel_shard_degree ", shard_degree, " must equal the world size ", n);
   replicate_ = replicate_degree;
   shard_ = shard_degree;
-  if (n == 1 || shard_ == 1) {
+  if (expert.group && expert.group->size() > 1) {
+    const int e = expert.group->size();
+    TITAN_CHECK(shard_ == 1, "parallelism.expert_parallel_degree = ", e,
+                " works with DDP only (data_parallel_shard_degree = 1); got data_parallel_shard_degree = ",
+                shard_, " (FSDP/HSDP with expert parallel is not supported yet)");
+    TITAN_CHECK(expert.expert_offset.size() == grads_.size(),
+                "expert parallel layout: ", expert.expert_offset.size(), " offsets for ", grads_.size(),
+                " buffers");
+    ep_group_ = expert.group;
+    expert_replicate_ = make_expert_replicate_group(world, e);
+    for (size_t g = 0; g < grads_.size(); ++g) {
+      const int64_t numel = grads_[g].numel(), off = expert.expert_offset[g];
+      TITAN_CHECK(off >= 0 && off <= numel, "expert parallel layout: bad offset for buffer ", g);
+      if (off > 0) {
+        dense_params_.push_back(params_[g].view_at(0, {off}));
+        dense_grads_.push_back(grads_[g].view_at(0, {off}));
+      }
+      if (off < numel) {
+        expert_params_.push_back(params_[g].view_at(off, {numel - off}));
+        expert_grads_.push_back(grads_[g].view_at(off, {numel - off}));
+      }
+    }
+    ddp_ = std::make_unique<DdpReducer>(world, dense_grads_, bucket_bytes);
+    expert_ddp_ = std::make_unique<DdpReducer>(*expert_replicate_, expert_grads_, bucket_bytes);
+  } else if (n == 1 || shard_ == 1) {
     ddp_ = std::make_unique<DdpReducer>(world, grads_, bucket_bytes);
   } else if (stream_params) {
     // ZeRO-3: shards of rank 0's values; no reference to the full buffers is kept.
@@ -51,6 +78,9 @@ const char* DataParallelPlan::mode() const {
 }
 
 std::string DataParallelPlan::describe() const {
+  if (ep_group_)
+    return str_cat(mode(), ": ", replicate_, " replica(s) x ", shard_, " shard(s); experts split over ",
+                   ep_group_->size(), " ranks, each slice replicated on ", expert_replicate_->size());
   return str_cat(mode(), ": ", replicate_, " replica(s) x ", shard_, " shard(s)");
 }
 
@@ -102,12 +132,25 @@ bool DataParallelPlan::saves_state() const {
 
 void DataParallelPlan::broadcast_from(int root) {
   if (stream_) return;  // sharded from rank 0's values at construction
+  if (ep_group_) {
+    // Experts: from the rank of this slice's replicate group that sits in root's expert group.
+    broadcast_tensors(world_, dense_params_, root);
+    broadcast_tensors(*expert_replicate_, expert_params_, root / ep_group_->size());
+    return;
+  }
   broadcast_tensors(world_, params_, root);
   if (fsdp_) fsdp_->load_shards(params_);
 }
 
 void DataParallelPlan::reduce_grads() {
   if (stream_) return;
+  if (ep_group_) {
+    // sum over the ranks holding these experts / world = mean over replicas / expert degree.
+    ddp_->all_reduce_mean();
+    if (expert_replicate_->size() > 1) expert_ddp_->all_reduce_mean();
+    scale_grads(expert_grads_, 1.0f / static_cast<float>(ep_group_->size()));
+    return;
+  }
   if (ddp_) {
     if (world_.size() > 1) ddp_->all_reduce_mean();
   } else {
@@ -116,6 +159,17 @@ void DataParallelPlan::reduce_grads() {
 }
 
 double DataParallelPlan::clip_grad_norm(double max_norm) {
+  if (ep_group_) {
+    // Non-expert gradients are replicated (count once); each expert lives on one rank of the group.
+    const double sq =
+        grad_sq_norm(dense_grads_) + ep_group_->all_reduce(grad_sq_norm(expert_grads_), ReduceOp::Sum);
+    const double norm = std::sqrt(sq);
+    if (max_norm > 0) {
+      const float coef = static_cast<float>(max_norm) / (static_cast<float>(norm) + 1e-6f);
+      if (coef < 1.0f) scale_grads(grads_, coef);
+    }
+    return norm;
+  }
   return dist::clip_grad_norm(optimizer_grads(), max_norm, grad_shard_group());
 }
 

@@ -17,6 +17,13 @@
 // reduce_grads() averages over ranks, so each rank's loss gradient must be scaled as a mean over its
 // own tokens (ForwardOptions::grad_scale = 0 with equal token counts per rank). With unequal counts
 // (ignored labels), use grad_scale = world_size / global_valid_tokens (all-reduce the counts first).
+//
+// Expert parallel (ExpertParallelLayout, with DDP): the tail of some buffers holds this rank's slice of
+// the experts (Qwen3Model::expert_offsets()). Non-expert elements are averaged over the whole world;
+// expert elements already hold the gradients of every token of the expert group (e ranks), so they are
+// summed over the ranks holding the same experts (world / e, one per group) and divided by the world
+// size: the same mean as the 1-rank run. Clipping counts each expert once (the expert part of the
+// squared norm is summed over the expert group).
 #pragma once
 #include <memory>
 #include <string>
@@ -25,6 +32,11 @@
 #include "dist/data_parallel.h"
 
 namespace titan::dist {
+
+struct ExpertParallelLayout {
+  std::shared_ptr<ProcessGroup> group;  // the expert group (dist::make_expert_group); nullptr: none
+  std::vector<int64_t> expert_offset;   // per buffer: where its expert elements start (numel: none)
+};
 
 class DataParallelPlan {
  public:
@@ -36,7 +48,8 @@ class DataParallelPlan {
   // reduce_grads(g): a model's ParamStreamer).
   DataParallelPlan(ProcessGroup& world, int replicate_degree, int shard_degree, std::vector<Tensor> params,
                    std::vector<Tensor> grads, int64_t bucket_bytes = int64_t(25) << 20,
-                   bool stream_params = false);
+                   bool stream_params = false, ExpertParallelLayout expert = {});
+  int expert_parallel_degree() const { return ep_group_ ? ep_group_->size() : 1; }
 
   int replicate_degree() const { return replicate_; }
   int shard_degree() const { return shard_; }
@@ -83,6 +96,10 @@ class DataParallelPlan {
   HsdpMesh mesh_;
   std::unique_ptr<DdpReducer> ddp_;
   std::unique_ptr<FsdpShards> fsdp_;
+  // Expert parallel: views of the non-expert and expert parts of the buffers.
+  std::shared_ptr<ProcessGroup> ep_group_, expert_replicate_;
+  std::vector<Tensor> dense_params_, dense_grads_, expert_params_, expert_grads_;
+  std::unique_ptr<DdpReducer> expert_ddp_;
 };
 
 }  // namespace titan::dist

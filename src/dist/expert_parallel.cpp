@@ -23,12 +23,39 @@ AllToAllExchange::AllToAllExchange(ProcessGroup& pg, std::vector<int64_t> send_c
   }
 }
 
+AllToAllExchange::AllToAllExchange(const AllToAllExchange& o, int64_t row_elems)
+    : pg_(o.pg_),
+      row_elems_(row_elems),
+      send_rows_(o.send_rows_),
+      recv_rows_(o.recv_rows_),
+      total_send_(o.total_send_),
+      total_recv_(o.total_recv_) {
+  TITAN_CHECK(row_elems > 0, "expert exchange: row size must be positive");
+  for (size_t r = 0; r < send_rows_.size(); ++r) {
+    send_elems_.push_back(send_rows_[r] * row_elems);
+    recv_elems_.push_back(recv_rows_[r] * row_elems);
+  }
+}
+
 void AllToAllExchange::dispatch(const float* send, float* recv) {
   pg_.all_to_all_v(send, send_elems_, recv, recv_elems_, CommType::F32);
 }
 
 void AllToAllExchange::combine(const float* recv_side, float* send_side) {
   pg_.all_to_all_v(recv_side, recv_elems_, send_side, send_elems_, CommType::F32);
+}
+
+std::shared_ptr<ProcessGroup> make_expert_group(ProcessGroup& world, int degree) {
+  TITAN_CHECK(degree >= 1 && world.size() % degree == 0, "parallelism.expert_parallel_degree ", degree,
+              " does not divide the world size ", world.size());
+  if (degree == 1) return nullptr;
+  return world.split(/*color=*/world.rank() / degree, /*key=*/world.rank());
+}
+
+std::shared_ptr<ProcessGroup> make_expert_replicate_group(ProcessGroup& world, int degree) {
+  TITAN_CHECK(degree >= 1 && world.size() % degree == 0, "parallelism.expert_parallel_degree ", degree,
+              " does not divide the world size ", world.size());
+  return world.split(/*color=*/world.rank() % degree, /*key=*/world.rank());
 }
 
 std::pair<std::vector<int64_t>, std::vector<int64_t>> group_rows_by_destination(const std::vector<int>& dest,

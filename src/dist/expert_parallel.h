@@ -12,6 +12,7 @@
 // output gradient, dispatch's gradient is combine() of the input gradient.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,9 @@ class AllToAllExchange {
  public:
   // send_counts[r]: rows this rank sends to rank r; row_elems: f32 elements per row. Collective.
   AllToAllExchange(ProcessGroup& pg, std::vector<int64_t> send_counts, int64_t row_elems);
+  // The same rank pairs and row counts with another row size (no communication): e.g. rows of
+  // hidden + 2 floats out, hidden floats back.
+  AllToAllExchange(const AllToAllExchange& counts_from, int64_t row_elems);
   const std::vector<int64_t>& send_counts() const { return send_rows_; }
   const std::vector<int64_t>& recv_counts() const { return recv_rows_; }
   int64_t total_send() const { return total_send_; }  // rows
@@ -38,6 +42,13 @@ class AllToAllExchange {
   std::vector<int64_t> send_rows_, recv_rows_, send_elems_, recv_elems_;
   int64_t total_send_ = 0, total_recv_ = 0;
 };
+
+// Expert-parallel groups: `degree` consecutive world ranks per group (rank r is member r % degree of
+// group r / degree). nullptr when degree == 1. Collective over `world`.
+std::shared_ptr<ProcessGroup> make_expert_group(ProcessGroup& world, int degree);
+// The ranks that hold the same experts: one per expert-parallel group (member r / degree of group
+// r % degree). Collective over `world`.
+std::shared_ptr<ProcessGroup> make_expert_replicate_group(ProcessGroup& world, int degree);
 
 // Stable grouping of rows by destination rank: order[i] is the row packed at position i, counts[r] the
 // number of rows going to rank r.

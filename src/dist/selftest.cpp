@@ -428,6 +428,140 @@ void check_expert_exchange(Checker& c) {
   c.expect("expert exchange backward", berr, 1e-4);
 }
 
+// Expert parallel on a tiny MoE (every layer sparse, aux loss on): for every degree e > 1 that divides the
+// world and the experts, (1) each rank's expert slice initialises to the same experts of a full model,
+// (2) forward/backward on the rank's own tokens gives the full model's loss and non-expert gradients and,
+// for the local experts, the sum of the full model's expert gradients over the group's tokens, (3) the
+// gathered state dict is the full one, (4) after the plan's reduction the gradients and the global norm
+// equal those of plain DDP over full models.
+void check_expert_parallel_model(Checker& c) {
+  ProcessGroup& w = c.world;
+  const int N = w.size(), me = w.rank();
+  Qwen3Config cfg = tiny_config();
+  cfg.num_experts = 12;
+  cfg.num_experts_per_tok = 3;
+  cfg.moe_intermediate_size = 16;
+  cfg.norm_topk_prob = true;
+  cfg.output_router_logits = true;
+  const int64_t B = 2, T = 8;
+  std::vector<int32_t> ids(N * B * T), labels(N * B * T);
+  uint64_t s = 777;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    ids[i] = int32_t((s >> 33) % cfg.vocab_size);
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    labels[i] = int32_t((s >> 33) % cfg.vocab_size);
+  }
+  const int32_t* my_ids = ids.data() + me * B * T;
+  const int32_t* my_labels = labels.data() + me * B * T;
+  // Each rank's loss is the mean over its own tokens (+ aux); DDP averages the gradients over the world.
+  ForwardOptions fo;
+  Qwen3Model local_ref(cfg);  // this rank's tokens, all experts
+  local_ref.init_weights(7);
+  local_ref.zero_grad();
+  const ForwardResult want = local_ref.forward(my_ids, my_labels, B, T, fo);
+  local_ref.backward();
+  std::vector<Tensor> ddp_ref;  // what plain DDP of full models gives
+  for (auto& g : local_ref.flat_grads()) {
+    ddp_ref.push_back(g.clone());
+    w.all_reduce(ddp_ref.back().f32(), ddp_ref.back().numel(), CommType::F32, ReduceOp::Avg);
+  }
+  for (int e = 2; e <= N; ++e) {
+    if (N % e || cfg.num_experts % e) continue;
+    const std::string tag = "expert parallel " + std::to_string(e) + ": ";
+    std::shared_ptr<ProcessGroup> group = make_expert_group(w, e);
+    Qwen3Model m(cfg, {}, group.get());
+    m.init_weights(7);
+    double init_err = 0;
+    for (auto& p : m.params())
+      init_err += rel_err(p.value.f32(), local_ref.param(p.name).value.f32(), p.value.numel());
+    c.expect(tag + "expert slice initialises as the full model", init_err, 0);
+    m.zero_grad();
+    const ForwardResult got = m.forward(my_ids, my_labels, B, T, fo);
+    m.backward();
+    c.expect(tag + "loss", std::abs(got.loss - want.loss) / want.loss, 1e-6);
+    c.expect(tag + "aux loss", std::abs(got.aux_loss - want.aux_loss) / want.aux_loss, 1e-6);
+    // Full-model gradients summed over the expert group: the reference for the local experts.
+    std::vector<Tensor> group_sum;
+    for (auto& g : local_ref.flat_grads()) {
+      group_sum.push_back(g.clone());
+      group->all_reduce(group_sum.back().f32(), group_sum.back().numel(), CommType::F32, ReduceOp::Sum);
+    }
+    double dense_err = 0, expert_err = 0;
+    for (auto& p : m.params()) {
+      const Param& r = local_ref.param(p.name);
+      if (p.name.find(".mlp.experts.") == std::string::npos)
+        dense_err = std::max(dense_err, rel_err(p.grad.f32(), r.grad.f32(), p.grad.numel()));
+      else
+        expert_err =
+            std::max(expert_err, rel_err(p.grad.f32(), group_sum[r.group].f32() + r.offset, p.grad.numel()));
+    }
+    c.expect(tag + "non-expert gradients (own tokens)", dense_err, 1e-5);
+    c.expect(tag + "expert gradients (the group's tokens)", expert_err, 1e-5);
+    {
+      // Activation checkpointing recomputes the layer, exchanges included: the same gradients.
+      Qwen3Model ac(cfg, {}, group.get());
+      ac.init_weights(7);
+      ac.set_activation_checkpointing(true);
+      ac.zero_grad();
+      ac.forward(my_ids, my_labels, B, T, fo);
+      ac.backward();
+      double err = 0;
+      for (size_t g = 0; g < m.flat_grads().size(); ++g)
+        err = std::max(err,
+                       rel_err(ac.flat_grads()[g].f32(), m.flat_grads()[g].f32(), m.flat_grads()[g].numel()));
+      c.expect(tag + "activation checkpointing gives the same gradients", err, 0);
+    }
+    {
+      // Every token routed to experts of group rank 0 (an expert bias steers the selection): the other
+      // ranks receive no rows; loss and gradients still equal the full model's.
+      Qwen3Config biased = cfg;
+      biased.load_balance_coeff = 1e-3;
+      Qwen3Model full(biased), ep(biased, {}, group.get());
+      full.init_weights(7);
+      ep.init_weights(7);
+      for (Qwen3Model* x : {&full, &ep}) {
+        float* b = x->expert_bias().f32();
+        for (int64_t i = 0; i < x->expert_bias().numel(); ++i) b[i] = i % cfg.num_experts < 3 ? 10.0f : 0.0f;
+        x->zero_grad();
+      }
+      const double lf = full.forward(my_ids, my_labels, B, T, fo).loss;
+      const double le = ep.forward(my_ids, my_labels, B, T, fo).loss;
+      full.backward();
+      ep.backward();
+      double err = std::abs(le - lf) / lf;
+      for (auto& p : ep.params())
+        if (p.name.find(".mlp.experts.") == std::string::npos)
+          err = std::max(err, rel_err(p.grad.f32(), full.param(p.name).grad.f32(), p.grad.numel()));
+      c.expect(tag + "all tokens to one rank's experts", err, 1e-5);
+    }
+    // Gathered state dict == the full model's (rank 0 of each group).
+    NamedTensors all = m.gathered_state_dict();
+    if (group->rank() == 0) {
+      NamedTensors full = local_ref.state_dict();
+      double err = all.size() == full.size() ? 0 : 1;
+      for (size_t i = 0; i < full.size() && err == 0; ++i)
+        err += all[i].first == full[i].first
+                   ? rel_err(all[i].second.f32(), full[i].second.f32(), full[i].second.numel())
+                   : 1;
+      c.expect(tag + "gathered state dict", err, 0);
+    }
+    // DDP + expert parallel reduction and clipping: the global-batch gradients and norm.
+    DataParallelPlan dp(w, N, 1, m.flat_params(), m.flat_grads(), int64_t(25) << 20, /*stream_params=*/false,
+                        ExpertParallelLayout{group, m.expert_offsets()});
+    dp.reduce_grads();
+    const double ref_norm = std::sqrt(grad_sq_norm(ddp_ref));
+    const double norm = dp.clip_grad_norm(0.0);
+    c.expect(tag + "global grad norm", std::abs(norm - ref_norm) / ref_norm, 1e-5);
+    double grad_err = 0;
+    for (auto& p : m.params())
+      grad_err = std::max(
+          grad_err,
+          rel_err(p.grad.f32(), ddp_ref[p.group].f32() + local_ref.param(p.name).offset, p.grad.numel()));
+    c.expect(tag + "reduced gradients = DDP gradients", grad_err, 1e-5);
+  }
+}
+
 [[noreturn]] void inject_failure(const std::string& mode) {
   if (mode == "throw") fail("injected failure (--fail-mode throw)");
   if (mode == "exit") {
@@ -460,6 +594,7 @@ int run_selftest(ProcessGroup& world, const SelftestOptions& options, std::ostre
   check_hsdp(c);
   check_plans(c);
   check_expert_exchange(c);
+  check_expert_parallel_model(c);
   log.flush();
   int64_t counts[2] = {c.failed, c.passed};
   world.all_reduce(counts, 2, ReduceOp::Sum);

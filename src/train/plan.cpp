@@ -27,7 +27,7 @@ std::string human(double n) {
 
 RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int64_t dp_shard,
                   int64_t local_batch, int64_t global_batch, int64_t seq_len,
-                  const std::string& activation_checkpoint) {
+                  const std::string& activation_checkpoint, int64_t expert_parallel) {
   RunPlan p;
   p.world = world;
   p.dp_replicate = dp_replicate;
@@ -45,7 +45,25 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   p.params = c.num_params();
   p.non_embedding_params = p.params - c.vocab_size * c.hidden_size * (c.tie_word_embeddings ? 1 : 2);
   p.flops_per_token = c.training_flops_per_token(seq_len);
-  const int64_t shard_params = (p.params + dp_shard - 1) / dp_shard;
+  p.expert_parallel = expert_parallel;
+  p.expert_params = c.num_moe_layers() * c.num_experts * 3 * c.moe_intermediate_size * c.hidden_size;
+  if (expert_parallel != 1) {
+    const int64_t e = expert_parallel;
+    TITAN_CHECK(e >= 1, "parallelism.expert_parallel_degree must be >= 1, got ", e);
+    TITAN_CHECK(c.is_moe(), "parallelism.expert_parallel_degree = ", e,
+                ": the model is dense (num_experts = 0); expert parallel needs a MoE model");
+    TITAN_CHECK(c.num_experts % e == 0, "parallelism.expert_parallel_degree = ", e,
+                " does not divide the model's num_experts = ", c.num_experts);
+    TITAN_CHECK(world % e == 0, "parallelism.expert_parallel_degree = ", e,
+                " does not divide the world size ", world);
+    TITAN_CHECK(dp_shard == 1, "parallelism.expert_parallel_degree = ", e,
+                " works with DDP only: set parallelism.data_parallel_replicate_degree = world size (", world,
+                ") so that data_parallel_shard_degree = 1 (got ", dp_shard,
+                "; FSDP/HSDP with expert parallel is not supported yet)");
+  }
+  // Parameters held per rank: every non-expert parameter, 1/expert_parallel of the experts.
+  const int64_t rank_params = p.params - p.expert_params + p.expert_params / expert_parallel;
+  const int64_t shard_params = (rank_params + dp_shard - 1) / dp_shard;
   p.param_bytes = shard_params * 4;
   p.grad_bytes = shard_params * 4;
   p.optimizer_bytes = shard_params * 8;  // AdamW exp_avg + exp_avg_sq, f32
@@ -72,7 +90,12 @@ std::string RunPlan::describe() const {
   os << "parameters: " << human(params) << " (" << human(non_embedding_params) << " non-embedding)\n"
      << "training FLOPs/token: " << human(flops_per_token) << " (" << flops_per_token / 1e9 << " GFLOP)\n"
      << "world " << world << " = data_parallel_replicate " << dp_replicate << " x data_parallel_shard "
-     << dp_shard << "\nbatch: local " << local_batch << " x seq " << seq_len << ", global " << global_batch
+     << dp_shard;
+  if (expert_parallel > 1)
+    os << ", experts split over " << expert_parallel
+       << " ranks (expert_parallel_degree): " << human(expert_params / expert_parallel) << " of "
+       << human(expert_params) << " expert parameters per rank";
+  os << "\nbatch: local " << local_batch << " x seq " << seq_len << ", global " << global_batch
      << ", gradient accumulation " << grad_accum << " steps, " << global_batch * seq_len << " tokens/step\n"
      << "memory per rank: parameters " << gib(param_bytes) << ", gradients " << gib(grad_bytes)
      << ", optimizer " << gib(optimizer_bytes) << ", activations " << gib(activation_bytes) << ", total "

@@ -14,6 +14,7 @@
 #include "data/loader.h"
 #include "device/device.h"
 #include "dist/data_parallel_plan.h"
+#include "dist/expert_parallel.h"
 #include "dist/runtime.h"
 #include "kernels/registry.h"
 #include "models/qwen3/model.h"
@@ -187,9 +188,14 @@ TrainResult run_training(const TrainConfig& cfg) {
   const int64_t dp_shard = cfg.parallelism.data_parallel_shard_degree > 0 ? cfg.parallelism.data_parallel_shard_degree
                                                                            : world / cfg.parallelism.data_parallel_replicate_degree;
   Qwen3Config mc = resolve_model_config(cfg);
-  const RunPlan plan = make_plan(mc, world, cfg.parallelism.data_parallel_replicate_degree, dp_shard,
-                                 cfg.training.local_batch_size, cfg.training.global_batch_size, cfg.training.seq_len,
-                                 cfg.activation_checkpoint.mode);
+  const RunPlan plan =
+      make_plan(mc, world, cfg.parallelism.data_parallel_replicate_degree, dp_shard,
+                cfg.training.local_batch_size, cfg.training.global_batch_size, cfg.training.seq_len,
+                cfg.activation_checkpoint.mode, cfg.parallelism.expert_parallel_degree);
+  TITAN_CHECK(
+      plan.expert_parallel == 1 || !cfg.checkpoint.enable,
+      "checkpoint.enable = true with parallelism.expert_parallel_degree = ", plan.expert_parallel,
+      ": training checkpoints of expert-parallel runs are not supported yet (the HF export at the end is)");
   if (cfg.job.print_config && lead) std::printf("# titan train: resolved config\n%s", cfg.to_toml().c_str());
   if (lead) std::printf("# plan\n%s\n", plan.describe().c_str());
   if (cfg.dry_run) {
@@ -235,7 +241,10 @@ TrainResult run_training(const TrainConfig& cfg) {
 
   // Model.
   validate_kernel_choice(cfg.kernels);
-  Qwen3Model model(mc, cfg.kernels);
+  // Expert parallel: groups of expert_parallel_degree consecutive ranks split every sparse layer's experts.
+  const std::shared_ptr<dist::ProcessGroup> ep_group =
+      dist::make_expert_group(pg, static_cast<int>(plan.expert_parallel));
+  Qwen3Model model(mc, cfg.kernels, ep_group.get());
   model.init_weights(cfg.training.seed);
   model.set_activation_checkpointing(cfg.activation_checkpoint.mode == "full");
   // Checkpoints: with checkpoint.enable, the newest complete one in <dump>/<folder> is resumed (rank 0
@@ -289,7 +298,7 @@ TrainResult run_training(const TrainConfig& cfg) {
   // Data parallelism (DDP / FSDP / HSDP from the replicate x shard degrees); with one rank a no-op.
   dist::DataParallelPlan dp(pg, static_cast<int>(plan.dp_replicate), static_cast<int>(plan.dp_shard),
                             master.empty() ? model.flat_params() : master, model.flat_grads(), int64_t(25) << 20,
-                            stream);
+                            stream, dist::ExpertParallelLayout{ep_group, model.expert_offsets()});
   PlanStreamer streamer(dp);
   if (stream) {
     model.set_param_streamer(&streamer);  // drops the full buffers; the shards are f32 master weights
@@ -375,8 +384,9 @@ TrainResult run_training(const TrainConfig& cfg) {
   data::Batch batch;
   const int64_t tokens_per_micro = cfg.training.local_batch_size * cfg.training.seq_len;
   // HF export (rank 0): config.json + safetensors (+ tokenizer.json) into `dir`.
+  Qwen3Model* export_model = &model;  // expert parallel: a full model gathered on rank 0 at the end
   const std::function<void(const std::string&)> export_hf = [&](const std::string& dir) {
-    model.save_hf(dir, cfg.checkpoint.export_dtype == "bfloat16" ? DType::BF16 : DType::F32);
+    export_model->save_hf(dir, cfg.checkpoint.export_dtype == "bfloat16" ? DType::BF16 : DType::F32);
     if (!tokenizer_path.empty()) {
       fs::path tok = fs::is_directory(tokenizer_path) ? fs::path(tokenizer_path) / "tokenizer.json" : fs::path(tokenizer_path);
       fs::copy_file(tok, fs::path(dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
@@ -460,6 +470,16 @@ TrainResult run_training(const TrainConfig& cfg) {
   metrics.finish();
   if (model.param_streamer()) model.set_param_streamer(nullptr);
 
+  std::unique_ptr<Qwen3Model> gathered;
+  if (ep_group && (cfg.checkpoint.last_save_in_hf || cfg.training.sample_tokens > 0)) {
+    NamedTensors all = model.gathered_state_dict();  // collective over the expert group
+    if (lead) {
+      gathered = std::make_unique<Qwen3Model>(mc, cfg.kernels);
+      gathered->load_state_dict(all);
+      gathered->expert_bias().copy_from(model.expert_bias());
+      export_model = gathered.get();
+    }
+  }
   // Artifacts (rank 0): HF checkpoint (+ tokenizer), loss curve, sample.
   if (!lead) return result;
   if (cfg.checkpoint.last_save_in_hf && !cfg.checkpoint.enable) {
@@ -474,8 +494,9 @@ TrainResult run_training(const TrainConfig& cfg) {
     Tokenizer tok = Tokenizer::load(tokenizer_path);
     std::vector<int32_t> prompt = tok.encode(cfg.training.sample_prompt);
     if (prompt.empty()) prompt.push_back(loader.eos_id() >= 0 ? loader.eos_id() : 0);
-    if (bf16) model.set_bf16_compute(true);
-    auto ids = generate(model, prompt, cfg.training.sample_tokens, cfg.training.seq_len, cfg.training.seed);
+    if (bf16) export_model->set_bf16_compute(true);
+    auto ids =
+        generate(*export_model, prompt, cfg.training.sample_tokens, cfg.training.seq_len, cfg.training.seed);
     result.sample = cfg.training.sample_prompt + tok.decode(ids, true);
     std::ofstream(fs::path(cfg.job.dump_folder) / "sample.txt") << result.sample << "\n";
     std::printf("sample:\n%s\n", result.sample.c_str());

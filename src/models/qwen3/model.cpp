@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "dist/expert_parallel.h"
 #include "io/hf_checkpoint.h"
 #include "kernels/registry.h"
 #include "models/qwen3/moe_router.h"
@@ -36,8 +37,24 @@ void Qwen3Model::set_bf16_compute(bool on) {
       if (t.defined()) round_bf16(t.f32(), t.numel());
 }
 
-Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels) : config_(config) {
+Qwen3Model::~Qwen3Model() = default;
+
+Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
+                       dist::ProcessGroup* expert_group)
+    : config_(config) {
   config_.validate("model config");
+  local_experts_ = config_.num_experts;
+  if (expert_group && expert_group->size() > 1) {
+    ep_ = expert_group;
+    ep_size_ = expert_group->size();
+    ep_rank_ = expert_group->rank();
+    TITAN_CHECK(config_.is_moe(), "parallelism.expert_parallel_degree = ", ep_size_,
+                ": the model is dense (num_experts = 0); expert parallel needs a MoE model");
+    TITAN_CHECK(config_.num_experts % ep_size_ == 0, "parallelism.expert_parallel_degree = ", ep_size_,
+                " does not divide num_experts = ", config_.num_experts);
+    local_experts_ = config_.num_experts / ep_size_;
+    first_expert_ = ep_rank_ * local_experts_;
+  }
   for (auto& [op, _] : kernels) {
     auto ops = KernelRegistry::global().ops();
     TITAN_CHECK(std::find(ops.begin(), ops.end(), op) != ops.end(), "[kernels]: unknown op '", op, "'");
@@ -82,35 +99,59 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels) :
   const auto& c = config_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim, L = c.num_hidden_layers;
   const int64_t E = c.num_experts, Im = c.moe_intermediate_size;
-  std::vector<std::vector<std::pair<std::string, Shape>>> groups;
-  groups.push_back({{"model.embed_tokens.weight", {c.vocab_size, H}}});
+  // (name, shape, random draws of skipped non-local experts before it) per group.
+  struct Entry {
+    std::string name;
+    Shape shape;
+    int64_t skip = 0;
+  };
+  std::vector<std::vector<Entry>> groups;
+  int64_t pending_skip = 0;  // init draws of non-local expert weights not yet attributed
+  auto add = [&](std::string name, Shape s) {
+    groups.back().push_back({std::move(name), std::move(s), pending_skip});
+    pending_skip = 0;
+  };
+  // Non-local experts are not allocated, but init_weights draws their random numbers anyway so that each
+  // rank's slice equals the same experts of a model holding all of them.
+  auto skip = [&](const Shape& s) { pending_skip += 2 * ((shape_numel(s) + 1) / 2); };
+  auto local = [&](int64_t e) { return e >= first_expert_ && e < first_expert_ + local_experts_; };
+  groups.emplace_back();
+  add("model.embed_tokens.weight", {c.vocab_size, H});
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    groups.push_back({{p + "input_layernorm.weight", {H}},
-                      {p + "self_attn.q_proj.weight", {c.q_dim(), H}},
-                      {p + "self_attn.k_proj.weight", {c.kv_dim(), H}},
-                      {p + "self_attn.v_proj.weight", {c.kv_dim(), H}},
-                      {p + "self_attn.q_norm.weight", {hd}},
-                      {p + "self_attn.k_norm.weight", {hd}},
-                      {p + "self_attn.o_proj.weight", {H, c.q_dim()}},
-                      {p + "post_attention_layernorm.weight", {H}}});
-    auto& g = groups.back();
+    groups.emplace_back();
+    add(p + "input_layernorm.weight", {H});
+    add(p + "self_attn.q_proj.weight", {c.q_dim(), H});
+    add(p + "self_attn.k_proj.weight", {c.kv_dim(), H});
+    add(p + "self_attn.v_proj.weight", {c.kv_dim(), H});
+    add(p + "self_attn.q_norm.weight", {hd});
+    add(p + "self_attn.k_norm.weight", {hd});
+    add(p + "self_attn.o_proj.weight", {H, c.q_dim()});
+    add(p + "post_attention_layernorm.weight", {H});
     if (c.is_moe_layer(l)) {
       // Flat order: router, then per expert gate|up rows (= v5 gate_up_proj [E,2I,H]), then every down_proj.
-      g.push_back({p + "mlp.gate.weight", {E, H}});
+      add(p + "mlp.gate.weight", {E, H});
       for (int64_t e = 0; e < E; ++e) {
         const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
-        g.push_back({ep + "gate_proj.weight", {Im, H}});
-        g.push_back({ep + "up_proj.weight", {Im, H}});
+        for (auto proj : {"gate_proj.weight", "up_proj.weight"}) {
+          if (local(e))
+            add(ep + proj, {Im, H});
+          else
+            skip({Im, H});
+        }
       }
-      for (int64_t e = 0; e < E; ++e)
-        g.push_back({p + "mlp.experts." + std::to_string(e) + ".down_proj.weight", {H, Im}});
+      for (int64_t e = 0; e < E; ++e) {
+        if (local(e))
+          add(p + "mlp.experts." + std::to_string(e) + ".down_proj.weight", {H, Im});
+        else
+          skip({H, Im});
+      }
       moe_row_.push_back(static_cast<int>(moe_layers_.size()));
       moe_layers_.push_back(l);
     } else {
-      g.push_back({p + "mlp.gate_proj.weight", {I, H}});
-      g.push_back({p + "mlp.up_proj.weight", {I, H}});
-      g.push_back({p + "mlp.down_proj.weight", {H, I}});
+      add(p + "mlp.gate_proj.weight", {I, H});
+      add(p + "mlp.up_proj.weight", {I, H});
+      add(p + "mlp.down_proj.weight", {H, I});
       moe_row_.push_back(-1);
     }
   }
@@ -121,20 +162,23 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels) :
     aux_prob_sum_.assign(E, 0.0);
     aux_dprob_.assign(E, 0.0f);
     aux_scaled_.assign(E, 0.0f);
+    if (ep_) ep_layers_.resize(moe_layers_.size());
   }
-  groups.push_back({{"model.norm.weight", {H}}});
-  if (!c.tie_word_embeddings) groups.back().push_back({"lm_head.weight", {c.vocab_size, H}});
+  groups.emplace_back();
+  add("model.norm.weight", {H});
+  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, H});
 
   for (size_t g = 0; g < groups.size(); ++g) {
     int64_t total = 0;
-    for (auto& [name, s] : groups[g]) {
+    for (auto& e : groups[g]) {
       Param p;
-      p.name = name;
+      p.name = e.name;
       p.group = static_cast<int>(g);
       p.offset = total;
-      p.shape = s;
+      p.shape = e.shape;
       params_.push_back(std::move(p));
-      total += shape_numel(s);
+      init_skip_.push_back(e.skip);
+      total += shape_numel(e.shape);
     }
     group_numel_.push_back(total);
     flat_params_.push_back(Tensor::zeros({total}));
@@ -221,9 +265,9 @@ Qwen3Model::LayerView Qwen3Model::layer_view(int64_t layer, float* base) const {
   v.wo = p, p += H * c.q_dim();
   v.post_norm = p, p += H;
   if (c.is_moe_layer(layer)) {
-    const int64_t E = c.num_experts, Im = c.moe_intermediate_size;
+    const int64_t E = c.num_experts, El = local_experts_, Im = c.moe_intermediate_size;
     v.router = p, p += E * H;
-    v.wgu = p, p += E * 2 * Im * H;
+    v.wgu = p, p += El * 2 * Im * H;
     v.wdown = p;
     return v;
   }
@@ -236,7 +280,9 @@ void Qwen3Model::init_weights(uint64_t seed) {
   TITAN_CHECK(!streamer_, "the parameters are streamed (FSDP); take them back with set_param_streamer(nullptr) first");
   std::mt19937_64 rng(seed);
   const double std = config_.initializer_range;
-  for (auto& p : params_) {
+  for (size_t pi = 0; pi < params_.size(); ++pi) {
+    auto& p = params_[pi];
+    rng.discard(init_skip_[pi]);
     float* w = p.value.f32();
     const int64_t n = p.value.numel();
     if (p.shape.size() == 1) {
@@ -264,11 +310,13 @@ std::string fused_down_key(int64_t l) {
 }  // namespace
 
 // (name, view) pairs to read or write: the Param list, with each MoE layer's per-expert tensors replaced by
-// the two fused v5 tensors when fused(l).
+// the two fused v5 tensors when fused(l). Under expert parallel the fused views cover the local experts
+// [first, first + El) only.
 template <class Fused>
 static std::vector<std::pair<std::string, Tensor>> io_tensors(const Qwen3Config& c,
                                                               const std::vector<Param>& params,
-                                                              const std::vector<Tensor>& flat, Fused fused) {
+                                                              const std::vector<Tensor>& flat, Fused fused,
+                                                              int64_t first, int64_t El) {
   std::vector<std::pair<std::string, Tensor>> out;
   const std::string marker = ".mlp.experts.";
   for (auto& p : params) {
@@ -282,12 +330,14 @@ static std::vector<std::pair<std::string, Tensor>> io_tensors(const Qwen3Config&
       out.emplace_back(p.name, p.value);
       continue;
     }
-    // Emit the fused pair once, at expert 0's gate_proj (the start of the [E,2I,H] block) and down_proj.
-    const int64_t E = c.num_experts, Im = c.moe_intermediate_size, H = c.hidden_size;
-    if (p.name.ends_with(".experts.0.gate_proj.weight"))
-      out.emplace_back(fused_gate_up_key(l), flat[p.group].view_at(p.offset, {E, 2 * Im, H}));
-    else if (p.name.ends_with(".experts.0.down_proj.weight"))
-      out.emplace_back(fused_down_key(l), flat[p.group].view_at(p.offset, {E, H, Im}));
+    // Emit the fused pair once, at the first expert's gate_proj (the start of the [E,2I,H] block) and
+    // down_proj.
+    const int64_t Im = c.moe_intermediate_size, H = c.hidden_size;
+    const std::string first_expert = ".experts." + std::to_string(first) + ".";
+    if (p.name.ends_with(first_expert + "gate_proj.weight"))
+      out.emplace_back(fused_gate_up_key(l), flat[p.group].view_at(p.offset, {El, 2 * Im, H}));
+    else if (p.name.ends_with(first_expert + "down_proj.weight"))
+      out.emplace_back(fused_down_key(l), flat[p.group].view_at(p.offset, {El, H, Im}));
   }
   return out;
 }
@@ -295,8 +345,18 @@ static std::vector<std::pair<std::string, Tensor>> io_tensors(const Qwen3Config&
 void Qwen3Model::load_hf(const std::string& dir) {
   TITAN_CHECK(!streamer_, "the parameters are streamed (FSDP); take them back with set_param_streamer(nullptr) first");
   HFCheckpointReader ckpt(dir);
-  const auto targets = io_tensors(config_, params_, flat_params_,
-                                  [&](int64_t l) { return ckpt.contains(fused_gate_up_key(l)); });
+  const auto targets = io_tensors(
+      config_, params_, flat_params_, [&](int64_t l) { return ckpt.contains(fused_gate_up_key(l)); },
+      first_expert_, local_experts_);
+  // Expert parallel: the other ranks' experts are in the checkpoint but not here.
+  auto other_rank_expert = [&](const std::string& key) {
+    const size_t pos = key.find(".mlp.experts.");
+    if (!ep_ || pos == std::string::npos) return false;
+    const char* digits = key.c_str() + pos + 13;
+    if (*digits < '0' || *digits > '9') return false;
+    const int64_t e = std::strtoll(digits, nullptr, 10);
+    return e < first_expert_ || e >= first_expert_ + local_experts_;
+  };
   std::set<std::string> expected;
   for (auto& [name, _] : targets) expected.insert(name);
   std::vector<std::string> missing, unexpected;
@@ -307,6 +367,7 @@ void Qwen3Model::load_hf(const std::string& dir) {
     // A tied checkpoint may or may not carry lm_head.weight; the rotary buffer is not a parameter.
     if (config_.tie_word_embeddings && key == "lm_head.weight") continue;
     if (key.size() >= 19 && key.ends_with("rotary_emb.inv_freq")) continue;
+    if (other_rank_expert(key)) continue;
     unexpected.push_back(key);
   }
   auto join = [](const std::vector<std::string>& v) {
@@ -318,20 +379,89 @@ void Qwen3Model::load_hf(const std::string& dir) {
   TITAN_CHECK(missing.empty() && unexpected.empty(), dir, ": checkpoint does not match the model config",
               missing.empty() ? "" : "; missing keys: " + join(missing),
               unexpected.empty() ? "" : "; unexpected keys: " + join(unexpected));
-  for (auto [name, view] : targets) ckpt.read_into(name, view);
+  for (auto [name, view] : targets) {
+    if (ep_ && (name.ends_with(".mlp.experts.gate_up_proj") || name.ends_with(".mlp.experts.down_proj"))) {
+      // Fused [E, ...] tensor: read it whole, keep this rank's experts.
+      Shape full = view.shape();
+      full[0] = config_.num_experts;
+      Tensor all = Tensor::empty(full);
+      ckpt.read_into(name, all);
+      const int64_t per = view.numel() / local_experts_;
+      std::memcpy(view.f32(), all.f32() + first_expert_ * per, view.numel() * sizeof(float));
+      continue;
+    }
+    ckpt.read_into(name, view);
+  }
 }
 
 NamedTensors Qwen3Model::state_dict(bool fused_experts) const {
   TITAN_CHECK(!streamer_, "the parameters are streamed (FSDP); take them back with set_param_streamer(nullptr) first");
   NamedTensors out;
-  for (auto& [name, view] :
-       io_tensors(config_, params_, flat_params_, [&](int64_t) { return fused_experts; }))
+  for (auto& [name, view] : io_tensors(
+           config_, params_, flat_params_, [&](int64_t) { return fused_experts; }, first_expert_,
+           local_experts_))
     out.emplace_back(name, view);
   return out;
 }
 
+std::vector<int64_t> Qwen3Model::expert_offsets() const {
+  std::vector<int64_t> out;
+  for (auto& t : flat_params_) out.push_back(t.numel());
+  for (auto& p : params_)
+    if (p.name.find(".mlp.experts.") != std::string::npos) out[p.group] = std::min(out[p.group], p.offset);
+  return out;
+}
+
+NamedTensors Qwen3Model::gathered_state_dict() const {
+  if (!ep_) return state_dict();
+  const auto& c = config_;
+  const int64_t E = c.num_experts, El = local_experts_, Im = c.moe_intermediate_size, H = c.hidden_size;
+  const bool root = ep_rank_ == 0;
+  NamedTensors out;
+  for (size_t pi = 0; pi < params_.size(); ++pi) {
+    const Param& p = params_[pi];
+    if (p.name.find(".mlp.experts.") == std::string::npos) {
+      if (root) out.emplace_back(p.name, p.value);
+      continue;
+    }
+    // The layer's expert block starts at its first local gate_proj: gate|up (El,2I,H), then down (El,H,I).
+    if (!p.name.ends_with(".experts." + std::to_string(first_expert_) + ".gate_proj.weight")) continue;
+    const std::string prefix = p.name.substr(0, p.name.find(".mlp.experts.") + 13);
+    const int64_t gu = El * 2 * Im * H, down = El * H * Im;
+    Tensor all_gu = Tensor::empty({E, 2 * Im, H}), all_down = Tensor::empty({E, H, Im});
+    const float* base = flat_params_[p.group].f32() + p.offset;
+    ep_->all_gather(base, all_gu.f32(), std::vector<int64_t>(ep_size_, gu), dist::CommType::F32);
+    ep_->all_gather(base + gu, all_down.f32(), std::vector<int64_t>(ep_size_, down), dist::CommType::F32);
+    if (!root) continue;
+    for (int64_t e = 0; e < E; ++e) {
+      out.emplace_back(prefix + std::to_string(e) + ".gate_proj.weight",
+                       all_gu.view_at(e * 2 * Im * H, {Im, H}));
+      out.emplace_back(prefix + std::to_string(e) + ".up_proj.weight",
+                       all_gu.view_at(e * 2 * Im * H + Im * H, {Im, H}));
+    }
+    for (int64_t e = 0; e < E; ++e)
+      out.emplace_back(prefix + std::to_string(e) + ".down_proj.weight",
+                       all_down.view_at(e * H * Im, {H, Im}));
+  }
+  return out;
+}
+
+void Qwen3Model::load_state_dict(const NamedTensors& tensors) {
+  std::map<std::string, const Tensor*> by_name;
+  for (auto& [name, t] : tensors) by_name[name] = &t;
+  for (auto& p : params_) {
+    auto it = by_name.find(p.name);
+    TITAN_CHECK(it != by_name.end(), "load_state_dict: no tensor '", p.name, "'");
+    TITAN_CHECK(it->second->shape() == p.shape, "load_state_dict: '", p.name, "' has shape ",
+                shape_str(it->second->shape()), ", the model expects ", shape_str(p.shape));
+    p.value.copy_from(*it->second);
+  }
+}
+
 void Qwen3Model::save_hf(const std::string& dir, DType dtype, int64_t max_shard_bytes,
                          bool fused_experts) const {
+  TITAN_CHECK(!ep_, "save_hf: this model holds ", local_experts_, " of ", config_.num_experts,
+              " experts per layer (expert parallel); write gathered_state_dict() instead");
   save_hf_checkpoint(dir, config_.to_hf_json(), state_dict(fused_experts), dtype, max_shard_bytes);
 }
 

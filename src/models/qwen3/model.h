@@ -14,9 +14,18 @@
 //   m.backward();
 //   // aux-loss-free balancing (config.load_balance_coeff > 0), before optimizer.step():
 //   //   all-reduce(sum) m.expert_token_counts() across data-parallel ranks, then m.update_expert_bias().
+//
+// Expert parallel (torchtitan semantics): Qwen3Model(config, kernels, expert_group) with a group of e ranks
+// holds experts [r*E/e, (r+1)*E/e) of every sparse layer (r = rank in the group); the router and every
+// non-expert parameter are full. Each rank routes its own tokens, sends every (token, expert) row to the
+// rank owning the expert (all_to_all_v), runs its local experts on what it receives and sends the
+// results back; backward runs the reverse exchanges. The expert gradients then hold the contributions of
+// every rank's tokens of the group (each scaled by its source rank's loss scale). forward/backward are
+// collective over the group. HF names keep the global expert index.
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +35,11 @@
 #include "models/qwen3/config.h"
 
 namespace titan {
+
+namespace dist {
+class ProcessGroup;
+class AllToAllExchange;
+}  // namespace dist
 
 // Implementation chosen per op ("" = the device's default). Keys are op names: matmul, rmsnorm, attention,
 // swiglu, embedding, cross_entropy, moe_experts ("grouped" | "reference"), rope ("fused" | "reference" |
@@ -77,7 +91,10 @@ class ParamStreamer {
 
 class Qwen3Model {
  public:
-  explicit Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels = {});
+  // expert_group: expert parallel over these ranks (nullptr or a group of one: every expert here).
+  explicit Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels = {},
+                      dist::ProcessGroup* expert_group = nullptr);
+  ~Qwen3Model();
 
   const Qwen3Config& config() const { return config_; }
   std::vector<Param>& params() { return params_; }
@@ -138,6 +155,20 @@ class Qwen3Model {
   // torchtitan's pre-optimizer-step hook: per layer bias += coeff * sign(mean(counts) - counts), centred
   // to zero mean, then the counts are zeroed. No-op when load_balance_coeff == 0.
   void update_expert_bias();
+  // ---- expert parallel ----
+  int expert_parallel_degree() const { return ep_size_; }
+  int64_t local_experts() const { return local_experts_; }  // experts per sparse layer held here
+  int64_t first_expert() const { return first_expert_; }    // global index of the first one
+  // Per flat buffer: the element offset where its expert weights start (the buffer's numel when it has
+  // none). Expert weights are the tail of a sparse layer's buffer; everything before is non-expert.
+  std::vector<int64_t> expert_offsets() const;
+  // Every HF tensor with all experts, per-expert names (what save_pretrained writes). Under expert
+  // parallel collective over the expert group: the expert slices are gathered; rank 0 of the group gets
+  // the full dict, the other ranks an empty one. Without expert parallel: state_dict().
+  NamedTensors gathered_state_dict() const;
+  // Copies tensors by HF name into the parameters (every parameter must be present, shapes must match).
+  void load_state_dict(const NamedTensors& tensors);
+
   // Buffers that are training state but not HF parameters: "model.layers.N.mlp.expert_bias" (E) per layer.
   NamedTensors buffers() const;
 
@@ -182,6 +213,9 @@ class Qwen3Model {
   // Decoder layer l from layer_acts_[l].resid_in into out (N,H), saving its activations.
   void forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats);
   void moe_backward_layer(int64_t l, float* dresid, float aux_scale);
+  // Expert-parallel experts of sparse layer l: exchange, local experts, exchange back.
+  void moe_experts_ep_forward(int64_t l, float* out);
+  void moe_experts_ep_backward(int64_t l, const float* dresid, float* dln, float* dtw);
   void plan_activations(int64_t B, int64_t T);
   // With a streamer: gather group g into flat_params_[g] / drop it; a gradient buffer into
   // flat_grads_[g] / hand it back for reduction. No-ops without one (the buffers are always there).
@@ -230,6 +264,20 @@ class Qwen3Model {
   std::vector<float> aux_scaled_;                  // (E) aux_scale_ * aux_dprob_ (backward scratch)
   float aux_scale_ = 0.0f;                         // d loss / d aux of the last forward
   double aux_loss_ = 0;
+  // Expert parallel.
+  dist::ProcessGroup* ep_ = nullptr;
+  int ep_size_ = 1, ep_rank_ = 0;
+  int64_t local_experts_ = 0, first_expert_ = 0;
+  std::vector<int64_t> init_skip_;  // per param: random draws of non-local experts before it (init)
+  struct EpLayer {                  // one sparse layer's exchange and saved expert-side activations
+    std::unique_ptr<dist::AllToAllExchange> exchange;  // rows out: (token, expert) pairs by owner rank
+    std::vector<int64_t> pos_of_slot;                  // token slot n*k+s -> row in the send order
+    std::vector<int64_t> send_order;                   // send row i -> token slot
+    std::vector<float> x, w, gu, act;                  // received rows (R,H), weights (R), saved acts
+    std::vector<int32_t> idx, order, row_of, offsets;  // local expert of each row, kernel tables
+  };
+  std::vector<EpLayer> ep_layers_;                               // per sparse layer
+  std::vector<float> ep_send_, ep_recv_, ep_rows_, ep_scratch_;  // shared scratch
 };
 
 }  // namespace titan

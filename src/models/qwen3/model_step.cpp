@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "dist/expert_parallel.h"
 #include "models/qwen3/model.h"
 #include "models/qwen3/moe_router.h"
 
@@ -275,7 +276,10 @@ void Qwen3Model::moe_forward_layer(int64_t l, float* out, bool count_tokens, boo
     moe_router::count_slots(aux_counts_.data(), a.topk_idx, N * k, E);
   }
   if (accumulate_stats) moe_router::sum_probs(aux_prob_sum_.data(), a.router_probs, N, E);
-  moe_->forward(out, a.moe, a.ln2, a.topk_idx, a.topk_w, w.wgu, w.wdown, N, k, E, H, Im);
+  if (ep_)
+    moe_experts_ep_forward(l, out);
+  else
+    moe_->forward(out, a.moe, a.ln2, a.topk_idx, a.topk_w, w.wgu, w.wdown, N, k, E, H, Im);
 }
 
 // Backward of the sparse MLP of layer l: dresid (N,H) is d(layer output); writes d(ln2) into dln_.
@@ -290,8 +294,11 @@ void Qwen3Model::moe_backward_layer(int64_t l, float* dresid, float aux_scale) {
   float* dtw = dtopk_w_.f32();
   std::memset(dln, 0, N * H * sizeof(float));
   std::memset(dtw, 0, N * k * sizeof(float));
-  moe_->backward(dln, dtw, g.wgu, g.wdown, a.moe, dresid, a.ln2, a.topk_idx, a.topk_w, w.wgu, w.wdown, N, k,
-                 E, H, Im);
+  if (ep_)
+    moe_experts_ep_backward(l, dresid, dln, dtw);
+  else
+    moe_->backward(dln, dtw, g.wgu, g.wdown, a.moe, dresid, a.ln2, a.topk_idx, a.topk_w, w.wgu, w.wdown, N, k,
+                   E, H, Im);
   float* dbias = nullptr;
   std::vector<float>& dp = aux_dprob_;
   if (aux_scale != 0.0f) {
@@ -301,6 +308,129 @@ void Qwen3Model::moe_backward_layer(int64_t l, float* dresid, float aux_scale) {
   float* dlogits = dlogits_router_.f32();
   moe_router::backward(dlogits, a.router_probs, a.topk_idx, dtw, dbias, N, E, k, c.norm_topk_prob);
   matmul_->backward(dln, g.router, dlogits, a.ln2, w.router, N, H, E);
+}
+
+// Expert-parallel experts of sparse layer l (forward). Every (token, expert) slot becomes one row
+// [x (H) | routing weight | local expert index] sent to the rank owning the expert; the owner runs the
+// grouped kernel on its rows with k = 1 (so it applies the weights) and sends the weighted outputs back;
+// out[n] = sum over s (in slot order, as the single-rank kernel) of the returned rows.
+void Qwen3Model::moe_experts_ep_forward(int64_t l, float* out) {
+  const auto& c = config_;
+  const int64_t N = B_ * T_, H = c.hidden_size, k = c.num_experts_per_tok, Im = c.moe_intermediate_size,
+                El = local_experts_, S = N * k, row = H + 2;
+  LayerActs& a = layer_acts_[l];
+  LayerView w = layer_view(l);
+  EpLayer& s = ep_layers_[moe_row_[l]];
+  std::vector<int> dest(S);
+  for (int64_t i = 0; i < S; ++i) dest[i] = static_cast<int>(a.topk_idx[i] / El);
+  auto [order, counts] = dist::group_rows_by_destination(dest, ep_size_);
+  s.send_order = std::move(order);
+  s.pos_of_slot.resize(S);
+  for (int64_t i = 0; i < S; ++i) s.pos_of_slot[s.send_order[i]] = i;
+  ep_send_.resize(S * row);
+  {
+    float* send = ep_send_.data();
+    const int64_t* ord = s.send_order.data();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t slot = ord[i];
+      float* r = send + i * row;
+      std::memcpy(r, a.ln2 + (slot / k) * H, H * sizeof(float));
+      r[H] = a.topk_w[slot];
+      r[H + 1] = static_cast<float>(a.topk_idx[slot] - dest[slot] * El);
+    }
+  }
+  s.exchange = std::make_unique<dist::AllToAllExchange>(*ep_, counts, row);
+  const int64_t R = s.exchange->total_recv();
+  ep_recv_.resize(R * row);
+  s.exchange->dispatch(ep_send_.data(), ep_recv_.data());
+  s.x.resize(R * H), s.w.resize(R), s.idx.resize(R);
+  for (int64_t r = 0; r < R; ++r) {
+    const float* src = ep_recv_.data() + r * row;
+    std::memcpy(s.x.data() + r * H, src, H * sizeof(float));
+    s.w[r] = src[H];
+    s.idx[r] = static_cast<int32_t>(src[H + 1]);
+    TITAN_CHECK(s.idx[r] >= 0 && s.idx[r] < El, "expert parallel: received a row for local expert ",
+                s.idx[r]);
+  }
+  s.gu.resize(R * 2 * Im), s.act.resize(R * Im), s.order.resize(R), s.row_of.resize(R);
+  s.offsets.assign(El + 1, 0);
+  ep_scratch_.resize(std::max<int64_t>(1, moe_experts_scratch_floats(R, 1, H, Im)));
+  ep_rows_.resize(R * H);
+  if (R > 0) {
+    MoeExpertsBuffers buf{s.gu.data(),     s.act.data(),     s.order.data(),
+                          s.row_of.data(), s.offsets.data(), ep_scratch_.data()};
+    moe_->forward(ep_rows_.data(), buf, s.x.data(), s.idx.data(), s.w.data(), w.wgu, w.wdown, R, 1, El, H,
+                  Im);
+  }
+  dist::AllToAllExchange back(*s.exchange, H);
+  ep_send_.resize(S * H);
+  back.combine(ep_rows_.data(), ep_send_.data());
+  const float* ret = ep_send_.data();
+  const int64_t* pos = s.pos_of_slot.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    float* o = out + n * H;
+    std::memset(o, 0, H * sizeof(float));
+    for (int64_t j = 0; j < k; ++j) {
+      const float* y = ret + pos[n * k + j] * H;
+      for (int64_t h = 0; h < H; ++h) o[h] += y[h];
+    }
+  }
+}
+
+// Backward of the above: d(out) rows go to the experts' ranks, the kernel's backward runs there (expert
+// weight gradients accumulate locally), and [d x (H) | d weight] rows come back:
+// dln[n] += sum_s dx rows, dtw[slot] = d weight.
+void Qwen3Model::moe_experts_ep_backward(int64_t l, const float* dresid, float* dln, float* dtw) {
+  const auto& c = config_;
+  const int64_t N = B_ * T_, H = c.hidden_size, k = c.num_experts_per_tok, Im = c.moe_intermediate_size,
+                El = local_experts_, S = N * k;
+  LayerView w = layer_view(l);
+  LayerView g = layer_view(l, flat_grads_[l + 1].f32());
+  EpLayer& s = ep_layers_[moe_row_[l]];
+  TITAN_CHECK(s.exchange, "expert parallel: backward without a forward");
+  const int64_t R = s.exchange->total_recv();
+  ep_send_.resize(S * H);
+  {
+    float* send = ep_send_.data();
+    const int64_t* ord = s.send_order.data();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < S; ++i) std::memcpy(send + i * H, dresid + (ord[i] / k) * H, H * sizeof(float));
+  }
+  dist::AllToAllExchange out_rows(*s.exchange, H);
+  ep_rows_.resize(R * H);
+  out_rows.dispatch(ep_send_.data(), ep_rows_.data());  // d(out) of every received row
+  const int64_t row = H + 1;
+  ep_recv_.assign(R * row, 0.0f);
+  if (R > 0) {
+    // dx rows (R,H) and d weights (R) computed into ep_recv_'s space, then packed as [dx | dw].
+    std::vector<float> dx(R * H, 0.0f), dw(R, 0.0f);
+    MoeExpertsBuffers buf{s.gu.data(),     s.act.data(),     s.order.data(),
+                          s.row_of.data(), s.offsets.data(), ep_scratch_.data()};
+    ep_scratch_.resize(std::max<int64_t>(1, moe_experts_scratch_floats(R, 1, H, Im)));
+    buf.scratch = ep_scratch_.data();
+    moe_->backward(dx.data(), dw.data(), g.wgu, g.wdown, buf, ep_rows_.data(), s.x.data(), s.idx.data(),
+                   s.w.data(), w.wgu, w.wdown, R, 1, El, H, Im);
+    for (int64_t r = 0; r < R; ++r) {
+      std::memcpy(ep_recv_.data() + r * row, dx.data() + r * H, H * sizeof(float));
+      ep_recv_[r * row + H] = dw[r];
+    }
+  }
+  dist::AllToAllExchange grads_back(*s.exchange, row);
+  ep_send_.resize(S * row);
+  grads_back.combine(ep_recv_.data(), ep_send_.data());
+  const float* ret = ep_send_.data();
+  const int64_t* pos = s.pos_of_slot.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    float* o = dln + n * H;
+    for (int64_t j = 0; j < k; ++j) {
+      const float* src = ret + pos[n * k + j] * row;
+      for (int64_t h = 0; h < H; ++h) o[h] += src[h];
+      dtw[n * k + j] += src[H];
+    }
+  }
 }
 
 }  // namespace titan
