@@ -274,16 +274,6 @@ TEST(Qwen3Moe, SavePerExpertByDefaultAndLoadBothLayouts) {
   EXPECT_EQ(gu.f32()[(3 * 32 + 16) * 32 + 5], up3.value.f32()[5]);
 }
 
-template <class Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // ---- expert parallel: layout, init and loading of a rank's expert slice (no communication needed) ----
 
 // Reports a rank and size without communicating (the model's constructor and loading only ask for them).
@@ -359,11 +349,11 @@ TEST(Qwen3MoeExpertParallel, SliceLayoutInitAndLoading) {
   }
   RankOnlyGroup two(0, 2), three(0, 3);
   Qwen3Model ep(c, {}, &two);
-  EXPECT_NE(error_of([&] { ep.save_hf(tmp / "x", DType::F32); }).find("gathered_state_dict"),
+  EXPECT_NE(testing::error_of([&] { ep.save_hf(tmp / "x", DType::F32); }).find("gathered_state_dict"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { Qwen3Model bad(c, {}, &three); }).find("does not divide num_experts = 8"),
+  EXPECT_NE(testing::error_of([&] { Qwen3Model bad(c, {}, &three); }).find("does not divide num_experts = 8"),
             std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(testing::error_of([&] {
               Qwen3Model dense(Qwen3Config::flavor("debug"), {}, &two);
             }).find("parallelism.expert_parallel_degree = 2: the model is dense"),
             std::string::npos);
