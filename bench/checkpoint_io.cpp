@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
     titan::ckpt::SaveRequest req;
     req.folder = dir;
     req.step = r;
-    if (dp.saves_state()) req.slices = titan::training_slices(model, dp, opt, lead);
+    req.slices = titan::training_slices(model, dp, opt, /*for_save=*/true);
     req.meta = {{"bench", true}};
     req.log = false;
     pg.barrier();
@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     for (int warm = 0; warm < 2; ++warm) {
       if (!warm && lead) drop_from_page_cache(saved);
       titan::ckpt::Reader reader(saved);
-      std::vector<titan::ckpt::Slice> wanted = titan::training_slices(model, dp, opt, true);
+      std::vector<titan::ckpt::Slice> wanted = titan::training_slices(model, dp, opt, /*for_save=*/false);
       pg.barrier();
       t0 = now_s();
       reader.read(wanted);

@@ -296,6 +296,39 @@ TEST(Resume, FsdpTwoRanksResumeExactlyAndOnOneRankWithinTolerance) {
   EXPECT_NE(r.output.find("training.global_batch_size = 4"), std::string::npos) << r.output;
 }
 
+TEST(Resume, ExpertParallelResumesExactlyAndReshardsOntoOneRank) {
+  // debug_moe, expert parallel 2 with DDP 2: each rank writes its own experts (rank 0 also the rest).
+  TempDir tmp;
+  const std::string ep =
+      " --model.flavor=debug_moe --parallelism.data_parallel_replicate_degree=2"
+      " --parallelism.expert_parallel_degree=2";
+  auto r = testing::run_shell_command(kMpirun2 + kTitan + train_args(tmp, tmp / "a") + ep);
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const auto ref = jsonl_losses(tmp / "a/metrics.jsonl");
+  r = testing::run_shell_command("TITAN_FAULT_INJECT=checkpoint:after-rename@10 " + kMpirun2 + kTitan +
+                                 train_args(tmp, tmp / "b") + ep);
+  ASSERT_NE(r.rc, 0) << r.output;
+  {
+    ckpt::Reader saved(tmp / "b/checkpoint/step-10");
+    EXPECT_EQ(saved.meta()["files"].size(), 2u);
+  }
+  fs::create_directories(tmp / "c/checkpoint");
+  fs::copy(tmp / "b/checkpoint/step-10", tmp / "c/checkpoint/step-10", fs::copy_options::recursive);
+  r = testing::run_shell_command(kMpirun2 + kTitan + train_args(tmp, tmp / "b") + ep);
+  ASSERT_EQ(r.rc, 0) << r.output;
+  expect_bit_identical(jsonl_losses(tmp / "b/metrics.jsonl"), ref, "ep-2 resumed");
+  // The same checkpoint on one rank holding every expert (local batch 4: the same global batch).
+  r = testing::run_shell_command("timeout 300 " + kTitan + train_args(tmp, tmp / "c", 4) +
+                                 " --model.flavor=debug_moe");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  const auto one = jsonl_losses(tmp / "c/metrics.jsonl");
+  ASSERT_EQ(one.size(), 10u);
+  for (auto& [step, loss] : one) EXPECT_NEAR(loss, ref.at(step), 1e-5 * ref.at(step)) << "step " << step;
+  // The final export holds every expert.
+  Qwen3Model full(Qwen3Config::from_hf_file(tmp / "b/checkpoint/step-20/config.json"));
+  EXPECT_NO_THROW(full.load_hf(tmp / "b/checkpoint/step-20"));
+}
+
 TEST(Resume, CheckpointOfAnotherModelIsRefused) {
   TempDir tmp;
   fs::create_directories(tmp / "x");

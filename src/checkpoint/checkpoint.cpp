@@ -51,6 +51,11 @@ std::string step_name(int64_t step) {
   return "step-" + std::to_string(step);
 }
 
+// Key of a slice inside its shard file: a rank may hold several slices of one tensor (expert parallel).
+std::string entry_key(const std::string& name, int64_t offset) {
+  return name + "@" + std::to_string(offset);
+}
+
 // Small text file written atomically (temporary name, fsync, rename).
 void write_text_file(const fs::path& path, const std::string& text) {
   const std::string tmp = path.string() + ".tmp";
@@ -203,7 +208,7 @@ std::string save(dist::ProcessGroup& pg, const SaveRequest& req, IoStats* stats)
       TITAN_CHECK(s.offset >= 0 && s.offset + s.data.numel() <= s.numel, "checkpoint: slice '", s.name, "' [",
                   s.offset, ", ", s.offset + s.data.numel(), ") is outside its tensor of ", s.numel,
                   " elements");
-      tensors.emplace_back(s.name, s.data.view({s.data.numel()}));
+      tensors.emplace_back(entry_key(s.name, s.offset), s.data.view({s.data.numel()}));
       slices.push_back(
           {{"name", s.name}, {"numel", s.numel}, {"offset", s.offset}, {"count", s.data.numel()}});
       total += static_cast<int64_t>(s.data.nbytes());
@@ -383,6 +388,7 @@ IoStats Reader::read(std::vector<Slice>& wanted, bool log) const {
   struct Piece {
     size_t want;       // index into wanted
     size_t file;       // index into meta files
+    std::string key;   // the slice's entry in that file
     int64_t src_elem;  // element offset inside the file's tensor
     int64_t dst_elem;  // element offset inside the wanted slice
     int64_t count;
@@ -406,7 +412,7 @@ IoStats Reader::read(std::vector<Slice>& wanted, bool log) const {
         const int64_t off = fs_slice.at("offset"), cnt = fs_slice.at("count");
         const int64_t a = std::max(lo, off), b = std::min(hi, off + cnt);
         if (a >= b) continue;
-        pieces.push_back(Piece{w, f, a - off, a - lo, b - a});
+        pieces.push_back(Piece{w, f, entry_key(s.name, off), a - off, a - lo, b - a});
         covered.emplace_back(a, b);
         needed_files[f] = true;
       }
@@ -437,7 +443,7 @@ IoStats Reader::read(std::vector<Slice>& wanted, bool log) const {
                 ": checksum mismatch (file corrupted)");
     auto file = std::make_unique<SafetensorsFile>(path);
     for (auto& sl : rec.at("slices")) {
-      const std::string n = sl.at("name");
+      const std::string n = entry_key(sl.at("name"), sl.at("offset"));
       TITAN_CHECK(file->contains(n), path, ": tensor '", n, "' listed in metadata.json is missing");
       const auto& e = file->entry(n);
       TITAN_CHECK(
@@ -450,7 +456,7 @@ IoStats Reader::read(std::vector<Slice>& wanted, bool log) const {
   Progress progress(log, "loading " + d.filename().string(), total_bytes);
   for (auto& p : pieces) {
     const SafetensorsFile& file = *open.at(p.file);
-    const auto& e = file.entry(wanted[p.want].name);
+    const auto& e = file.entry(p.key);
     std::memcpy(wanted[p.want].data.f32() + p.dst_elem, file.bytes(e) + p.src_elem * 4,
                 static_cast<size_t>(p.count) * 4);
     progress.add(p.count * 4);

@@ -130,6 +130,10 @@ bool DataParallelPlan::saves_state() const {
   return fsdp_ ? world_.rank() < shard_ : world_.rank() == 0;
 }
 
+bool DataParallelPlan::saves_expert_state() const {
+  return expert_replicate_ ? expert_replicate_->rank() == 0 : saves_state();
+}
+
 void DataParallelPlan::broadcast_from(int root) {
   if (stream_) return;  // sharded from rank 0's values at construction
   if (ep_group_) {

@@ -51,6 +51,7 @@ class DataParallelPlan {
                    bool stream_params = false, ExpertParallelLayout expert = {});
   int expert_parallel_degree() const { return ep_group_ ? ep_group_->size() : 1; }
 
+  int world_rank() const { return world_.rank(); }
   int replicate_degree() const { return replicate_; }
   int shard_degree() const { return shard_; }
   const char* mode() const;      // "single", "ddp", "fsdp" or "hsdp"
@@ -69,6 +70,9 @@ class DataParallelPlan {
   // True on the ranks whose optimizer state is the copy a checkpoint saves: rank 0 for single/DDP, the
   // shard group of the first replica (world ranks 0..S-1) for FSDP/HSDP.
   bool saves_state() const;
+  // Expert parallel: true on the ranks whose expert slices a checkpoint saves (the first expert group,
+  // world ranks 0..e-1); without expert parallel the same as saves_state().
+  bool saves_expert_state() const;
 
   // ZeRO-3 streaming (stream_params): only the shards persist.
   bool streams_params() const { return stream_; }

@@ -13,38 +13,76 @@ std::string group_name(int64_t num_layers, int g) {
 
 namespace {
 
-ckpt::Slice slice_of(const std::string& name, int64_t numel, int64_t offset, const Tensor& t, int64_t count) {
-  return ckpt::Slice{name, numel, offset, t.view_at(0, {count})};
-}
-
 void add_buffers(Qwen3Model& model, std::vector<ckpt::Slice>& out) {
   for (auto& [name, t] : model.buffers()) out.push_back(ckpt::Slice{"buffer/" + name, t.numel(), 0, t});
+}
+
+// Where this rank's buffer of group g sits in the group's global layout (every expert): pieces of
+// (offset in the local buffer, offset in the global group, count). Without expert parallel one piece;
+// with it, the non-expert part, then this rank's experts' gate/up rows ([E, 2I, H] globally) and their
+// down projections ([E, H, I]).
+struct Piece {
+  int64_t local, global, count;
+  bool expert;
+};
+std::vector<Piece> group_pieces(const Qwen3Model& model, int g, const std::vector<int64_t>& expert_offsets,
+                                int64_t* global_numel) {
+  const int64_t numel = model.group_numel(g), eo = expert_offsets[g];
+  if (model.expert_parallel_degree() == 1 || eo >= numel) {
+    *global_numel = numel;
+    return {{0, 0, numel, false}};
+  }
+  const auto& c = model.config();
+  const int64_t E = c.num_experts, El = model.local_experts(), first = model.first_expert();
+  const int64_t gu = 2 * c.moe_intermediate_size * c.hidden_size,
+                dn = c.hidden_size * c.moe_intermediate_size;
+  *global_numel = eo + E * (gu + dn);
+  return {{0, 0, eo, false},
+          {eo, eo + first * gu, El * gu, true},
+          {eo + El * gu, eo + E * gu + first * dn, El * dn, true}};
 }
 
 }  // namespace
 
 std::vector<ckpt::Slice> training_slices(Qwen3Model& model, dist::DataParallelPlan& dp, AdamW& optimizer,
-                                         bool buffers) {
+                                         bool for_save) {
   std::vector<ckpt::Slice> out;
   const int64_t L = model.config().num_hidden_layers;
+  const std::vector<int64_t> expert_offsets = model.expert_offsets();
   for (int g = 0; g < model.num_groups(); ++g) {
     const std::string group = group_name(L, g);
-    const int64_t numel = model.group_numel(g), offset = dp.optimizer_offset(g),
-                  count = dp.optimizer_count(g);
-    out.push_back(slice_of("model/" + group, numel, offset, dp.optimizer_params()[g], count));
-    out.push_back(slice_of("exp_avg/" + group, numel, offset, optimizer.exp_avg()[g], count));
-    out.push_back(slice_of("exp_avg_sq/" + group, numel, offset, optimizer.exp_avg_sq()[g], count));
+    int64_t numel = 0;
+    const std::vector<Piece> pieces = group_pieces(model, g, expert_offsets, &numel);
+    auto add = [&](int64_t local, int64_t global, int64_t count) {
+      out.push_back({"model/" + group, numel, global, dp.optimizer_params()[g].view_at(local, {count})});
+      out.push_back({"exp_avg/" + group, numel, global, optimizer.exp_avg()[g].view_at(local, {count})});
+      out.push_back(
+          {"exp_avg_sq/" + group, numel, global, optimizer.exp_avg_sq()[g].view_at(local, {count})});
+    };
+    if (pieces.size() == 1) {
+      // Full buffers (single, DDP) or this rank's FSDP/HSDP shard.
+      if (!for_save || dp.saves_state()) add(0, dp.optimizer_offset(g), dp.optimizer_count(g));
+      continue;
+    }
+    for (const Piece& p : pieces)  // expert parallel (with DDP: full local buffers)
+      if (!for_save || (p.expert ? dp.saves_expert_state() : dp.saves_state()))
+        add(p.local, p.global, p.count);
   }
-  if (buffers) add_buffers(model, out);
+  // Buffers (replicated): written by rank 0, read by every rank.
+  if (!for_save || dp.world_rank() == 0) add_buffers(model, out);
   return out;
 }
 
 std::vector<ckpt::Slice> model_slices(Qwen3Model& model) {
   std::vector<ckpt::Slice> out;
   const int64_t L = model.config().num_hidden_layers;
+  const std::vector<int64_t> expert_offsets = model.expert_offsets();
   auto& full = model.flat_params();
-  for (int g = 0; g < static_cast<int>(full.size()); ++g)
-    out.push_back(slice_of("model/" + group_name(L, g), full[g].numel(), 0, full[g], full[g].numel()));
+  for (int g = 0; g < model.num_groups(); ++g) {
+    int64_t numel = 0;
+    for (const Piece& p : group_pieces(model, g, expert_offsets, &numel))
+      out.push_back({"model/" + group_name(L, g), numel, p.global, full[g].view_at(p.local, {p.count})});
+  }
   add_buffers(model, out);
   return out;
 }

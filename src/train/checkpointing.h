@@ -25,11 +25,14 @@ namespace titan {
 // "embed", "layers.N" or "final" for flat group g of a model with `num_layers` layers.
 std::string group_name(int64_t num_layers, int g);
 
-// This rank's slices of the full training state: parameters and optimizer moments where dp puts them
-// (full buffers or shards), plus the buffers when `buffers`.
+// This rank's slices of the training state: parameters and optimizer moments where dp puts them (full
+// buffers or FSDP shards; under expert parallel the non-expert part and this rank's experts, placed in
+// the group's all-experts layout), plus the buffers. for_save: only what this rank writes (one copy of
+// everything across the ranks); otherwise everything it holds (a load).
 std::vector<ckpt::Slice> training_slices(Qwen3Model& model, dist::DataParallelPlan& dp, AdamW& optimizer,
-                                         bool buffers);
-// Whole parameter groups and buffers of `model` (a model-only load or a conversion).
+                                         bool for_save);
+// The parameter groups (this rank's experts under expert parallel) and buffers of `model` (a
+// model-only load or a conversion).
 std::vector<ckpt::Slice> model_slices(Qwen3Model& model);
 
 // Metadata of a training checkpoint (everything but the tensors).

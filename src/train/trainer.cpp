@@ -192,10 +192,6 @@ TrainResult run_training(const TrainConfig& cfg) {
       make_plan(mc, world, cfg.parallelism.data_parallel_replicate_degree, dp_shard,
                 cfg.training.local_batch_size, cfg.training.global_batch_size, cfg.training.seq_len,
                 cfg.activation_checkpoint.mode, cfg.parallelism.expert_parallel_degree);
-  TITAN_CHECK(
-      plan.expert_parallel == 1 || !cfg.checkpoint.enable,
-      "checkpoint.enable = true with parallelism.expert_parallel_degree = ", plan.expert_parallel,
-      ": training checkpoints of expert-parallel runs are not supported yet (the HF export at the end is)");
   if (cfg.job.print_config && lead) std::printf("# titan train: resolved config\n%s", cfg.to_toml().c_str());
   if (lead) std::printf("# plan\n%s\n", plan.describe().c_str());
   if (cfg.dry_run) {
@@ -343,7 +339,7 @@ TrainResult run_training(const TrainConfig& cfg) {
     ckpt::Reader reader(resume_dir);
     check_resumable(reader, mc, cfg, plan.global_batch);
     if (lead) std::printf("checkpoint: resuming from %s (step %lld)\n", resume_dir.c_str(), (long long)reader.step());
-    std::vector<ckpt::Slice> wanted = training_slices(model, dp, optimizer, true);
+    std::vector<ckpt::Slice> wanted = training_slices(model, dp, optimizer, /*for_save=*/false);
     reader.read(wanted, lead);
     optimizer.set_step_count(reader.meta()["optimizer"].at("step").get<int64_t>());
     dp.after_optimizer_step();  // FSDP/HSDP: the loaded shards into the full parameter buffers
@@ -360,7 +356,7 @@ TrainResult run_training(const TrainConfig& cfg) {
     ckpt::SaveRequest req;
     req.folder = ckpt_folder;
     req.step = step;
-    if (dp.saves_state()) req.slices = training_slices(model, dp, optimizer, lead);
+    req.slices = training_slices(model, dp, optimizer, /*for_save=*/true);
     if (lead) req.meta = training_metadata(model, cfg, optimizer, loader.state(), dp, plan.global_batch);
     if (lead) req.extra_files = hf_export;
     const std::string dir = ckpt::save(pg, req);
@@ -385,6 +381,24 @@ TrainResult run_training(const TrainConfig& cfg) {
   const int64_t tokens_per_micro = cfg.training.local_batch_size * cfg.training.seq_len;
   // HF export (rank 0): config.json + safetensors (+ tokenizer.json) into `dir`.
   Qwen3Model* export_model = &model;  // expert parallel: a full model gathered on rank 0 at the end
+  std::unique_ptr<Qwen3Model> gathered;
+  bool finished_model = false;
+  // After the last step (collective): streamed parameters back into full buffers; under expert
+  // parallel every expert gathered into a full model on rank 0 (HF export, sample).
+  auto finish_model = [&] {
+    if (finished_model) return;
+    finished_model = true;
+    if (model.param_streamer()) model.set_param_streamer(nullptr);
+    if (ep_group && (cfg.checkpoint.last_save_in_hf || cfg.training.sample_tokens > 0)) {
+      NamedTensors all = model.gathered_state_dict();  // collective over the expert group
+      if (lead) {
+        gathered = std::make_unique<Qwen3Model>(mc, cfg.kernels);
+        gathered->load_state_dict(all);
+        gathered->expert_bias().copy_from(model.expert_bias());
+        export_model = gathered.get();
+      }
+    }
+  };
   const std::function<void(const std::string&)> export_hf = [&](const std::string& dir) {
     export_model->save_hf(dir, cfg.checkpoint.export_dtype == "bfloat16" ? DType::BF16 : DType::F32);
     if (!tokenizer_path.empty()) {
@@ -459,8 +473,7 @@ TrainResult run_training(const TrainConfig& cfg) {
       m.time_s = dt;
       metrics.log(m);
     }
-    // Streamed parameters come back into full buffers for the HF export and the sample (collective).
-    if (step == cfg.training.steps && stream) model.set_param_streamer(nullptr);
+    if (step == cfg.training.steps) finish_model();
     if (cfg.checkpoint.enable && (step % cfg.checkpoint.interval == 0 || step == cfg.training.steps)) {
       const bool final_export = step == cfg.training.steps && cfg.checkpoint.last_save_in_hf;
       result.checkpoint_dir = save_checkpoint(step, final_export ? export_hf : nullptr);
@@ -468,18 +481,7 @@ TrainResult run_training(const TrainConfig& cfg) {
     }
   }
   metrics.finish();
-  if (model.param_streamer()) model.set_param_streamer(nullptr);
-
-  std::unique_ptr<Qwen3Model> gathered;
-  if (ep_group && (cfg.checkpoint.last_save_in_hf || cfg.training.sample_tokens > 0)) {
-    NamedTensors all = model.gathered_state_dict();  // collective over the expert group
-    if (lead) {
-      gathered = std::make_unique<Qwen3Model>(mc, cfg.kernels);
-      gathered->load_state_dict(all);
-      gathered->expert_bias().copy_from(model.expert_bias());
-      export_model = gathered.get();
-    }
-  }
+  finish_model();
   // Artifacts (rank 0): HF checkpoint (+ tokenizer), loss curve, sample.
   if (!lead) return result;
   if (cfg.checkpoint.last_save_in_hf && !cfg.checkpoint.enable) {

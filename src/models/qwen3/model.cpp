@@ -405,8 +405,7 @@ NamedTensors Qwen3Model::state_dict(bool fused_experts) const {
 }
 
 std::vector<int64_t> Qwen3Model::expert_offsets() const {
-  std::vector<int64_t> out;
-  for (auto& t : flat_params_) out.push_back(t.numel());
+  std::vector<int64_t> out = group_numel_;
   for (auto& p : params_)
     if (p.name.find(".mlp.experts.") != std::string::npos) out[p.group] = std::min(out[p.group], p.offset);
   return out;
