@@ -301,23 +301,10 @@ struct RunResult {
 };
 
 RunResult run_shell(const std::string& cmd) {
-  testing::TempDir tmp;
-  const std::string log = tmp / "out.txt";
-  // OpenMPI refuses to run as root unless told (CI containers); OMP_NUM_THREADS=1 keeps 2-core CI fast.
-  const std::string full = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " +
-                           cmd + " > " + log + " 2>&1";
   const auto start = std::chrono::steady_clock::now();
-  const int status = std::system(full.c_str());
-  RunResult r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  FILE* f = std::fopen(log.c_str(), "rb");
-  if (f) {
-    char buf[4096];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) r.output.append(buf, n);
-    std::fclose(f);
-  }
-  return r;
+  testing::ShellResult sr = testing::run_shell_command(cmd);
+  return RunResult{sr.rc, sr.output,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
 }
 
 const std::string kTitan = TITAN_BINARY;
@@ -417,13 +404,7 @@ TEST(DistFailure, ThrowUnderPlainMpirunNamesTheRank) {
 
 // ---- expert parallel through `titan train` ----
 
-std::vector<double> jsonl_losses(const std::string& path) {
-  std::vector<double> out;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  return out;
-}
+using testing::jsonl_losses;
 
 // Same global batch and seed on the debug MoE: expert parallel 2 (world 2) and expert parallel 2 x DDP 2
 // (world 4) give the 1-rank loss sequence over 10 steps, also with the HF aux loss on (world 4 against

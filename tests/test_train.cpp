@@ -42,8 +42,8 @@ TEST(TrainConfig, UnknownSectionsKeysAndBadValuesListTheValidOnes) {
 
 TEST(TrainConfig, OverridesApplyAfterTheFileAndRoundTripThroughToml) {
   TrainConfig c = parse_train_args({"--training.steps=7", "--config", "debug", "--optimizer.lr", "0.002",
-                                    "--training.dataset=[\"a.txt\", \"b.txt\"]", "--kernels.attention=reference",
-                                    "--job.description=hello world"});
+                                    "--training.dataset=[\"a.txt\", \"b.txt\"]",
+                                    "--kernels.attention=reference", "--job.description=hello world"});
   EXPECT_EQ(c.training.steps, 7);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.002);
   EXPECT_EQ(c.training.dataset, (std::vector<std::string>{"a.txt", "b.txt"}));
@@ -59,10 +59,16 @@ TEST(TrainConfig, OverridesApplyAfterTheFileAndRoundTripThroughToml) {
 std::vector<std::string> small_run_args(const TempDir& tmp, int64_t steps) {
   std::ofstream f(tmp / "corpus.txt");
   for (int i = 0; i < 200; ++i) f << "the quick brown fox " << i << " jumps over the lazy dog.\n%\n";
-  return {"--job.dump_folder=" + (tmp / "out"), "--training.dataset=" + (tmp / "corpus.txt"),
-          "--model.tokenizer_path=" + testing::source_path("tests/golden/tokenizer/small"), "--model.vocab_size=1024",
-          "--training.seq_len=32", "--training.local_batch_size=2", "--training.steps=" + std::to_string(steps),
-          "--training.sample_tokens=0", "--lr_scheduler.warmup_steps=2", "--metrics.peak_tflops=1"};
+  return {"--job.dump_folder=" + (tmp / "out"),
+          "--training.dataset=" + (tmp / "corpus.txt"),
+          "--model.tokenizer_path=" + testing::source_path("tests/golden/tokenizer/small"),
+          "--model.vocab_size=1024",
+          "--training.seq_len=32",
+          "--training.local_batch_size=2",
+          "--training.steps=" + std::to_string(steps),
+          "--training.sample_tokens=0",
+          "--lr_scheduler.warmup_steps=2",
+          "--metrics.peak_tflops=1"};
 }
 
 TEST(Trainer, SameSeedGivesBitIdenticalLosses) {
@@ -86,7 +92,8 @@ TEST(Trainer, GradientAccumulationEqualsTheLargerBatch) {
   auto ra = run_training(parse_train_args(args_a));
   auto rb = run_training(parse_train_args(args_b));
   ASSERT_EQ(ra.losses.size(), rb.losses.size());
-  for (size_t i = 0; i < ra.losses.size(); ++i) EXPECT_NEAR(ra.losses[i], rb.losses[i], 1e-5 * rb.losses[i]) << i;
+  for (size_t i = 0; i < ra.losses.size(); ++i)
+    EXPECT_NEAR(ra.losses[i], rb.losses[i], 1e-5 * rb.losses[i]) << i;
 }
 
 TEST(Trainer, NanLossStopsNamingTheStepOrIsSkipped) {
@@ -106,13 +113,7 @@ TEST(Trainer, NanLossStopsNamingTheStepOrIsSkipped) {
   EXPECT_EQ(r.losses.size(), 6u);
 }
 
-std::vector<double> jsonl_losses(const std::string& path) {
-  std::vector<double> out;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  return out;
-}
+using testing::jsonl_losses;
 
 // Same global batch and seed: the N-rank loss sequence equals the 1-rank one (DDP, FSDP, HSDP).
 TEST(Trainer, DataParallelMatchesOneRank) {
@@ -120,9 +121,12 @@ TEST(Trainer, DataParallelMatchesOneRank) {
   auto base = small_run_args(tmp, 10);
   std::string common;
   for (auto& a : base)
-    if (!a.starts_with("--job.dump_folder") && !a.starts_with("--training.local_batch_size")) common += " " + a;
+    if (!a.starts_with("--job.dump_folder") && !a.starts_with("--training.local_batch_size"))
+      common += " " + a;
   std::string out;
-  ASSERT_EQ(testing::run_titan("train" + common + " --training.local_batch_size=4 --job.dump_folder=" + (tmp / "one"), &out), 0)
+  ASSERT_EQ(testing::run_titan(
+                "train" + common + " --training.local_batch_size=4 --job.dump_folder=" + (tmp / "one"), &out),
+            0)
       << out;
   const auto ref = jsonl_losses(tmp / "one/metrics.jsonl");
   ASSERT_EQ(ref.size(), 10u);
@@ -132,11 +136,13 @@ TEST(Trainer, DataParallelMatchesOneRank) {
   };
   for (Layout l : {Layout{"ddp2", 2, 2, 2}, Layout{"fsdp2", 2, 1, 2}, Layout{"ddp4", 4, 4, 1},
                    Layout{"fsdp4", 4, 1, 1}, Layout{"hsdp2x2", 4, 2, 1}}) {
-    const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 timeout 300 "
-                            "mpirun --oversubscribe --bind-to none -np " + std::to_string(l.np) + " " + TITAN_BINARY +
-                            " train" + common + " --training.local_batch_size=" + std::to_string(l.local_batch) +
-                            " --parallelism.data_parallel_replicate_degree=" + std::to_string(l.replicate) +
-                            " --job.dump_folder=" + (tmp / l.name) + " > " + (tmp / l.name) + ".log 2>&1";
+    const std::string cmd =
+        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 timeout 300 "
+        "mpirun --oversubscribe --bind-to none -np " +
+        std::to_string(l.np) + " " + TITAN_BINARY + " train" + common +
+        " --training.local_batch_size=" + std::to_string(l.local_batch) +
+        " --parallelism.data_parallel_replicate_degree=" + std::to_string(l.replicate) +
+        " --job.dump_folder=" + (tmp / l.name) + " > " + (tmp / l.name) + ".log 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << l.name;
     // ZeRO-3 memory: parameters + gradients + AdamW state per rank = 16 bytes/parameter / shard degree.
     std::ifstream log(tmp / (std::string(l.name) + ".log"));
@@ -148,7 +154,8 @@ TEST(Trainer, DataParallelMatchesOneRank) {
     EXPECT_NEAR(per_param, 16.0 / shard, 0.01 * 16.0 / shard) << l.name;
     const auto got = jsonl_losses(tmp / (std::string(l.name) + "/metrics.jsonl"));
     ASSERT_EQ(got.size(), ref.size()) << l.name;
-    for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << l.name << " step " << i + 1;
+    for (size_t i = 0; i < ref.size(); ++i)
+      EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << l.name << " step " << i + 1;
   }
 }
 
@@ -208,9 +215,10 @@ TEST(Trainer, MoeConfigTrainsWhenScaledDown) {
     for (auto& a : small_run_args(tmp, 8))
       if (!a.starts_with("--training.steps")) common += " " + a;
     std::string out;
-    int rc = testing::run_titan("train --config qwen3_moe_64e_top4_4l --model.flavor=debug_moe --training.steps=8" +
-                                    common + " --model.load_balance_coeff=" + balance,
-                                &out);
+    int rc = testing::run_titan(
+        "train --config qwen3_moe_64e_top4_4l --model.flavor=debug_moe --training.steps=8" + common +
+            " --model.load_balance_coeff=" + balance,
+        &out);
     ASSERT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("moe_experts=grouped"), std::string::npos) << out;
     EXPECT_NE(out.find("rope=fused"), std::string::npos) << out;
@@ -232,12 +240,14 @@ TEST(Trainer, HfConfigTrainsWhenScaledDown) {
   Qwen3Model m(c);
   m.init_weights(3);
   m.save_hf(tmp / "hf", DType::BF16);
-  fs::copy_file(testing::source_path("tests/golden/tokenizer/small/tokenizer.json"), tmp / "hf/tokenizer.json");
+  fs::copy_file(testing::source_path("tests/golden/tokenizer/small/tokenizer.json"),
+                tmp / "hf/tokenizer.json");
   std::ofstream(tmp / "corpus.txt") << std::string(4000, 'a') << " hello world";
   std::string out;
   int rc = testing::run_titan("train --config qwen3_4b_hf --job.dump_folder=" + (tmp / "run") +
-                                  " --model.hf_assets_path=" + (tmp / "hf") + " --checkpoint.initial_load_path=" +
-                                  (tmp / "hf") + " --training.dataset=" + (tmp / "corpus.txt") +
+                                  " --model.hf_assets_path=" + (tmp / "hf") +
+                                  " --checkpoint.initial_load_path=" + (tmp / "hf") +
+                                  " --training.dataset=" + (tmp / "corpus.txt") +
                                   " --training.seq_len=32 --training.global_batch_size=4 --training.steps=2"
                                   " --training.sample_tokens=4 --metrics.peak_tflops=1",
                               &out);

@@ -205,20 +205,27 @@ Qwen3Config tiny_config() {
   return cfg;
 }
 
+// n pseudo-random token ids and labels in [0, vocab) from `seed` (the same on every rank).
+void random_tokens(int64_t n, int64_t vocab, uint64_t seed, std::vector<int32_t>& ids,
+                   std::vector<int32_t>& labels) {
+  ids.resize(n);
+  labels.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    ids[i] = int32_t((seed >> 33) % vocab);
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    labels[i] = int32_t((seed >> 33) % vocab);
+  }
+}
+
 void check_data_parallel_model(Checker& c) {
   ProcessGroup& w = c.world;
   const int N = w.size(), me = w.rank();
   const Qwen3Config cfg = tiny_config();
   const int64_t B = 2, T = 8;
   // The global batch: B rows per rank; rank r's rows are rows [r*B, (r+1)*B).
-  std::vector<int32_t> ids(N * B * T), labels(N * B * T);
-  uint64_t s = 12345;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    ids[i] = int32_t((s >> 33) % cfg.vocab_size);
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    labels[i] = int32_t((s >> 33) % cfg.vocab_size);
-  }
+  std::vector<int32_t> ids, labels;
+  random_tokens(N * B * T, cfg.vocab_size, 12345, ids, labels);
   const int32_t* my_ids = ids.data() + me * B * T;
   const int32_t* my_labels = labels.data() + me * B * T;
 
@@ -444,14 +451,8 @@ void check_expert_parallel_model(Checker& c) {
   cfg.norm_topk_prob = true;
   cfg.output_router_logits = true;
   const int64_t B = 2, T = 8;
-  std::vector<int32_t> ids(N * B * T), labels(N * B * T);
-  uint64_t s = 777;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    ids[i] = int32_t((s >> 33) % cfg.vocab_size);
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    labels[i] = int32_t((s >> 33) % cfg.vocab_size);
-  }
+  std::vector<int32_t> ids, labels;
+  random_tokens(N * B * T, cfg.vocab_size, 777, ids, labels);
   const int32_t* my_ids = ids.data() + me * B * T;
   const int32_t* my_labels = labels.data() + me * B * T;
   // Each rank's loss is the mean over its own tokens (+ aux); DDP averages the gradients over the world.

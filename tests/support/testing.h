@@ -5,7 +5,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -75,8 +78,8 @@ struct ShellResult {
 inline ShellResult run_shell_command(const std::string& cmd) {
   TempDir tmp;
   const std::string log = tmp / "out.txt";
-  const std::string full = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " + cmd +
-                           " > " + log + " 2>&1";
+  const std::string full = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " +
+                           cmd + " > " + log + " 2>&1";
   const int status = std::system(full.c_str());
   ShellResult r;
   r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -87,6 +90,15 @@ inline ShellResult run_shell_command(const std::string& cmd) {
     std::fclose(f);
   }
   return r;
+}
+
+// The "loss" of every line of a metrics.jsonl file, in order.
+inline std::vector<double> jsonl_losses(const std::string& path) {
+  std::vector<double> out;
+  std::ifstream f(path);
+  for (std::string line; std::getline(f, line);)
+    out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  return out;
 }
 
 inline std::string source_path(const std::string& rel) {
