@@ -345,6 +345,18 @@ TEST(Resume, CheckpointOfAnotherModelIsRefused) {
   EXPECT_EQ(r.output.find("step:"), std::string::npos) << r.output;
 }
 
+TEST(Resume, CheckpointSettingsAreValidated) {
+  EXPECT_NE(error_of([] {
+              parse_train_args({"--checkpoint.interval=0"});
+            }).find("checkpoint.interval must be positive"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([] { parse_train_args({"--checkpoint.keep_latest_k=-1"}); }).find("checkpoint.keep_latest_k"),
+      std::string::npos);
+  EXPECT_NE(error_of([] { parse_train_args({"--checkpoint.export_dtype=fp8"}); }).find("bfloat16"),
+            std::string::npos);
+}
+
 // ---- HF export and titan convert ----
 
 TEST(Convert, CheckpointToHfAndBackKeepsEveryParameter) {

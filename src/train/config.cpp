@@ -277,6 +277,12 @@ void TrainConfig::validate() const {
   check_choice("training.mixed_precision_param", training.mixed_precision_param, {"float32", "bfloat16"});
   check_choice("checkpoint.export_dtype", checkpoint.export_dtype, {"float32", "bfloat16"});
   check_choice("activation_checkpoint.mode", activation_checkpoint.mode, {"none", "full"});
+  TITAN_CHECK(checkpoint.interval > 0, "checkpoint.interval must be positive, got ", checkpoint.interval);
+  TITAN_CHECK(checkpoint.keep_latest_k >= 0, "checkpoint.keep_latest_k must be >= 0 (0 keeps all), got ",
+              checkpoint.keep_latest_k);
+  TITAN_CHECK(!checkpoint.folder.empty() && checkpoint.folder.find("..") == std::string::npos,
+              "checkpoint.folder must be a non-empty folder name inside job.dump_folder, got '",
+              checkpoint.folder, "'");
   auto positive = [](const char* name, double v) { TITAN_CHECK(v > 0, name, " must be positive, got ", v); };
   positive("training.local_batch_size", training.local_batch_size);
   positive("training.seq_len", training.seq_len);
