@@ -11,7 +11,11 @@ Default shape (Qwen3-0.6B width, 4 layers):
 stdout carries JSON lines only:
   {"impl":"pytorch","step":i,"seconds":s,"tokens_per_s":t,"loss":l}   per measured step
   {"impl":"pytorch","summary":true,"median_seconds":...,"median_tokens_per_s":..., ...}
-Diagnostics go to stderr.
+Diagnostics go to stderr. The summary carries the process's peak resident set (VmHWM) in bytes.
+
+--serve: after the warm-up print {"ready": true}, then run one measured step per "step" line read from stdin
+and print the summary at "quit" (bench/compare_pytorch.py interleaves frameworks step by step).
+--experts E --top-k K --moe-intermediate I: Qwen3MoeForCausalLM (every layer sparse, norm_topk_prob).
 
 Examples:
   python bench/pytorch_train_step.py --threads 16 --steps 10 --warmup 2
@@ -60,7 +64,26 @@ def parse_args(argv=None):
     ap.add_argument("--max-norm", type=float, default=0.0,
                     help="clip_grad_norm_ before the step if > 0 (default off)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--experts", type=int, default=0, help="> 0: Qwen3MoeForCausalLM with this many experts")
+    ap.add_argument("--top-k", type=int, default=2)
+    ap.add_argument("--moe-intermediate", type=int, default=256)
+    ap.add_argument("--experts-impl", default="grouped_mm",
+                    help="HF experts implementation for MoE (grouped_mm | eager | batched_mm)")
+    ap.add_argument("--serve", action="store_true", help="one measured step per 'step' line on stdin")
+    # accepted for symmetry with bench_train_step (titan options without a PyTorch meaning)
+    ap.add_argument("--tied", type=int, default=None, help="1 tied (default), 0 untied")
     return ap.parse_args(argv)
+
+
+def peak_rss_bytes():
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def emit(obj):
@@ -70,6 +93,8 @@ def emit(obj):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.tied is not None:
+        args.untied = args.tied == 0
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -80,7 +105,7 @@ def main(argv=None):
     device = torch.device(args.device)
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
 
-    cfg = Qwen3Config(
+    common = dict(
         vocab_size=args.vocab,
         hidden_size=args.hidden,
         intermediate_size=args.intermediate,
@@ -93,8 +118,18 @@ def main(argv=None):
         tie_word_embeddings=not args.untied,
         use_cache=False,
     )
+    if args.experts > 0:
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+        cfg = Qwen3MoeConfig(**common, num_experts=args.experts, num_experts_per_tok=args.top_k,
+                             moe_intermediate_size=args.moe_intermediate, norm_topk_prob=True,
+                             decoder_sparse_step=1, mlp_only_layers=[], output_router_logits=False)
+        cfg._experts_implementation = args.experts_impl
+        model_cls = Qwen3MoeForCausalLM
+    else:
+        cfg = Qwen3Config(**common)
+        model_cls = Qwen3ForCausalLM
     cfg._attn_implementation = args.attn
-    model = Qwen3ForCausalLM(cfg).to(device=device, dtype=dtype)
+    model = model_cls(cfg).to(device=device, dtype=dtype)
     model.train()
     attn_used = model.config._attn_implementation
     nparams = sum(p.numel() for p in model.parameters())
@@ -134,7 +169,16 @@ def main(argv=None):
         t0 = time.perf_counter()
 
     times, tps = [], []
-    for i in range(args.steps):
+    if args.serve:
+        emit({"ready": True})
+    i = -1
+    while True:
+        i += 1
+        if args.serve:
+            if sys.stdin.readline().strip() != "step":
+                break
+        elif i >= args.steps:
+            break
         sync()
         t0 = time.perf_counter()
         loss = step()
@@ -167,6 +211,8 @@ def main(argv=None):
                   "seq": args.seq, "batch": args.batch, "tied": not args.untied},
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
+        "experts": args.experts,
+        "peak_rss_bytes": peak_rss_bytes(),
     })
     return 0
 

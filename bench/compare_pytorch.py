@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""titan vs PyTorch eager vs torch.compile: one Qwen3 training step (forward + backward + global-norm clip +
+AdamW), fp32, same thread count, for three shapes:
+
+  debug      the debug flavor: hidden 256, 4 layers, 8/4 heads of 32, intermediate 768, vocab 2048 (tied),
+             batch 8 x seq 256
+  0.6B-w4    the 0.6B width cut to 4 layers: hidden 1024, 16/8 heads of 128, intermediate 3072,
+             vocab 151936 (tied), batch 1 x seq 512
+  debug_moe  the debug MoE flavor: the debug shape, untied, every layer sparse with 8 experts of 256, top-2,
+             batch 8 x seq 256
+
+Each implementation is one long-lived process per shape (bench_train_step --serve / pytorch_train_step.py
+--serve). Processes start one after the other and run their warm-up (torch.compile compiles there), then
+the driver asks each for one step in turn, round by round (the order rotates every round), so all see the
+same machine conditions; only one process computes at a time. Reported per implementation: median step
+time and tokens/s over --steps steps, the peak resident set of its process (VmHWM), and MFU: useful FLOPs
+per token (GEMMs, causal attention on the lower triangle, x3 for forward + backward) x tokens/s divided by
+the SGEMM peak of the BLAS titan uses, measured first by bench_gemm_peak on the same thread count.
+
+  python3 bench/compare_pytorch.py --threads 2 --steps 5
+  python3 bench/compare_pytorch.py --shapes 0.6B-w4 --impls titan,eager --steps 5
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+SHAPES = {
+    "debug": dict(hidden=256, layers=4, heads=8, kv_heads=4, head_dim=32, intermediate=768, vocab=2048,
+                  tied=1, experts=0, top_k=0, moe_intermediate=0, seq=256, batch=8),
+    "0.6B-w4": dict(hidden=1024, layers=4, heads=16, kv_heads=8, head_dim=128, intermediate=3072,
+                    vocab=151936, tied=1, experts=0, top_k=0, moe_intermediate=0, seq=512, batch=1),
+    "debug_moe": dict(hidden=256, layers=4, heads=8, kv_heads=4, head_dim=32, intermediate=768, vocab=2048,
+                      tied=0, experts=8, top_k=2, moe_intermediate=256, seq=256, batch=8),
+}
+
+
+def flops_per_token(s):
+    """Useful training FLOPs per token: 3 x forward (forward GEMM + two backward GEMMs)."""
+    H, hd, nH, nKV, T = s["hidden"], s["head_dim"], s["heads"], s["kv_heads"], s["seq"]
+    q, kv = nH * hd, nKV * hd
+    attn_proj = 2 * H * (q + 2 * kv) + 2 * q * H
+    attn_core = 2 * 2 * hd * nH * (T + 1) / 2  # QK^T and PV over the causal lower triangle, averaged
+    if s["experts"] > 0:
+        mlp = 2 * H * s["experts"] + s["top_k"] * 6 * H * s["moe_intermediate"]
+    else:
+        mlp = 6 * H * s["intermediate"]
+    fwd = s["layers"] * (attn_proj + attn_core + mlp) + 2 * H * s["vocab"]
+    return 3 * fwd
+
+
+def shape_args(s):
+    keys = ["hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "tied", "seq",
+            "batch"]
+    if s["experts"] > 0:
+        keys += ["experts", "top_k", "moe_intermediate"]
+    out = []
+    for k in keys:
+        out += ["--" + k.replace("_", "-"), str(s[k])]
+    return out
+
+
+class Worker:
+    def __init__(self, name, cmd, env):
+        self.name, self.cmd = name, cmd
+        self.times, self.summary, self.error = [], None, None
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1)
+
+    def read_json(self):
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                err = self.proc.stderr.read()[-2000:]
+                raise RuntimeError(f"{self.name} exited: {err}")
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def wait_ready(self):
+        try:
+            t0 = time.perf_counter()
+            while not self.read_json().get("ready"):
+                pass
+            return time.perf_counter() - t0
+        except RuntimeError as e:
+            self.error = str(e)
+            return None
+
+    def step(self):
+        if self.error:
+            return None
+        try:
+            self.proc.stdin.write("step\n")
+            self.proc.stdin.flush()
+            rec = self.read_json()
+            self.times.append(rec["seconds"])
+            return rec["seconds"]
+        except (RuntimeError, BrokenPipeError) as e:
+            self.error = str(e)
+            return None
+
+    def finish(self):
+        if not self.error:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+                self.summary = self.read_json()
+            except (RuntimeError, BrokenPipeError) as e:
+                self.error = str(e)
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        self.proc.wait()
+
+
+def gemm_peak(build, env):
+    out = subprocess.run([os.path.join(build, "bench_gemm_peak")], env=env, check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
+    recs = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    return recs[-1], recs[:-1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--steps", type=int, default=5, help="measured steps per implementation (median)")
+    ap.add_argument("--shapes", default="debug,0.6B-w4,debug_moe")
+    ap.add_argument("--impls", default="titan,eager,compile")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--titan-kernel", action="append", default=[], help="op=impl passed to bench_train_step")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    peak, gemm_rows = gemm_peak(args.build, env)
+    peak_flops = peak["peak_gflops"] * 1e9
+    print(f"SGEMM peak ({args.threads} threads, OPENBLAS_CORETYPE={peak['openblas_coretype'] or 'auto'}): "
+          f"{peak['peak_gflops']:.1f} GFLOP/s  [{peak['config']}]", file=sys.stderr)
+    for r in gemm_rows:
+        print(f"  {r['shape']:12s} {r['gflops']:7.1f} GFLOP/s", file=sys.stderr)
+
+    results = {"threads": args.threads, "steps": args.steps, "gemm_peak_gflops": peak["peak_gflops"],
+               "gemm": gemm_rows, "blas": peak["config"], "coretype": peak["openblas_coretype"], "shapes": {}}
+    for shape_name in args.shapes.split(","):
+        s = SHAPES[shape_name]
+        sa = shape_args(s)
+        tokens = s["seq"] * s["batch"]
+        cmds = {
+            "titan": [os.path.join(args.build, "bench_train_step"), "--flavor",
+                      "debug_moe" if s["experts"] else ("debug" if s["hidden"] == 256 else "0.6B"), *sa,
+                      "--warmup", "1", "--serve", "1"] + sum((["--kernel", k] for k in args.titan_kernel), []),
+            "eager": [sys.executable, os.path.join(HERE, "pytorch_train_step.py"), *sa, "--warmup", "1",
+                      "--threads", str(args.threads), "--max-norm", "1.0", "--serve"],
+            "compile": [sys.executable, os.path.join(HERE, "pytorch_train_step.py"), *sa, "--warmup", "2",
+                        "--threads", str(args.threads), "--max-norm", "1.0", "--serve", "--compile"],
+        }
+        impls = args.impls.split(",")
+        workers = []
+        for name in impls:
+            w = Worker(name, cmds[name], env)
+            dt = w.wait_ready()
+            print(f"[{shape_name}] {name}: " + (f"warm-up {dt:.1f}s" if dt is not None else f"FAILED {w.error}"),
+                  file=sys.stderr, flush=True)
+            workers.append(w)
+        for r in range(args.steps):
+            order = workers[r % len(workers):] + workers[:r % len(workers)]
+            line = []
+            for w in order:
+                t = w.step()
+                line.append(f"{w.name} {t:.3f}s" if t is not None else f"{w.name} failed")
+            print(f"[{shape_name}] round {r}: " + ", ".join(line), file=sys.stderr, flush=True)
+        for w in workers:
+            w.finish()
+        fpt = flops_per_token(s)
+        rows = {}
+        for w in workers:
+            if w.error or not w.times:
+                rows[w.name] = {"error": (w.error or "no steps")[-500:]}
+                continue
+            med = statistics.median(w.times)
+            rows[w.name] = {"median_s": med, "tokens_per_s": tokens / med, "steps_s": w.times,
+                            "peak_rss_bytes": (w.summary or {}).get("peak_rss_bytes", 0),
+                            "mfu": fpt * tokens / med / peak_flops,
+                            "kernels": (w.summary or {}).get("kernels", "")}
+        results["shapes"][shape_name] = {"shape": s, "tokens_per_step": tokens, "flops_per_token": fpt,
+                                         "impls": rows}
+
+    # Report
+    print(f"\nthreads {args.threads}, {args.steps} measured steps each (median), SGEMM peak "
+          f"{peak['peak_gflops']:.1f} GFLOP/s ({peak['config']}, OPENBLAS_CORETYPE="
+          f"{peak['openblas_coretype'] or 'auto'})\n")
+    print("| shape | impl | median step (s) | tokens/s | titan speedup | peak RSS (GiB) | RSS titan/impl | MFU |")
+    print("|---|---|---|---|---|---|---|---|")
+    checks = []
+    for shape_name, sr in results["shapes"].items():
+        rows = sr["impls"]
+        t = rows.get("titan", {})
+        for name, row in rows.items():
+            if "error" in row:
+                print(f"| {shape_name} | {name} | failed: {row['error'][:80]} | | | | | |")
+                continue
+            sp = t["tokens_per_s"] / row["tokens_per_s"] if "tokens_per_s" in t else float("nan")
+            rr = (t["peak_rss_bytes"] / row["peak_rss_bytes"]
+                  if "peak_rss_bytes" in t and row["peak_rss_bytes"] else float("nan"))
+            print(f"| {shape_name} | {name} | {row['median_s']:.3f} | {row['tokens_per_s']:.1f} | {sp:.2f}x | "
+                  f"{row['peak_rss_bytes'] / 2**30:.2f} | {rr:.2f} | {100 * row['mfu']:.1f}% |")
+        if "tokens_per_s" in t:
+            for name, target in (("eager", 1.5), ("compile", 1.2)):
+                if "tokens_per_s" in rows.get(name, {}):
+                    sp = t["tokens_per_s"] / rows[name]["tokens_per_s"]
+                    checks.append((f"{shape_name}: titan / PyTorch {name} tokens/s >= {target}", sp, sp >= target))
+            pt = [r["peak_rss_bytes"] for n, r in rows.items() if n != "titan" and r.get("peak_rss_bytes")]
+            if pt:
+                rr = t["peak_rss_bytes"] / min(pt)
+                checks.append((f"{shape_name}: titan peak RSS / PyTorch (smallest) <= 0.8", rr, rr <= 0.8))
+            if shape_name == "0.6B-w4":
+                checks.append(("0.6B-w4: titan MFU >= 0.70 of the SGEMM peak", t["mfu"], t["mfu"] >= 0.70))
+    print()
+    for what, val, ok in checks:
+        print(f"- [{'x' if ok else ' '}] {what}: {val:.2f}")
+    results["checks"] = [{"target": w, "value": v, "met": ok} for w, v, ok in checks]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+// SGEMM rate of the BLAS titan links, on the thread count of OMP_NUM_THREADS: the "peak" that
+// bench/compare_pytorch.py divides by for MFU. Prints one JSON line per shape and a summary with the best.
+//   bench_gemm_peak [--reps 3]
+// Shapes: square 1024/2048/3072 and the training GEMMs of the 0.6B width at seq 512 (q/gate-up projection,
+// down projection, lm_head forward and its weight gradient).
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+int main(int argc, char** argv) {
+  int reps = 3;
+  for (int i = 1; i + 1 < argc; i += 2)
+    if (std::string(argv[i]) == "--reps") reps = std::atoi(argv[i + 1]);
+  struct Shape {
+    const char* name;
+    int64_t M, N, K;
+    bool transb, transa;
+  };
+  const Shape shapes[] = {
+      {"square1024", 1024, 1024, 1024, true, false},   {"square2048", 2048, 2048, 2048, true, false},
+      {"square3072", 3072, 3072, 3072, true, false},   {"gate_up_fwd", 512, 6144, 1024, true, false},
+      {"down_fwd", 512, 1024, 3072, true, false},      {"lm_head_fwd", 512, 151936, 1024, true, false},
+      {"lm_head_dw", 151936, 1024, 512, false, true},
+  };
+  double best = 0;
+  for (const Shape& s : shapes) {
+    const int64_t lda = s.transa ? s.M : s.K, ldb = s.transb ? s.K : s.N;
+    std::vector<float> a((size_t)s.M * s.K, 0.01f), b((size_t)s.K * s.N, 0.02f), c((size_t)s.M * s.N, 0.0f);
+    double t_best = 1e30;
+    for (int r = 0; r <= reps; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      cblas_sgemm(CblasRowMajor, s.transa ? CblasTrans : CblasNoTrans, s.transb ? CblasTrans : CblasNoTrans,
+                  s.M, s.N, s.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), s.N);
+      double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (r > 0) t_best = std::min(t_best, dt);  // the first call warms caches and threads
+    }
+    const double gflops = 2.0 * s.M * s.N * s.K / t_best / 1e9;
+    best = std::max(best, gflops);
+    std::printf("{\"shape\":\"%s\",\"M\":%lld,\"N\":%lld,\"K\":%lld,\"seconds\":%.6f,\"gflops\":%.2f}\n", s.name,
+                (long long)s.M, (long long)s.N, (long long)s.K, t_best, gflops);
+    std::fflush(stdout);
+  }
+  const char* core = std::getenv("OPENBLAS_CORETYPE");
+  std::printf("{\"summary\":true,\"threads\":%d,\"peak_gflops\":%.2f,\"openblas_coretype\":\"%s\",\"config\":\"%s\"}\n",
+              omp_get_max_threads(), best, core ? core : "", openblas_get_config());
+  return 0;
+}
