@@ -102,28 +102,45 @@ TEST(Kernels, RopeAllImplementations) {
   }
 }
 
-TEST(Kernels, AttentionAllImplementations) {
-  const int64_t B = 2, T = 6, nH = 4, nKV = 2, hd = 5;
-  auto q = randn(B * T * nH * hd, 9), k = randn(B * T * nKV * hd, 10), v = randn(B * T * nKV * hd, 11),
-       dout = randn(B * T * nH * hd, 12);
+// Every implementation against the reference, forward and backward; `saved` is sized by each implementation.
+void check_attention_all(int64_t B, int64_t T, int64_t nH, int64_t nKV, int64_t hd, uint64_t seed) {
+  auto q = randn(B * T * nH * hd, seed), k = randn(B * T * nKV * hd, seed + 1),
+       v = randn(B * T * nKV * hd, seed + 2), dout = randn(B * T * nH * hd, seed + 3);
   const auto& ref = get_kernel<AttentionKernels>(DeviceType::CPU, "reference");
-  std::vector<float> out_r(q.size()), p_r(B * nH * T * T), dq_r(q.size(), 0.1f), dk_r(k.size(), 0.1f),
-      dv_r(v.size(), 0.1f);
+  std::vector<float> out_r(q.size()), p_r(ref.saved_floats(B, T, nH)), dq_r(q.size(), 0.1f),
+      dk_r(k.size(), 0.1f), dv_r(v.size(), 0.1f);
   ref.forward(out_r.data(), p_r.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
-  ref.backward(dq_r.data(), dk_r.data(), dv_r.data(), dout.data(), q.data(), k.data(), v.data(), p_r.data(),
-               B, T, nH, nKV, hd);
+  ref.backward(dq_r.data(), dk_r.data(), dv_r.data(), dout.data(), q.data(), k.data(), v.data(), out_r.data(),
+               p_r.data(), B, T, nH, nKV, hd);
   for (auto& name : impls<AttentionKernels>()) {
     const auto& kk = get_kernel<AttentionKernels>(DeviceType::CPU, name);
-    std::vector<float> out(q.size()), p(B * nH * T * T), dq(q.size(), 0.1f), dk(k.size(), 0.1f),
-        dv(v.size(), 0.1f);
+    std::vector<float> out(q.size(), 7.0f), p(kk.saved_floats(B, T, nH)), dq(q.size(), 0.1f),
+        dk(k.size(), 0.1f), dv(v.size(), 0.1f);
     kk.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
-    kk.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), p.data(), B, T,
-                nH, nKV, hd);
-    EXPECT_LE(rel(out, out_r), kTol) << name;
-    EXPECT_LE(rel(dq, dq_r), kTol) << name;
-    EXPECT_LE(rel(dk, dk_r), kTol) << name;
-    EXPECT_LE(rel(dv, dv_r), kTol) << name;
+    kk.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
+                p.data(), B, T, nH, nKV, hd);
+    EXPECT_LE(rel(out, out_r), kTol) << name << " T=" << T;
+    EXPECT_LE(rel(dq, dq_r), kTol) << name << " T=" << T;
+    EXPECT_LE(rel(dk, dk_r), kTol) << name << " T=" << T;
+    EXPECT_LE(rel(dv, dv_r), kTol) << name << " T=" << T;
   }
+}
+
+TEST(Kernels, AttentionAllImplementations) {
+  check_attention_all(2, 6, 4, 2, 5, 9);
+}
+
+// Sequences longer than one tile of the tiled implementations (64), not a multiple of it, GQA 4, MHA.
+TEST(Kernels, AttentionAllImplementationsMultiBlock) {
+  check_attention_all(1, 150, 4, 1, 16, 60);
+  check_attention_all(2, 129, 2, 2, 32, 70);
+}
+
+// The tiled implementation saves O(T) floats per head (row logsumexp), not the [T,T] probabilities.
+TEST(Kernels, FlashAttentionSavesNoTxTMatrix) {
+  const auto& flash = get_kernel<AttentionKernels>(DeviceType::CPU, "flash");
+  EXPECT_EQ(flash.saved_floats(2, 4096, 16), int64_t(2) * 16 * 4096);
+  EXPECT_EQ(KernelRegistry::global().default_impl("attention", DeviceType::CPU), "flash");
 }
 
 TEST(Kernels, SwigluEmbeddingCrossEntropyAdamWAllImplementations) {
@@ -206,8 +223,8 @@ TEST(Kernels, ReferenceBackwardMatchesFiniteDifferences) {
   const auto& att = get_kernel<AttentionKernels>(DeviceType::CPU, "reference");
   std::vector<float> out(q.size()), p(B * nH * T * T), dq(q.size()), dk(k.size()), dv(v.size());
   att.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
-  att.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), p.data(), B, T, nH,
-               nKV, hd);
+  att.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(), p.data(),
+               B, T, nH, nKV, hd);
   auto att_loss = [&] {
     att.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
     double s = 0;

@@ -38,14 +38,18 @@ struct RopeKernels {
 };
 
 // Causal GQA attention, scale = hd^-0.5; query head h reads kv head h / (nH / nKV).
-// q (B,T,nH,hd), k/v (B,T,nKV,hd), out (B,T,nH,hd), probs (B,nH,T,T) saved softmax (upper triangle 0).
+// q (B,T,nH,hd), k/v (B,T,nKV,hd), out (B,T,nH,hd). `saved` holds saved_floats(B,T,nH) floats that the
+// forward writes for the backward; its layout belongs to the implementation ("reference" / "blas": the
+// softmax probabilities (B,nH,T,T), upper triangle 0; "flash": the row logsumexp (B,nH,T), no [T,T] matrix).
+// The backward also reads the forward's output `out`.
 struct AttentionKernels {
   static constexpr const char* kOp = "attention";
-  void (*forward)(float* out, float* probs, const float* q, const float* k, const float* v, int64_t B,
+  void (*forward)(float* out, float* saved, const float* q, const float* k, const float* v, int64_t B,
                   int64_t T, int64_t nH, int64_t nKV, int64_t hd);
   void (*backward)(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                   const float* v, const float* probs, int64_t B, int64_t T, int64_t nH, int64_t nKV,
-                   int64_t hd);
+                   const float* v, const float* out, const float* saved, int64_t B, int64_t T, int64_t nH,
+                   int64_t nKV, int64_t hd);
+  int64_t (*saved_floats)(int64_t B, int64_t T, int64_t nH);
 };
 
 // SwiGLU on a fused gate|up row: out = silu(gu[:, :I]) * gu[:, I:].   gu (N,2I), out (N,I)

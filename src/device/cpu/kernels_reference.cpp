@@ -131,8 +131,8 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
 
 // dP = dO V^T;  dV += P^T dO;  dS = P * (dP - sum_j P dP);  dQ += scale dS K;  dK += scale dS^T Q
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                        const float* v, const float* probs, int64_t B, int64_t T, int64_t nH, int64_t nKV,
-                        int64_t hd) {
+                        const float* v, const float* /*out*/, const float* probs, int64_t B, int64_t T,
+                        int64_t nH, int64_t nKV, int64_t hd) {
   const int64_t rep = nH / nKV;
   const double scale = 1.0 / std::sqrt((double)hd);
   std::vector<double> dp(T);
@@ -239,7 +239,10 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float l
 const MatmulKernels kMatmul{matmul_forward, matmul_backward};
 const RmsNormKernels kRmsNorm{rmsnorm_forward, rmsnorm_backward};
 const RopeKernels kRope{rope_forward, rope_backward};
-const AttentionKernels kAttention{attention_forward, attention_backward};
+int64_t attention_probs_floats(int64_t B, int64_t T, int64_t nH) {
+  return B * nH * T * T;
+}
+const AttentionKernels kAttention{attention_forward, attention_backward, attention_probs_floats};
 const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy};

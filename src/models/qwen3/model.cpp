@@ -530,7 +530,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   bool any_dense = false;
   // One float allocation per layer (plus one int32 for MoE routing), carved into named pointers.
   const int64_t attn =
-      N * H * 4 + N * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) + B * nH * T * T;
+      N * H * 4 + N * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) + attention_->saved_floats(B, T, nH);
   // Checkpointing: every layer keeps only its input; the rest is one block shared by all layers
   // (a layer's activations are recomputed into it during backward).
   float* shared = nullptr;
@@ -575,7 +575,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     a.k_rstd = take(N * nKV);
     a.qr = take(N * c.q_dim());
     a.kr = take(N * c.kv_dim());
-    a.probs = take(B * nH * T * T);
+    a.attn_saved = take(attention_->saved_floats(B, T, nH));
     a.att = take(N * c.q_dim());
     a.resid_mid = take(N * H);
     a.ln2 = take(N * H);

@@ -192,7 +192,7 @@ class Qwen3Model {
     float* k_rstd;     // (N*nKV)
     float* qr;         // (N,nH,hd) normed + rotated
     float* kr;         // (N,nKV,hd)
-    float* probs;      // (B,nH,T,T)
+    float* attn_saved; // attention_->saved_floats(B,T,nH): probabilities or row logsumexp
     float* att;        // (N,nH*hd)
     float* resid_mid;  // (N,H) after the attention residual
     float* ln2;        // (N,H)

@@ -129,7 +129,7 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
     rope_->forward(a.kr, a.kr, cos, sin, N, T, nKV, hd);
   }
   bf16(a.qr, N * c.q_dim()), bf16(a.kr, N * c.kv_dim());
-  attention_->forward(a.att, a.probs, a.qr, a.kr, a.v, B, T, nH, nKV, hd);
+  attention_->forward(a.att, a.attn_saved, a.qr, a.kr, a.v, B, T, nH, nKV, hd);
   bf16(a.att, N * c.q_dim());
   // resid_mid = resid_in + att @ wo^T
   matmul_->forward(a.resid_mid, a.att, w.wo, N, c.q_dim(), H);
@@ -215,7 +215,7 @@ void Qwen3Model::backward() {
     std::memset(dqr, 0, N * c.q_dim() * sizeof(float));
     std::memset(dkr, 0, N * c.kv_dim() * sizeof(float));
     std::memset(dv, 0, N * c.kv_dim() * sizeof(float));
-    attention_->backward(dqr, dkr, dv, datt, a.qr, a.kr, a.v, a.probs, B, T, nH, nKV, hd);
+    attention_->backward(dqr, dkr, dv, datt, a.qr, a.kr, a.v, a.att, a.attn_saved, B, T, nH, nKV, hd);
     // RoPE backward into dq/dk (as scratch), then q_norm/k_norm backward into dqr/dkr (reused).
     std::memset(dq, 0, N * c.q_dim() * sizeof(float));
     std::memset(dk, 0, N * c.kv_dim() * sizeof(float));

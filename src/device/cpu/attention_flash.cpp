@@ -1,0 +1,158 @@
+// Tiled ("flash") causal attention: online softmax over key blocks in the forward, which saves only the
+// row logsumexp (B,nH,T); the backward recomputes each probability tile from it. No [T,T] buffer exists:
+// the working set is one (kBlock x kBlock) score tile and one (kBlock x hd) output accumulator per thread.
+// Tiles are BLAS GEMMs (single-threaded inside the OpenMP tasks); tiles above the diagonal are skipped.
+//
+// forward, per (b, h) and query block I:   m = -inf, l = 0, O = 0
+//   for key blocks J <= I:  S = scale Q_I K_J^T (causal mask on the diagonal tile)
+//                           m' = max(m, rowmax S);  P = exp(S - m');  c = exp(m - m')
+//                           l = c l + rowsum P;  O = c O + P V_J;  m = m'
+//   out_I = O / l;  lse_I = m + log l
+// backward, per (b, kv head) so the dK/dV accumulation of the group's query heads never races:
+//   D_i = dO_i . O_i;  for key blocks J, query heads h of the group, query blocks I >= J:
+//   P = exp(scale Q_I K_J^T - lse_I);  dV_J += P^T dO_I;  dP = dO_I V_J^T;  dS = P (dP - D_I) scale
+//   dQ_I += dS K_J;  dK_J += dS^T Q_I
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "device/cpu/vec_math.h"
+#include "kernels/ops.h"
+#include "kernels/registry.h"
+
+namespace titan {
+namespace {
+
+constexpr int64_t kBlock = 64;
+
+int64_t flash_saved_floats(int64_t B, int64_t T, int64_t nH) {
+  return B * nH * T;
+}
+
+void flash_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
+                   int64_t T, int64_t nH, int64_t nKV, int64_t hd) {
+  const int64_t rep = nH / nKV;
+  const float scale = 1.0f / std::sqrt((float)hd);
+  const int64_t ldq = nH * hd, ldk = nKV * hd;
+  const int64_t nblk = (T + kBlock - 1) / kBlock;
+#pragma omp parallel
+  {
+    std::vector<float> s(kBlock * kBlock), o(kBlock * hd), m(kBlock), l(kBlock);
+    // Largest blocks first (the last query blocks see the most keys) for dynamic load balance.
+#pragma omp for collapse(3) schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < nH; ++h)
+        for (int64_t ib = nblk - 1; ib >= 0; --ib) {
+          const int64_t kh = h / rep, i0 = ib * kBlock, br = std::min(kBlock, T - i0);
+          const float* qi = q + (b * T + i0) * ldq + h * hd;
+          std::fill(m.begin(), m.end(), -INFINITY);
+          std::fill(l.begin(), l.end(), 0.0f);
+          std::fill(o.begin(), o.end(), 0.0f);
+          for (int64_t j0 = 0; j0 <= i0; j0 += kBlock) {
+            const int64_t bc = std::min(kBlock, T - j0);
+            const float* kj = k + (b * T + j0) * ldk + kh * hd;
+            const float* vj = v + (b * T + j0) * ldk + kh * hd;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, hd, scale, qi, ldq, kj, ldk, 0.0f,
+                        s.data(), bc);
+            for (int64_t r = 0; r < br; ++r) {
+              float* row = s.data() + r * bc;
+              const int64_t nv = std::min(bc, i0 + r - j0 + 1);  // keys j <= i on this row
+              const float mnew = std::max(m[r], vec::max(row, nv));
+              const float sum = vec::exp_scale(row, row, nv, mnew, 1.0f);
+              std::fill(row + nv, row + bc, 0.0f);
+              const float c = std::exp(m[r] - mnew);  // 0 on the first block (m = -inf)
+              l[r] = l[r] * c + sum;
+              m[r] = mnew;
+              if (c != 1.0f) {
+                float* orow = o.data() + r * hd;
+                for (int64_t d = 0; d < hd; ++d) orow[d] *= c;
+              }
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, hd, bc, 1.0f, s.data(), bc, vj, ldk,
+                        1.0f, o.data(), hd);
+          }
+          for (int64_t r = 0; r < br; ++r) {
+            const float inv = 1.0f / l[r];
+            float* dst = out + (b * T + i0 + r) * ldq + h * hd;
+            for (int64_t d = 0; d < hd; ++d) dst[d] = o[r * hd + d] * inv;
+            lse[(b * nH + h) * T + i0 + r] = m[r] + std::log(l[r]);
+          }
+        }
+  }
+}
+
+void flash_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                    const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t nH,
+                    int64_t nKV, int64_t hd) {
+  const int64_t rep = nH / nKV;
+  const float scale = 1.0f / std::sqrt((float)hd);
+  const int64_t ldq = nH * hd, ldk = nKV * hd;
+#pragma omp parallel
+  {
+    std::vector<float> p(kBlock * kBlock), dp(kBlock * kBlock), D(rep * T);
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t kh = 0; kh < nKV; ++kh) {
+        for (int64_t g = 0; g < rep; ++g)
+          for (int64_t i = 0; i < T; ++i) {
+            const float* o = out + (b * T + i) * ldq + (kh * rep + g) * hd;
+            const float* d = dout + (b * T + i) * ldq + (kh * rep + g) * hd;
+            float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t c = 0; c < hd; ++c) acc += o[c] * d[c];
+            D[g * T + i] = acc;
+          }
+        for (int64_t j0 = 0; j0 < T; j0 += kBlock) {
+          const int64_t bc = std::min(kBlock, T - j0);
+          const float* kj = k + (b * T + j0) * ldk + kh * hd;
+          const float* vj = v + (b * T + j0) * ldk + kh * hd;
+          float* dkj = dk + (b * T + j0) * ldk + kh * hd;
+          float* dvj = dv + (b * T + j0) * ldk + kh * hd;
+          for (int64_t g = 0; g < rep; ++g) {
+            const int64_t h = kh * rep + g;
+            for (int64_t i0 = j0; i0 < T; i0 += kBlock) {
+              const int64_t br = std::min(kBlock, T - i0);
+              const float* qi = q + (b * T + i0) * ldq + h * hd;
+              const float* doi = dout + (b * T + i0) * ldq + h * hd;
+              float* dqi = dq + (b * T + i0) * ldq + h * hd;
+              const float* lsei = lse + (b * nH + h) * T + i0;
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, hd, scale, qi, ldq, kj, ldk, 0.0f,
+                          p.data(), bc);
+              for (int64_t r = 0; r < br; ++r) {
+                float* row = p.data() + r * bc;
+                const int64_t nv = std::max<int64_t>(0, std::min(bc, i0 + r - j0 + 1));
+                vec::exp_scale(row, row, nv, lsei[r], 1.0f);
+                std::fill(row + nv, row + bc, 0.0f);
+              }
+              // dV_J += P^T dO_I;  dP = dO_I V_J^T
+              cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bc, hd, br, 1.0f, p.data(), bc, doi, ldq,
+                          1.0f, dvj, ldk);
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, hd, 1.0f, doi, ldq, vj, ldk, 0.0f,
+                          dp.data(), bc);
+              for (int64_t r = 0; r < br; ++r) {
+                const float* pr = p.data() + r * bc;
+                float* dr = dp.data() + r * bc;
+                const float Di = D[g * T + i0 + r];
+#pragma omp simd
+                for (int64_t c = 0; c < bc; ++c) dr[c] = pr[c] * (dr[c] - Di) * scale;
+              }
+              // dQ_I += dS K_J;  dK_J += dS^T Q_I
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, hd, bc, 1.0f, dp.data(), bc, kj, ldk,
+                          1.0f, dqi, ldq);
+              cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bc, hd, br, 1.0f, dp.data(), bc, qi, ldq,
+                          1.0f, dkj, ldk);
+            }
+          }
+        }
+      }
+  }
+}
+
+const AttentionKernels kFlash{flash_forward, flash_backward, flash_saved_floats};
+// Default: measured faster than "blas" at every shape tried (bench_attention, bench/BENCHMARKS.md).
+TITAN_REGISTER_KERNEL(AttentionKernels, CPU, "flash", kFlash, 20);
+
+}  // namespace
+}  // namespace titan
