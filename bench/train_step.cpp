@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--flavor") flavor = argv[i + 1];
   titan::Qwen3Config c = titan::Qwen3Config::flavor(flavor);
   if (flavor == "0.6B") c.num_hidden_layers = 4;
-  int64_t seq = 512, batch = 1, steps = 5, warmup = 1, ac = 0, serve = 0, bf16 = 0;
+  int64_t seq = 512, batch = 1, steps = 5, warmup = 1, ac = 0, serve = 0, bf16 = 0, head_chunk = 0;
   titan::KernelChoice kernels;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
@@ -84,6 +84,8 @@ int main(int argc, char** argv) {
       ac = v;  // 1: activation checkpointing (full)
     else if (k == "--bf16")
       bf16 = v;  // 1: training.mixed_precision_param = "bfloat16"
+    else if (k == "--head-chunk")
+      head_chunk = v;  // rows of the lm_head + cross-entropy chunk (0 = automatic)
     else if (k == "--serve")
       serve = v;
     else {
@@ -95,6 +97,7 @@ int main(int argc, char** argv) {
   titan::Qwen3Model model(c, kernels);
   model.init_weights(0);
   model.set_activation_checkpointing(ac != 0);
+  model.set_head_chunk_rows(head_chunk);
   if (bf16) model.set_bf16_compute(true);
   titan::AdamW opt(model.flat_params(), model.flat_grads(),
                    titan::AdamWConfig{1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f});

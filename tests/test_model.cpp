@@ -242,3 +242,45 @@ TEST(Qwen3Model, ActivationCheckpointingIsExactAndSavesMemory) {
 
 }  // namespace
 }  // namespace titan
+
+namespace titan {
+namespace {
+
+// The lm_head + cross-entropy run over row chunks (the full (N,V) logits never exist): chunks of 5 rows
+// (a partial last chunk, ignored labels inside chunks) give the transformers logits, loss and gradients
+// with the golden tolerances, and the one-chunk results to rounding.
+TEST(Qwen3Model, ChunkedLossHeadMatchesTransformersAndOneChunk) {
+  for (const char* name : {"tied_gqa2", "untied_gqa4"}) {
+    const std::string dir = testing::source_path(std::string("tests/golden/qwen3/") + name);
+    Qwen3Model model(Qwen3Config::from_hf_file(dir + "/config.json"));
+    model.load_hf(dir);
+    TokenBatch batch = read_token_batch_json(dir + "/input.json");
+    SafetensorsFile want(dir + "/expected.safetensors");
+    auto run = [&](int64_t rows) {
+      model.set_head_chunk_rows(rows);
+      model.zero_grad();
+      ForwardOptions o;
+      o.keep_logits = true;
+      ForwardResult r = model.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T, o);
+      model.backward();
+      std::vector<Tensor> grads;
+      for (auto& g : model.flat_grads()) grads.push_back(g.clone());
+      return std::make_tuple(r.loss, model.logits().clone(), grads);
+    };
+    auto [loss_one, logits_one, grads_one] = run(batch.B * batch.T);
+    auto [loss, logits, grads] = run(5);
+    EXPECT_EQ(model.head_rows(), 5);
+    EXPECT_LE(std::abs(loss - loss_one), 1e-6 * std::abs(loss_one)) << name;
+    EXPECT_LE(rel_error(logits, logits_one), 1e-6) << name;
+    for (size_t i = 0; i < grads.size(); ++i) EXPECT_LE(rel_error(grads[i], grads_one[i]), 1e-6) << name << i;
+    EXPECT_LE(rel_error(logits, want.load("logits")), 1e-5) << name;
+    EXPECT_NEAR(loss, want.load("loss").f32()[0], 1e-6 * std::abs(loss)) << name;
+    for (auto& p : model.params()) {
+      const std::string key = "grad." + p.name;
+      if (want.contains(key)) EXPECT_LE(rel_error(p.grad, want.load(key)), 1e-4) << name << " " << key;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace titan

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "device/cpu/vec_math.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 
@@ -232,6 +233,7 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* ids, in
   }
 }
 
+// Three vectorised passes per row (max, sum of exp, gradient); the exponential is vec::exp_ps.
 double cross_entropy(float* logits, const int32_t* targets, int64_t N, int64_t V, float grad_scale,
                      bool compute_grad) {
   double total = 0;
@@ -243,16 +245,11 @@ double cross_entropy(float* logits, const int32_t* targets, int64_t N, int64_t V
       if (compute_grad) std::fill_n(x, V, 0.0f);
       continue;
     }
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, x[j]);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < V; ++j) sum += std::exp(x[j] - mx);
-    const float lse = mx + std::log(sum);
+    const float mx = vec::max(x, V);
+    const float lse = mx + std::log(vec::sum_exp(x, V, mx));
     total += (double)(lse - x[t]);
     if (compute_grad) {
-#pragma omp simd
-      for (int64_t j = 0; j < V; ++j) x[j] = grad_scale * std::exp(x[j] - lse);
+      vec::exp_scale(x, x, V, lse, grad_scale);
       x[t] -= grad_scale;
     }
   }

@@ -228,8 +228,10 @@ void Qwen3Model::release_params(int g) {
   streamer_->release_params(g);
 }
 
+// Idempotent: the head's buffers are acquired by forward() (which takes the lm_head gradient) and again
+// by backward().
 void Qwen3Model::acquire_grads(int g) {
-  if (streamer_) flat_grads_[g] = streamer_->grad_buffer(g);
+  if (streamer_ && !flat_grads_[g].defined()) flat_grads_[g] = streamer_->grad_buffer(g);
 }
 
 void Qwen3Model::finish_grads(int g) {
@@ -514,6 +516,12 @@ void Qwen3Model::build_rope_tables(int64_t T) {
   rope_T_ = T;
 }
 
+void Qwen3Model::set_head_chunk_rows(int64_t rows) {
+  TITAN_CHECK(rows >= 0, "head chunk rows must be >= 0 (0 = automatic), got ", rows);
+  if (rows != head_chunk_rows_) B_ = T_ = 0;  // re-plan the activations at the next forward
+  head_chunk_rows_ = rows;
+}
+
 void Qwen3Model::set_activation_checkpointing(bool on) {
   if (on != ac_) B_ = T_ = 0;  // re-plan the activations at the next forward
   ac_ = on;
@@ -611,7 +619,11 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   final_resid_ = alloc({N, H});
   lnf_ = alloc({N, H});
   rstdf_ = alloc({N});
-  logits_ = alloc({N, c.vocab_size});
+  // lm_head + cross-entropy run over row chunks (forward): only one (head_rows_, V) logits chunk exists.
+  head_rows_ = head_chunk_rows_ > 0 ? head_chunk_rows_
+                                    : std::max<int64_t>(kHeadChunkMinRows, kHeadChunkBytes / (4 * c.vocab_size));
+  head_rows_ = std::min(head_rows_, N);
+  logits_ = alloc({head_rows_, c.vocab_size});
   dresid_ = alloc({N, H});
   dln_ = alloc({N, H});
   dq_ = alloc({N, c.q_dim()});

@@ -55,7 +55,10 @@ struct Param {
 };
 
 struct ForwardOptions {
-  bool compute_grad = true;  // prepare dlogits (in place) for backward()
+  // Also differentiate the loss head: the lm_head runs over row chunks and each chunk's gradient is taken at
+  // once (lm_head / tied embedding gradient accumulated here, d(final norm) kept for backward()), so the
+  // (N,V) logits never exist in full. backward() must follow for the rest of the gradients.
+  bool compute_grad = true;
   bool keep_logits = false;  // copy the logits out before they are overwritten by their gradient
   float grad_scale = 0.0f;   // d(loss_sum)/d(row loss); 0 = 1/(number of valid targets) (HF mean)
   // false: HF semantics, labels[t + 1] is the target of position t (shifted inside, last ignored).
@@ -139,6 +142,10 @@ class Qwen3Model {
   // forward (bit-identical) into one shared activation buffer before differentiating it.
   void set_activation_checkpointing(bool on);
   bool activation_checkpointing() const { return ac_; }
+  // Rows of the lm_head + cross-entropy chunk (0 = automatic: about kHeadChunkBytes of logits).
+  void set_head_chunk_rows(int64_t rows);
+  int64_t head_rows() const { return head_rows_; }
+  static constexpr int64_t kHeadChunkBytes = int64_t(64) << 20, kHeadChunkMinRows = 64;
   // Bytes of activations currently planned (for memory reports).
   int64_t activation_bytes() const;
 
@@ -247,13 +254,14 @@ class Qwen3Model {
   std::vector<Tensor> acts_;  // owning storage
   std::vector<LayerActs> layer_acts_;
   Tensor ids_, targets_, rope_cos_, rope_sin_;
-  Tensor final_resid_, lnf_, rstdf_, logits_, logits_copy_;
+  Tensor final_resid_, lnf_, rstdf_, logits_, logits_copy_;  // logits_: one (head_rows_, V) chunk
   // Backward scratch shared by all layers.
   Tensor dresid_, dln_, dq_, dk_, dv_, dqr_, dkr_, datt_, dgu_, dact_;
   bool grad_ready_ = false;
   bool bf16_ = false;
   bool ac_ = false;
   int64_t rope_T_ = 0;
+  int64_t head_chunk_rows_ = 0, head_rows_ = 0;  // requested (0 = automatic) and planned head chunk rows
   // MoE state and scratch.
   std::vector<int64_t> moe_layers_;
   std::vector<int> moe_row_;            // layer -> row in expert_bias_/expert_counts_ (-1: dense)

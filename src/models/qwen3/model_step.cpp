@@ -62,21 +62,41 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   if (c.tie_word_embeddings) acquire_params(0);
   const float* norm_w = flat_params_[group_head].f32();
   const float* lm_head = c.tie_word_embeddings ? flat_params_[0].f32() : norm_w + H;
+  // The head's gradient is taken here (below); its gradient buffers (when streamed) stay acquired until
+  // backward() finishes them.
+  float* dlm_head = nullptr;
+  if (opts.compute_grad) {
+    acquire_grads(group_head);
+    if (c.tie_word_embeddings) acquire_grads(0);
+    dlm_head = c.tie_word_embeddings ? flat_grads_[0].f32() : flat_grads_[group_head].f32() + H;
+  }
   rmsnorm_->forward(lnf_.f32(), rstdf_.f32(), final_resid_.f32(), norm_w, N, H, eps);
   bf16(lnf_.f32(), N * H);
-  matmul_->forward(logits_.f32(), lnf_.f32(), lm_head, N, H, V);
-  release_params(group_head);
-  if (c.tie_word_embeddings) release_params(0);
-  bf16(logits_.f32(), N * V);
   if (opts.keep_logits) {
     if (!logits_copy_.defined() || logits_copy_.numel() != N * V) logits_copy_ = Tensor::empty({B, T, V});
     logits_copy_ = logits_copy_.view({B, T, V});
-    std::memcpy(logits_copy_.raw(), logits_.raw(), N * V * sizeof(float));
   }
   ForwardResult r;
   r.num_valid = num_valid;
   const float scale = opts.grad_scale > 0 ? opts.grad_scale : num_valid > 0 ? 1.0f / (float)num_valid : 0.0f;
-  r.loss_sum = cross_entropy_->forward_backward(logits_.f32(), tgt, N, V, scale, opts.compute_grad);
+  // lm_head + cross-entropy chunk by chunk over rows: logits_ holds one chunk (head_rows_ x V). With
+  // compute_grad the chunk's gradient is taken at once: dlm_head += dlogits^T lnf and d(lnf) = dlogits lm_head
+  // (into dln_, read by backward()), so the full (N,V) logits never exist.
+  float* dlnf = dln_.f32();
+  if (opts.compute_grad) std::memset(dlnf, 0, N * H * sizeof(float));
+  r.loss_sum = 0;
+  for (int64_t r0 = 0; r0 < N; r0 += head_rows_) {
+    const int64_t rows = std::min(head_rows_, N - r0);
+    float* lg = logits_.f32();
+    const float* x = lnf_.f32() + r0 * H;
+    matmul_->forward(lg, x, lm_head, rows, H, V);
+    bf16(lg, rows * V);
+    if (opts.keep_logits) std::memcpy(logits_copy_.f32() + r0 * V, lg, rows * V * sizeof(float));
+    r.loss_sum += cross_entropy_->forward_backward(lg, tgt + r0, rows, V, scale, opts.compute_grad);
+    if (opts.compute_grad) matmul_->backward(dlnf + r0 * H, dlm_head, lg, x, lm_head, rows, H, V);
+  }
+  release_params(group_head);
+  if (c.tie_word_embeddings) release_params(0);
   r.ce_loss = num_valid > 0 ? r.loss_sum / (double)num_valid : std::nan("");
   r.loss = r.ce_loss;
   aux_scale_ = 0.0f;
@@ -161,27 +181,22 @@ void Qwen3Model::backward() {
   const int64_t B = B_, T = T_, N = B * T, H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim,
                 nH = c.num_attention_heads, nKV = c.num_key_value_heads, V = c.vocab_size;
   const int group_head = static_cast<int>(c.num_hidden_layers) + 1;
-  // Streamed parameters: the head's (and with tied embeddings the embedding's) parameters and gradient
-  // buffers first; the tied embedding gradient stays until the embedding backward at the end.
+  // Streamed parameters: the head's parameters; its gradient buffers (and with tied embeddings the
+  // embedding's, kept until the embedding backward at the end) were acquired by forward().
   acquire_params(group_head);
   acquire_grads(group_head);
-  if (c.tie_word_embeddings) acquire_params(0), acquire_grads(0);
+  if (c.tie_word_embeddings) acquire_grads(0);
   const float* norm_w = flat_params_[group_head].f32();
   float* dnorm_w = flat_grads_[group_head].f32();
-  const float* lm_head = c.tie_word_embeddings ? flat_params_[0].f32() : norm_w + H;
-  float* dlm_head = c.tie_word_embeddings ? flat_grads_[0].f32() : dnorm_w + H;
   const float* cos = rope_cos_.f32();
   const float* sin = rope_sin_.f32();
 
-  // Head: logits_ holds dlogits (written in place by the fused cross-entropy).
+  // Head: forward() already accumulated the lm_head gradient and left d(final norm output) in dln_.
   float* dresid = dresid_.f32();
   float* dln = dln_.f32();
-  std::memset(dln, 0, N * H * sizeof(float));
-  matmul_->backward(dln, dlm_head, logits_.f32(), lnf_.f32(), lm_head, N, H, V);
   std::memset(dresid, 0, N * H * sizeof(float));
   rmsnorm_->backward(dresid, dnorm_w, dln, final_resid_.f32(), norm_w, rstdf_.f32(), N, H);
   release_params(group_head);
-  if (c.tie_word_embeddings) release_params(0);
   finish_grads(group_head);
 
   for (int64_t l = c.num_hidden_layers - 1; l >= 0; --l) {
