@@ -277,7 +277,9 @@ TEST(Qwen3Model, ChunkedLossHeadMatchesTransformersAndOneChunk) {
     EXPECT_NEAR(loss, want.load("loss").f32()[0], 1e-6 * std::abs(loss)) << name;
     for (auto& p : model.params()) {
       const std::string key = "grad." + p.name;
-      if (want.contains(key)) EXPECT_LE(rel_error(p.grad, want.load(key)), 1e-4) << name << " " << key;
+      if (want.contains(key)) {
+        EXPECT_LE(rel_error(p.grad, want.load(key)), 1e-4) << name << " " << key;
+      }
     }
   }
 }

@@ -620,9 +620,15 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   lnf_ = alloc({N, H});
   rstdf_ = alloc({N});
   // lm_head + cross-entropy run over row chunks (forward): only one (head_rows_, V) logits chunk exists.
-  head_rows_ = head_chunk_rows_ > 0 ? head_chunk_rows_
-                                    : std::max<int64_t>(kHeadChunkMinRows, kHeadChunkBytes / (4 * c.vocab_size));
-  head_rows_ = std::min(head_rows_, N);
+  // Automatic: the fewest chunks of at most kHeadChunkBytes of logits, rows balanced between them. Every
+  // chunk re-reads the whole lm_head (forward, d input) and re-writes its gradient, so fewer, larger chunks
+  // are faster (bench/BENCHMARKS.md); the budget bounds the memory at long sequences and large vocabularies.
+  if (head_chunk_rows_ > 0) {
+    head_rows_ = std::min(head_chunk_rows_, N);
+  } else {
+    const int64_t chunks = std::max<int64_t>(1, (N * 4 * c.vocab_size + kHeadChunkBytes - 1) / kHeadChunkBytes);
+    head_rows_ = (N + chunks - 1) / chunks;
+  }
   logits_ = alloc({head_rows_, c.vocab_size});
   dresid_ = alloc({N, H});
   dln_ = alloc({N, H});

@@ -142,10 +142,10 @@ class Qwen3Model {
   // forward (bit-identical) into one shared activation buffer before differentiating it.
   void set_activation_checkpointing(bool on);
   bool activation_checkpointing() const { return ac_; }
-  // Rows of the lm_head + cross-entropy chunk (0 = automatic: about kHeadChunkBytes of logits).
+  // Rows of the lm_head + cross-entropy chunk (0 = automatic: chunks of at most kHeadChunkBytes of logits).
   void set_head_chunk_rows(int64_t rows);
   int64_t head_rows() const { return head_rows_; }
-  static constexpr int64_t kHeadChunkBytes = int64_t(64) << 20, kHeadChunkMinRows = 64;
+  static constexpr int64_t kHeadChunkBytes = int64_t(512) << 20;
   // Bytes of activations currently planned (for memory reports).
   int64_t activation_bytes() const;
 
