@@ -10,7 +10,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
-  libopenblas-dev libopenblas0-openmp libomp-dev
+  libopenblas-dev libopenblas0-openmp libomp-dev libdnnl-dev
   nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
   libpcre2-dev libutf8proc-dev libxxhash-dev
   openmpi-bin libopenmpi-dev

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <tuple>
 
 #include "kernels/ops.h"
 #include "kernels/registry.h"
@@ -58,6 +59,36 @@ TEST(Kernels, MatmulAllImplementations) {
     EXPECT_LE(rel(out, out_r), kTol) << name;
     EXPECT_LE(rel(dinp, dinp_r), kTol) << name;
     EXPECT_LE(rel(dw, dw_r), kTol) << name;
+  }
+}
+
+// bf16 GEMMs: every engine equals the reference (bf16-rounded operands, double accumulation); the result is
+// within bf16 rounding of the f32 matmul.
+TEST(Kernels, MatmulBf16AllImplementations) {
+  for (auto [N, C, OC] : {std::tuple<int64_t, int64_t, int64_t>{7, 13, 11}, {33, 64, 48}}) {
+    auto inp = randn(N * C, 1), w = randn(OC * C, 2), dout = randn(N * OC, 3);
+    const auto& ref = get_kernel<MatmulBf16Kernels>(DeviceType::CPU, "reference");
+    std::vector<float> out_r(N * OC), dinp_r(N * C, 0.5f), dw_r(OC * C, 0.25f);
+    ref.forward(out_r.data(), inp.data(), w.data(), N, C, OC);
+    ref.backward(dinp_r.data(), dw_r.data(), dout.data(), inp.data(), w.data(), N, C, OC);
+    for (auto& name : impls<MatmulBf16Kernels>()) {
+      const auto& k = get_kernel<MatmulBf16Kernels>(DeviceType::CPU, name);
+      std::vector<float> out(N * OC), dinp(N * C, 0.5f), dw(OC * C, 0.25f);
+      k.forward(out.data(), inp.data(), w.data(), N, C, OC);
+      k.backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), N, C, OC);
+      k.backward(nullptr, nullptr, dout.data(), inp.data(), w.data(), N, C, OC);  // both skipped
+      EXPECT_LE(rel(out, out_r), kTol) << name;
+      EXPECT_LE(rel(dinp, dinp_r), kTol) << name;
+      EXPECT_LE(rel(dw, dw_r), kTol) << name;
+    }
+    const auto& f32 = get_kernel<MatmulKernels>(DeviceType::CPU, "reference");
+    std::vector<float> out32(N * OC), dinp32(N * C, 0.5f), dw32(OC * C, 0.25f);
+    f32.forward(out32.data(), inp.data(), w.data(), N, C, OC);
+    f32.backward(dinp32.data(), dw32.data(), dout.data(), inp.data(), w.data(), N, C, OC);
+    EXPECT_LE(rel(out_r, out32), 2e-2);
+    EXPECT_GT(rel(out_r, out32), 0.0);  // really rounded
+    EXPECT_LE(rel(dinp_r, dinp32), 2e-2);
+    EXPECT_LE(rel(dw_r, dw32), 2e-2);
   }
 }
 
@@ -368,7 +399,7 @@ TEST(Kernels, RopeQKAllImplementations) {
 // Every registered op has an all-implementations test above; a new op must add one here.
 TEST(KernelRegistry, EveryRegisteredOpIsCoveredByATest) {
   const std::vector<std::string> covered = {"adamw",   "attention",   "cross_entropy", "embedding",
-                                            "matmul",  "moe_experts", "rmsnorm",       "rope",
+                                            "matmul",  "matmul_bf16", "moe_experts", "rmsnorm",       "rope",
                                             "rope_qk", "swiglu"};
   for (auto& op : KernelRegistry::global().ops())
     EXPECT_NE(std::find(covered.begin(), covered.end(), op), covered.end())

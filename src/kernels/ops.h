@@ -16,6 +16,16 @@ struct MatmulKernels {
                    int64_t N, int64_t C, int64_t OC);
 };
 
+// The same GEMMs with bfloat16 inputs and f32 accumulation/outputs (mixed precision): every input element is
+// rounded to bf16 (nearest even) first, so the result is the f32 matmul of the bf16-rounded operands up to the
+// summation order. Used for `training.mixed_precision_param = "bfloat16"`.
+struct MatmulBf16Kernels {
+  static constexpr const char* kOp = "matmul_bf16";
+  void (*forward)(float* out, const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC);
+  void (*backward)(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                   int64_t N, int64_t C, int64_t OC);
+};
+
 // y = weight * (x * rsqrt(mean(x^2) + eps)), per row; rstd (N) saved for backward.
 // inp (N,C), weight (C), out (N,C)
 struct RmsNormKernels {

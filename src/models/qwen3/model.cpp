@@ -32,6 +32,10 @@ void round_bf16(float* x, int64_t n) {
 
 void Qwen3Model::set_bf16_compute(bool on) {
   bf16_ = on;
+  // Mixed precision: the GEMMs run on bf16 operands with f32 accumulation (op matmul_bf16, e.g. oneDNN on
+  // the CPU's bf16 dot-product instructions); the operands are bf16-rounded already, so the math is the same.
+  matmul_ = on && matmul_bf16_.forward ? &matmul_bf16_ : matmul_f32_;
+  kernel_names_["matmul"] = on && matmul_bf16_.forward ? "bf16:" + matmul_bf16_name_ : matmul_f32_name_;
   if (on)
     for (auto& t : flat_params_)
       if (t.defined()) round_bf16(t.f32(), t.numel());
@@ -60,7 +64,18 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
     TITAN_CHECK(std::find(ops.begin(), ops.end(), op) != ops.end(), "[kernels]: unknown op '", op, "'");
   }
   const DeviceType dev = DeviceType::CPU;
-  matmul_ = pick<MatmulKernels>(dev, kernels, kernel_names_);
+  matmul_ = matmul_f32_ = pick<MatmulKernels>(dev, kernels, kernel_names_);
+  matmul_f32_name_ = kernel_names_["matmul"];
+  {
+    // The bf16 GEMM engine for mixed precision: a configured one, else the default unless that is only the
+    // reference loops (then mixed precision keeps emulating bf16 with the f32 GEMMs).
+    std::map<std::string, std::string> names;
+    const MatmulBf16Kernels* mm = pick<MatmulBf16Kernels>(dev, kernels, names);
+    if (kernels.count("matmul_bf16") || names["matmul_bf16"] != "reference") {
+      matmul_bf16_ = MatmulKernels{mm->forward, mm->backward};
+      matmul_bf16_name_ = names["matmul_bf16"];
+    }
+  }
   rmsnorm_ = pick<RmsNormKernels>(dev, kernels, kernel_names_);
   // The model rotates q and k with one "rope_qk" call. A choice for "rope" names either a rope_qk
   // implementation ("fused", "reference") or a plain per-tensor rope implementation ("fast"), applied to q

@@ -239,7 +239,10 @@ class Qwen3Model {
   std::vector<int64_t> group_numel_;
   ParamStreamer* streamer_ = nullptr;
   std::map<std::string, std::string> kernel_names_;
-  const MatmulKernels* matmul_;
+  const MatmulKernels* matmul_;      // matmul_f32_, or &matmul_bf16_ under bf16 compute
+  const MatmulKernels* matmul_f32_;
+  MatmulKernels matmul_bf16_{};      // the matmul_bf16 engine (null when only the reference exists)
+  std::string matmul_f32_name_, matmul_bf16_name_;
   const RmsNormKernels* rmsnorm_;
   const RopeKernels* rope_;
   const RopeQKKernels* rope_qk_ = nullptr;  // null: rope_ on q, then on k

@@ -1,0 +1,151 @@
+// bf16 GEMMs with f32 accumulation (op "matmul_bf16"). "reference": operands rounded to bf16, double
+// accumulation (the test oracle). "onednn": oneDNN's matmul on bf16 copies of the operands, which uses the
+// CPU's bf16 dot-product instructions (AVX512_BF16 vdpbf16ps, AMX where present); registered only when the
+// build found oneDNN (TITAN_HAVE_DNNL).
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/ops.h"
+#include "kernels/registry.h"
+
+#ifdef TITAN_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace titan {
+namespace {
+
+double rb(float x) {
+  return bf16_to_f32(f32_to_bf16(x));
+}
+
+void ref_forward(float* out, const float* inp, const float* w, int64_t N, int64_t C, int64_t OC) {
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OC; ++o) {
+      double acc = 0;
+      for (int64_t c = 0; c < C; ++c) acc += rb(inp[n * C + c]) * rb(w[o * C + c]);
+      out[n * OC + o] = (float)acc;
+    }
+}
+
+void ref_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t N,
+                  int64_t C, int64_t OC) {
+  if (dinp)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c) {
+        double acc = 0;
+        for (int64_t o = 0; o < OC; ++o) acc += rb(dout[n * OC + o]) * rb(w[o * C + c]);
+        dinp[n * C + c] += (float)acc;
+      }
+  if (dw)
+    for (int64_t o = 0; o < OC; ++o)
+      for (int64_t c = 0; c < C; ++c) {
+        double acc = 0;
+        for (int64_t n = 0; n < N; ++n) acc += rb(dout[n * OC + o]) * rb(inp[n * C + c]);
+        dw[o * C + c] += (float)acc;
+      }
+}
+
+const MatmulBf16Kernels kRef{ref_forward, ref_backward};
+TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CPU, "reference", kRef, 0);
+
+#ifdef TITAN_HAVE_DNNL
+using dnnl::memory;
+
+dnnl::engine& engine() {
+  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return eng;
+}
+
+// bf16 copies of the operands, reused across calls (grown as needed).
+struct Bf16Buffer {
+  std::vector<uint16_t> data;
+  uint16_t* fill(const float* x, int64_t n) {
+    if ((int64_t)data.size() < n) data.resize(n);
+    uint16_t* d = data.data();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(x[i]);
+    return d;
+  }
+};
+
+// C (M,N) [+]= A (M,K) B (K,N); A, B given by their strides (transposes are strides), C row-major.
+struct GemmKey {
+  int64_t M, N, K, sa0, sa1, sb0, sb1;
+  bool accumulate;
+  bool operator<(const GemmKey& o) const {
+    return std::tie(M, N, K, sa0, sa1, sb0, sb1, accumulate) <
+           std::tie(o.M, o.N, o.K, o.sa0, o.sa1, o.sb0, o.sb1, o.accumulate);
+  }
+};
+
+struct Gemm {
+  dnnl::matmul prim;
+  memory::desc a, b, c;
+};
+
+const Gemm& gemm_for(const GemmKey& k) {
+  static std::mutex mu;
+  static std::map<GemmKey, Gemm> cache;  // primitives are JIT-compiled once per shape
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(k);
+  if (it != cache.end()) return it->second;
+  Gemm g;
+  g.a = memory::desc({k.M, k.K}, memory::data_type::bf16, memory::dims{k.sa0, k.sa1});
+  g.b = memory::desc({k.K, k.N}, memory::data_type::bf16, memory::dims{k.sb0, k.sb1});
+  g.c = memory::desc({k.M, k.N}, memory::data_type::f32, memory::dims{k.N, 1});
+  dnnl::primitive_attr attr;
+  if (k.accumulate) {
+    dnnl::post_ops po;
+    po.append_sum(1.0f);
+    attr.set_post_ops(po);
+  }
+  g.prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(g.a, g.b, g.c), attr, engine()));
+  return cache.emplace(k, std::move(g)).first->second;
+}
+
+void run(const GemmKey& k, const uint16_t* a, const uint16_t* b, float* c) {
+  const Gemm& g = gemm_for(k);
+  dnnl::stream s(engine());
+  memory ma(g.a, engine(), const_cast<uint16_t*>(a)), mb(g.b, engine(), const_cast<uint16_t*>(b)),
+      mc(g.c, engine(), c);
+  g.prim.execute(s, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+  s.wait();
+}
+
+Bf16Buffer& buf(int i) {
+  static Bf16Buffer b[2];
+  return b[i];
+}
+
+// out (N,OC) = inp (N,C) @ w^T: B = w^T is (C,OC) with strides (1, C).
+void dnnl_forward(float* out, const float* inp, const float* w, int64_t N, int64_t C, int64_t OC) {
+  const uint16_t* a = buf(0).fill(inp, N * C);
+  const uint16_t* b = buf(1).fill(w, OC * C);
+  run({N, OC, C, C, 1, 1, C, false}, a, b, out);
+}
+
+void dnnl_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t N,
+                   int64_t C, int64_t OC) {
+  const uint16_t* g = buf(0).fill(dout, N * OC);
+  if (dinp) {  // dinp (N,C) += dout (N,OC) @ w (OC,C)
+    const uint16_t* b = buf(1).fill(w, OC * C);
+    run({N, C, OC, OC, 1, C, 1, true}, g, b, dinp);
+  }
+  if (dw) {  // dw (OC,C) += dout^T (OC,N) @ inp (N,C); dout^T has strides (1, OC)
+    const uint16_t* b = buf(1).fill(inp, N * C);
+    run({OC, C, N, 1, OC, C, 1, true}, g, b, dw);
+  }
+}
+
+const MatmulBf16Kernels kDnnl{dnnl_forward, dnnl_backward};
+TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CPU, "onednn", kDnnl, 10);
+#endif
+
+}  // namespace
+}  // namespace titan
