@@ -17,7 +17,7 @@ time and tokens/s over --steps steps, the peak resident set of its process (VmHW
 per token (GEMMs, causal attention on the lower triangle, x3 for forward + backward) x tokens/s divided by
 the SGEMM peak of the BLAS titan uses, measured first by bench_gemm_peak on the same thread count.
 
-  python3 bench/compare_pytorch.py --threads 2 --steps 5
+  python3 bench/compare_pytorch.py --threads 2 --steps 5 --impls titan,titan_bf16,eager,compile
   python3 bench/compare_pytorch.py --shapes 0.6B-w4 --impls titan,eager --steps 5
 """
 
@@ -70,7 +70,7 @@ def shape_args(s):
 class Worker:
     def __init__(self, name, cmd, env):
         self.name, self.cmd = name, cmd
-        self.times, self.summary, self.error = [], None, None
+        self.times, self.losses, self.summary, self.error = [], [], None, None
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, bufsize=1)
 
@@ -101,6 +101,7 @@ class Worker:
             self.proc.stdin.flush()
             rec = self.read_json()
             self.times.append(rec["seconds"])
+            self.losses.append(rec.get("loss", float("nan")))
             return rec["seconds"]
         except (RuntimeError, BrokenPipeError) as e:
             self.error = str(e)
@@ -133,7 +134,8 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--steps", type=int, default=5, help="measured steps per implementation (median)")
     ap.add_argument("--shapes", default="debug,0.6B-w4,debug_moe")
-    ap.add_argument("--impls", default="titan,eager,compile")
+    ap.add_argument("--impls", default="titan,eager,compile",
+                    help="titan, titan_bf16 (mixed precision), eager, compile")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--titan-kernel", action="append", default=[], help="op=impl passed to bench_train_step")
     ap.add_argument("--json", help="also write the results here")
@@ -159,11 +161,14 @@ def main():
             "titan": [os.path.join(args.build, "bench_train_step"), "--flavor",
                       "debug_moe" if s["experts"] else ("debug" if s["hidden"] == 256 else "0.6B"), *sa,
                       "--warmup", "1", "--serve", "1"] + sum((["--kernel", k] for k in args.titan_kernel), []),
+            # mixed precision: bf16 GEMM operands (matmul_bf16 engine), f32 accumulation and master weights
+            "titan_bf16": None,
             "eager": [sys.executable, os.path.join(HERE, "pytorch_train_step.py"), *sa, "--warmup", "1",
                       "--threads", str(args.threads), "--max-norm", "1.0", "--serve"],
             "compile": [sys.executable, os.path.join(HERE, "pytorch_train_step.py"), *sa, "--warmup", "2",
                         "--threads", str(args.threads), "--max-norm", "1.0", "--serve", "--compile"],
         }
+        cmds["titan_bf16"] = cmds["titan"] + ["--bf16", "1"]
         impls = args.impls.split(",")
         workers = []
         for name in impls:
@@ -188,7 +193,7 @@ def main():
                 rows[w.name] = {"error": (w.error or "no steps")[-500:]}
                 continue
             med = statistics.median(w.times)
-            rows[w.name] = {"median_s": med, "tokens_per_s": tokens / med, "steps_s": w.times,
+            rows[w.name] = {"median_s": med, "tokens_per_s": tokens / med, "steps_s": w.times, "losses": w.losses,
                             "peak_rss_bytes": (w.summary or {}).get("peak_rss_bytes", 0),
                             "mfu": fpt * tokens / med / peak_flops,
                             "kernels": (w.summary or {}).get("kernels", "")}
@@ -231,10 +236,16 @@ def main():
                 if "tokens_per_s" in rows.get(name, {}):
                     sp = t["tokens_per_s"] / rows[name]["tokens_per_s"]
                     checks.append((f"{shape_name}: titan / PyTorch {name} tokens/s >= {target}", sp, sp >= target))
-            pt = [r["peak_rss_bytes"] for n, r in rows.items() if n != "titan" and r.get("peak_rss_bytes")]
+            pt = [r["peak_rss_bytes"] for n, r in rows.items() if not n.startswith("titan") and r.get("peak_rss_bytes")]
             if pt:
                 rr = t["peak_rss_bytes"] / min(pt)
                 checks.append((f"{shape_name}: titan peak RSS / PyTorch (smallest) <= 0.8", rr, rr <= 0.8))
+            b = rows.get("titan_bf16", {})
+            if "tokens_per_s" in b:
+                sp = b["tokens_per_s"] / t["tokens_per_s"]
+                checks.append((f"{shape_name}: titan bf16 / titan fp32 tokens/s >= 1.6", sp, sp >= 1.6))
+                d = max(abs(x - y) / abs(y) for x, y in zip(b["losses"], t["losses"]))
+                checks.append((f"{shape_name}: titan bf16 loss vs fp32 (max rel over the steps) <= 2e-2", d, d <= 2e-2))
             if shape_name == "0.6B-w4":
                 checks.append(("0.6B-w4: titan MFU >= 0.70 of the SGEMM peak", t["mfu"], t["mfu"] >= 0.70))
     print()

@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/ops.h"
+#include "kernels/registry.h"
+
 int main(int argc, char** argv) {
   int reps = 3;
   for (int i = 1; i + 1 < argc; i += 2)
@@ -46,8 +49,34 @@ int main(int argc, char** argv) {
                 (long long)s.M, (long long)s.N, (long long)s.K, t_best, gflops);
     std::fflush(stdout);
   }
+  // The bf16 GEMM engine (op matmul_bf16, default implementation; includes the f32 -> bf16 operand
+  // conversion), forward GEMM out = inp @ w^T on the projection and lm_head shapes.
+  double best_bf16 = 0;
+  const auto& reg = titan::KernelRegistry::global();
+  const std::string bf16_impl = reg.default_impl("matmul_bf16", titan::DeviceType::CPU);
+  if (bf16_impl != "reference") {
+    const auto& mm = titan::get_kernel<titan::MatmulBf16Kernels>(titan::DeviceType::CPU, bf16_impl);
+    for (const Shape& s : shapes) {
+      if (s.transa || !s.transb) continue;
+      std::vector<float> a((size_t)s.M * s.K, 0.01f), b((size_t)s.K * s.N, 0.02f), c((size_t)s.M * s.N);
+      double t_best = 1e30;
+      for (int r = 0; r <= reps; ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        mm.forward(c.data(), a.data(), b.data(), s.M, s.K, s.N);
+        double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r > 0) t_best = std::min(t_best, dt);
+      }
+      const double gflops = 2.0 * s.M * s.N * s.K / t_best / 1e9;
+      best_bf16 = std::max(best_bf16, gflops);
+      std::printf("{\"shape\":\"%s\",\"dtype\":\"bf16\",\"engine\":\"%s\",\"seconds\":%.6f,\"gflops\":%.2f}\n",
+                  s.name, bf16_impl.c_str(), t_best, gflops);
+      std::fflush(stdout);
+    }
+  }
   const char* core = std::getenv("OPENBLAS_CORETYPE");
-  std::printf("{\"summary\":true,\"threads\":%d,\"peak_gflops\":%.2f,\"openblas_coretype\":\"%s\",\"config\":\"%s\"}\n",
-              omp_get_max_threads(), best, core ? core : "", openblas_get_config());
+  std::printf(
+      "{\"summary\":true,\"threads\":%d,\"peak_gflops\":%.2f,\"bf16_peak_gflops\":%.2f,\"openblas_coretype\":"
+      "\"%s\",\"config\":\"%s\"}\n",
+      omp_get_max_threads(), best, best_bf16, core ? core : "", openblas_get_config());
   return 0;
 }
