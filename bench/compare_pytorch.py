@@ -250,7 +250,7 @@ def main():
                 checks.append(("0.6B-w4: titan MFU >= 0.70 of the SGEMM peak", t["mfu"], t["mfu"] >= 0.70))
     print()
     for what, val, ok in checks:
-        print(f"- [{'x' if ok else ' '}] {what}: {val:.2f}")
+        print(f"- [{'x' if ok else ' '}] {what}: {val:.3g}")
     results["checks"] = [{"target": w, "value": v, "met": ok} for w, v, ok in checks]
     if args.json:
         with open(args.json, "w") as f:

@@ -1,5 +1,6 @@
-// SGEMM rate of the BLAS titan links, on the thread count of OMP_NUM_THREADS: the "peak" that
-// bench/compare_pytorch.py divides by for MFU. Prints one JSON line per shape and a summary with the best.
+// SGEMM rate of the BLAS titan links and of every other registered f32 matmul engine (oneDNN), on the thread
+// count of OMP_NUM_THREADS: the best is the "peak" that bench/compare_pytorch.py divides by for MFU; then
+// the bf16 engine's rate. Prints one JSON line per shape and engine and a summary.
 //   bench_gemm_peak [--reps 3]
 // Shapes: square 1024/2048/3072 and the training GEMMs of the 0.6B width at seq 512 (q/gate-up projection,
 // down projection, lm_head forward and its weight gradient).
@@ -48,6 +49,31 @@ int main(int argc, char** argv) {
     std::printf("{\"shape\":\"%s\",\"M\":%lld,\"N\":%lld,\"K\":%lld,\"seconds\":%.6f,\"gflops\":%.2f}\n", s.name,
                 (long long)s.M, (long long)s.N, (long long)s.K, t_best, gflops);
     std::fflush(stdout);
+  }
+  // Every f32 matmul engine other than the reference and "blas" (which is cblas_sgemm, measured above): the
+  // forward GEMM out = inp @ w^T, and for lm_head_dw the weight gradient of the lm_head.
+  const auto& reg0 = titan::KernelRegistry::global();
+  for (auto& impl : reg0.impls("matmul", titan::DeviceType::CPU)) {
+    if (impl == "reference" || impl == "blas") continue;
+    const auto& mm = titan::get_kernel<titan::MatmulKernels>(titan::DeviceType::CPU, impl);
+    for (const Shape& s : shapes) {
+      std::vector<float> a((size_t)s.M * s.K, 0.01f), b((size_t)s.K * s.N, 0.02f), c((size_t)s.M * s.N);
+      double t_best = 1e30;
+      for (int r = 0; r <= reps; ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        if (s.transa)  // dw (M=OC, N=C) += dout^T (OC, K=rows) inp (rows, C)
+          mm.backward(nullptr, c.data(), a.data(), b.data(), nullptr, s.K, s.N, s.M);
+        else
+          mm.forward(c.data(), a.data(), b.data(), s.M, s.K, s.N);
+        double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r > 0) t_best = std::min(t_best, dt);
+      }
+      const double gflops = 2.0 * s.M * s.N * s.K / t_best / 1e9;
+      best = std::max(best, gflops);
+      std::printf("{\"shape\":\"%s\",\"dtype\":\"f32\",\"engine\":\"%s\",\"seconds\":%.6f,\"gflops\":%.2f}\n",
+                  s.name, impl.c_str(), t_best, gflops);
+      std::fflush(stdout);
+    }
   }
   // The bf16 GEMM engine (op matmul_bf16, default implementation; includes the f32 -> bf16 operand
   // conversion), forward GEMM out = inp @ w^T on the projection and lm_head shapes.
