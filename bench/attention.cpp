@@ -20,13 +20,20 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     int64_t v = std::atoll(argv[i + 1]);
-    if (k == "--batch") B = v;
-    else if (k == "--seq") T = v;
-    else if (k == "--heads") nH = v;
-    else if (k == "--kv-heads") nKV = v;
-    else if (k == "--head-dim") hd = v;
-    else if (k == "--reps") reps = v;
-    else if (k == "--impl") only = argv[i + 1];
+    if (k == "--batch")
+      B = v;
+    else if (k == "--seq")
+      T = v;
+    else if (k == "--heads")
+      nH = v;
+    else if (k == "--kv-heads")
+      nKV = v;
+    else if (k == "--head-dim")
+      hd = v;
+    else if (k == "--reps")
+      reps = v;
+    else if (k == "--impl")
+      only = argv[i + 1];
   }
   std::mt19937 rng(0);
   std::normal_distribution<float> d(0.0f, 1.0f);
@@ -40,7 +47,8 @@ int main(int argc, char** argv) {
   for (auto& name : titan::KernelRegistry::global().impls("attention", titan::DeviceType::CPU)) {
     if (name == "reference" || (!only.empty() && name != only)) continue;
     const auto& kk = titan::get_kernel<titan::AttentionKernels>(titan::DeviceType::CPU, name);
-    std::vector<float> out(q.size()), saved(kk.saved_floats(B, T, nH)), dq(q.size()), dk(k.size()), dv(v.size());
+    std::vector<float> out(q.size()), saved(kk.saved_floats(B, T, nH)), dq(q.size()), dk(k.size()),
+        dv(v.size());
     std::vector<double> fw, bw;
     for (int64_t r = 0; r <= reps; ++r) {
       auto t0 = std::chrono::steady_clock::now();
@@ -56,10 +64,11 @@ int main(int argc, char** argv) {
     }
     std::sort(fw.begin(), fw.end());
     std::sort(bw.begin(), bw.end());
-    std::printf("{\"impl\":\"%s\",\"B\":%lld,\"T\":%lld,\"nH\":%lld,\"nKV\":%lld,\"hd\":%lld,\"threads\":%d,"
-                "\"forward_s\":%.5f,\"backward_s\":%.5f,\"saved_mib\":%.2f}\n",
-                name.c_str(), (long long)B, (long long)T, (long long)nH, (long long)nKV, (long long)hd,
-                omp_get_max_threads(), fw[fw.size() / 2], bw[bw.size() / 2], saved.size() * 4.0 / (1 << 20));
+    std::printf(
+        "{\"impl\":\"%s\",\"B\":%lld,\"T\":%lld,\"nH\":%lld,\"nKV\":%lld,\"hd\":%lld,\"threads\":%d,"
+        "\"forward_s\":%.5f,\"backward_s\":%.5f,\"saved_mib\":%.2f}\n",
+        name.c_str(), (long long)B, (long long)T, (long long)nH, (long long)nKV, (long long)hd,
+        omp_get_max_threads(), fw[fw.size() / 2], bw[bw.size() / 2], saved.size() * 4.0 / (1 << 20));
   }
   return 0;
 }

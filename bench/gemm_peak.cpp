@@ -27,9 +27,9 @@ int main(int argc, char** argv) {
     bool transb, transa;
   };
   const Shape shapes[] = {
-      {"square1024", 1024, 1024, 1024, true, false},   {"square2048", 2048, 2048, 2048, true, false},
-      {"square3072", 3072, 3072, 3072, true, false},   {"gate_up_fwd", 512, 6144, 1024, true, false},
-      {"down_fwd", 512, 1024, 3072, true, false},      {"lm_head_fwd", 512, 151936, 1024, true, false},
+      {"square1024", 1024, 1024, 1024, true, false},  {"square2048", 2048, 2048, 2048, true, false},
+      {"square3072", 3072, 3072, 3072, true, false},  {"gate_up_fwd", 512, 6144, 1024, true, false},
+      {"down_fwd", 512, 1024, 3072, true, false},     {"lm_head_fwd", 512, 151936, 1024, true, false},
       {"lm_head_dw", 151936, 1024, 512, false, true},
   };
   double best = 0;
@@ -46,8 +46,8 @@ int main(int argc, char** argv) {
     }
     const double gflops = 2.0 * s.M * s.N * s.K / t_best / 1e9;
     best = std::max(best, gflops);
-    std::printf("{\"shape\":\"%s\",\"M\":%lld,\"N\":%lld,\"K\":%lld,\"seconds\":%.6f,\"gflops\":%.2f}\n", s.name,
-                (long long)s.M, (long long)s.N, (long long)s.K, t_best, gflops);
+    std::printf("{\"shape\":\"%s\",\"M\":%lld,\"N\":%lld,\"K\":%lld,\"seconds\":%.6f,\"gflops\":%.2f}\n",
+                s.name, (long long)s.M, (long long)s.N, (long long)s.K, t_best, gflops);
     std::fflush(stdout);
   }
   // Every f32 matmul engine other than the reference and "blas" (which is cblas_sgemm, measured above): the
@@ -94,8 +94,9 @@ int main(int argc, char** argv) {
       }
       const double gflops = 2.0 * s.M * s.N * s.K / t_best / 1e9;
       best_bf16 = std::max(best_bf16, gflops);
-      std::printf("{\"shape\":\"%s\",\"dtype\":\"bf16\",\"engine\":\"%s\",\"seconds\":%.6f,\"gflops\":%.2f}\n",
-                  s.name, bf16_impl.c_str(), t_best, gflops);
+      std::printf(
+          "{\"shape\":\"%s\",\"dtype\":\"bf16\",\"engine\":\"%s\",\"seconds\":%.6f,\"gflops\":%.2f}\n",
+          s.name, bf16_impl.c_str(), t_best, gflops);
       std::fflush(stdout);
     }
   }
