@@ -84,8 +84,9 @@ void expect_matches_fixture(const std::string& got_path, const std::string& dir,
     const double tol = key == "logits" ? 1e-5 : key.starts_with("grad.") ? 1e-4 : 1e-6;  // loss, aux, losses
     EXPECT_LE(rel_error(a, b), tol) << label << " " << key;
   }
-  if (steps)
+  if (steps) {
     EXPECT_LE(std::sqrt(param_diff / param_ref), 1e-5) << label << " parameters after the AdamW steps";
+  }
 }
 
 class GoldenQwen3Moe : public ::testing::TestWithParam<std::string> {};
