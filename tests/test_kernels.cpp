@@ -6,6 +6,7 @@
 #include <random>
 #include <tuple>
 
+#include "core/dtype.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 #include "support/testing.h"
@@ -90,6 +91,36 @@ TEST(Kernels, MatmulBf16AllImplementations) {
     EXPECT_LE(rel(dinp_r, dinp32), 2e-2);
     EXPECT_LE(rel(dw_r, dw32), 2e-2);
   }
+}
+
+// A registered bf16 image of a weight range is what the engines read instead of converting the weight:
+// the results are bit-identical to converting, for a weight inside the range too; after unregistering,
+// the weight is converted again.
+TEST(Kernels, MatmulBf16ReadsRegisteredWeightImages) {
+  const int64_t N = 9, C = 32, OC = 24;
+  auto inp = randn(N * C, 7), big = randn(3 * OC * C, 8), dout = randn(N * OC, 9);
+  std::vector<uint16_t> image(big.size());
+  for (size_t i = 0; i < big.size(); ++i) image[i] = f32_to_bf16(big[i]);
+  const float* w = big.data() + OC * C;  // the middle weight of three
+  EXPECT_EQ(find_bf16_image(w, OC * C), nullptr);
+  for (auto& name : impls<MatmulBf16Kernels>()) {
+    const auto& k = get_kernel<MatmulBf16Kernels>(DeviceType::CPU, name);
+    std::vector<float> out(N * OC), dinp(N * C, 0.5f), out_i(N * OC), dinp_i(N * C, 0.5f);
+    k.forward(out.data(), inp.data(), w, N, C, OC);
+    k.backward(dinp.data(), nullptr, dout.data(), inp.data(), w, N, C, OC);
+    register_bf16_image(big.data(), static_cast<int64_t>(big.size()), image.data());
+    ASSERT_EQ(find_bf16_image(w, OC * C), image.data() + OC * C);
+    k.forward(out_i.data(), inp.data(), w, N, C, OC);
+    k.backward(dinp_i.data(), nullptr, dout.data(), inp.data(), w, N, C, OC);
+    unregister_bf16_image(big.data());
+    EXPECT_EQ(out, out_i) << name;
+    EXPECT_EQ(dinp, dinp_i) << name;
+  }
+  EXPECT_EQ(find_bf16_image(w, OC * C), nullptr);
+  // A range reaching past the registered one is not served from it.
+  register_bf16_image(big.data(), OC * C, image.data());
+  EXPECT_EQ(find_bf16_image(big.data() + 1, OC * C), nullptr);
+  unregister_bf16_image(big.data());
 }
 
 TEST(Kernels, RmsNormAllImplementations) {
@@ -254,8 +285,8 @@ TEST(Kernels, ReferenceBackwardMatchesFiniteDifferences) {
   const auto& att = get_kernel<AttentionKernels>(DeviceType::CPU, "reference");
   std::vector<float> out(q.size()), p(B * nH * T * T), dq(q.size()), dk(k.size()), dv(v.size());
   att.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
-  att.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(), p.data(),
-               B, T, nH, nKV, hd);
+  att.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
+               p.data(), B, T, nH, nKV, hd);
   auto att_loss = [&] {
     att.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
     double s = 0;
@@ -398,9 +429,9 @@ TEST(Kernels, RopeQKAllImplementations) {
 
 // Every registered op has an all-implementations test above; a new op must add one here.
 TEST(KernelRegistry, EveryRegisteredOpIsCoveredByATest) {
-  const std::vector<std::string> covered = {"adamw",   "attention",   "cross_entropy", "embedding",
-                                            "matmul",  "matmul_bf16", "moe_experts", "rmsnorm",       "rope",
-                                            "rope_qk", "swiglu"};
+  const std::vector<std::string> covered = {"adamw",  "attention",   "cross_entropy", "embedding",
+                                            "matmul", "matmul_bf16", "moe_experts",   "rmsnorm",
+                                            "rope",   "rope_qk",     "swiglu"};
   for (auto& op : KernelRegistry::global().ops())
     EXPECT_NE(std::find(covered.begin(), covered.end(), op), covered.end())
         << "op '" << op << "' has no all-implementations test in tests/test_kernels.cpp";

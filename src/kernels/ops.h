@@ -17,14 +17,22 @@ struct MatmulKernels {
 };
 
 // The same GEMMs with bfloat16 inputs and f32 accumulation/outputs (mixed precision): every input element is
-// rounded to bf16 (nearest even) first, so the result is the f32 matmul of the bf16-rounded operands up to the
-// summation order. Used for `training.mixed_precision_param = "bfloat16"`.
+// rounded to bf16 (nearest even) first, so the result is the f32 matmul of the bf16-rounded operands up to
+// the summation order. Used for `training.mixed_precision_param = "bfloat16"`.
 struct MatmulBf16Kernels {
   static constexpr const char* kOp = "matmul_bf16";
   void (*forward)(float* out, const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC);
   void (*backward)(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                    int64_t N, int64_t C, int64_t OC);
 };
+
+// bf16 images of f32 weight ranges, kept up to date by their owner (a model under bf16 compute makes them
+// at the start of every forward, or when it gathers a streamed group): a matmul_bf16 implementation reads
+// a weight's bf16 copy from here instead of converting the weight on every call. find_bf16_image returns
+// the image of [p, p + n) when that range lies inside a registered one, else nullptr.
+void register_bf16_image(const float* base, int64_t n, const uint16_t* image);
+void unregister_bf16_image(const float* base);
+const uint16_t* find_bf16_image(const float* p, int64_t n);
 
 // y = weight * (x * rsqrt(mean(x^2) + eps)), per row; rstd (N) saved for backward.
 // inp (N,C), weight (C), out (N,C)

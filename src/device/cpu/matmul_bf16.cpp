@@ -51,6 +51,20 @@ void ref_backward(float* dinp, float* dw, const float* dout, const float* inp, c
       }
 }
 
+struct Bf16Image {
+  const float* base;
+  int64_t n;
+  const uint16_t* image;
+};
+std::mutex& image_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::vector<Bf16Image>& images() {
+  static std::vector<Bf16Image> all;
+  return all;
+}
+
 const MatmulBf16Kernels kRef{ref_forward, ref_backward};
 TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CPU, "reference", kRef, 0);
 
@@ -123,10 +137,16 @@ Bf16Buffer& buf(int i) {
   return b[i];
 }
 
+// The weight's registered bf16 image, else a converted copy.
+const uint16_t* weight_bf16(const float* w, int64_t n) {
+  const uint16_t* image = find_bf16_image(w, n);
+  return image ? image : buf(1).fill(w, n);
+}
+
 // out (N,OC) = inp (N,C) @ w^T: B = w^T is (C,OC) with strides (1, C).
 void dnnl_forward(float* out, const float* inp, const float* w, int64_t N, int64_t C, int64_t OC) {
   const uint16_t* a = buf(0).fill(inp, N * C);
-  const uint16_t* b = buf(1).fill(w, OC * C);
+  const uint16_t* b = weight_bf16(w, OC * C);
   run({N, OC, C, C, 1, 1, C, false}, a, b, out);
 }
 
@@ -134,7 +154,7 @@ void dnnl_backward(float* dinp, float* dw, const float* dout, const float* inp, 
                    int64_t C, int64_t OC) {
   const uint16_t* g = buf(0).fill(dout, N * OC);
   if (dinp) {  // dinp (N,C) += dout (N,OC) @ w (OC,C)
-    const uint16_t* b = buf(1).fill(w, OC * C);
+    const uint16_t* b = weight_bf16(w, OC * C);
     run({N, C, OC, OC, 1, C, 1, true}, g, b, dinp);
   }
   if (dw) {  // dw (OC,C) += dout^T (OC,N) @ inp (N,C); dout^T has strides (1, OC)
@@ -148,4 +168,32 @@ TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CPU, "onednn", kDnnl, 10);
 #endif
 
 }  // namespace
+
+void register_bf16_image(const float* base, int64_t n, const uint16_t* image) {
+  std::lock_guard<std::mutex> lock(image_mutex());
+  for (auto& e : images())
+    if (e.base == base) {
+      e = Bf16Image{base, n, image};
+      return;
+    }
+  images().push_back(Bf16Image{base, n, image});
+}
+
+void unregister_bf16_image(const float* base) {
+  std::lock_guard<std::mutex> lock(image_mutex());
+  auto& all = images();
+  for (size_t i = 0; i < all.size(); ++i)
+    if (all[i].base == base) {
+      all.erase(all.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
+    }
+}
+
+const uint16_t* find_bf16_image(const float* p, int64_t n) {
+  std::lock_guard<std::mutex> lock(image_mutex());
+  for (auto& e : images())
+    if (p >= e.base && p + n <= e.base + e.n) return e.image + (p - e.base);
+  return nullptr;
+}
+
 }  // namespace titan

@@ -35,13 +35,42 @@ void Qwen3Model::set_bf16_compute(bool on) {
   // Mixed precision: the GEMMs run on bf16 operands with f32 accumulation (op matmul_bf16, e.g. oneDNN on
   // the CPU's bf16 dot-product instructions); the operands are bf16-rounded already, so the math is the same.
   matmul_ = on && matmul_bf16_.forward ? &matmul_bf16_ : matmul_f32_;
+  if (!on)
+    for (int g = 0; g < static_cast<int>(bf16_image_base_.size()); ++g) drop_bf16_image(g);
   kernel_names_["matmul"] = on && matmul_bf16_.forward ? "bf16:" + matmul_bf16_name_ : matmul_f32_name_;
   if (on)
     for (auto& t : flat_params_)
       if (t.defined()) round_bf16(t.f32(), t.numel());
 }
 
-Qwen3Model::~Qwen3Model() = default;
+Qwen3Model::~Qwen3Model() {
+  for (int g = 0; g < static_cast<int>(bf16_image_.size()); ++g) drop_bf16_image(g);
+}
+
+void Qwen3Model::make_bf16_image(int g) {
+  if (bf16_image_.size() < group_numel_.size()) {
+    bf16_image_.resize(group_numel_.size());
+    bf16_image_base_.resize(group_numel_.size(), nullptr);
+  }
+  const Tensor& t = flat_params_[g];
+  if (!t.defined()) return;
+  if (bf16_image_base_[g] && bf16_image_base_[g] != t.f32()) drop_bf16_image(g);
+  auto& image = bf16_image_[g];
+  image.resize(static_cast<size_t>(t.numel()));
+  const float* src = t.f32();
+  uint16_t* dst = image.data();
+  const int64_t n = t.numel();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  bf16_image_base_[g] = src;
+  register_bf16_image(src, n, dst);
+}
+
+void Qwen3Model::drop_bf16_image(int g) {
+  if (g >= static_cast<int>(bf16_image_base_.size()) || !bf16_image_base_[g]) return;
+  unregister_bf16_image(bf16_image_base_[g]);
+  bf16_image_base_[g] = nullptr;
+}
 
 Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
                        dist::ProcessGroup* expert_group)
@@ -215,6 +244,7 @@ void Qwen3Model::set_param_streamer(ParamStreamer* streamer) {
   if (streamer) {
     TITAN_CHECK(!streamer_, "set_param_streamer: the parameters are already streamed");
     streamer_ = streamer;
+    for (int g = 0; g < static_cast<int>(bf16_image_base_.size()); ++g) drop_bf16_image(g);
     for (auto& p : params_) p.value = p.grad = Tensor();
     for (auto& t : flat_params_) t = Tensor();
     for (auto& t : flat_grads_) t = Tensor();
@@ -223,6 +253,7 @@ void Qwen3Model::set_param_streamer(ParamStreamer* streamer) {
   ParamStreamer* from = streamer_;
   streamer_ = nullptr;
   for (int g = 0; g < num_groups(); ++g) {
+    drop_bf16_image(g);
     flat_params_[g] = from->gather_params(g).clone();
     from->release_params(g);
     if (bf16_) round_bf16(flat_params_[g].f32(), flat_params_[g].numel());
@@ -235,10 +266,12 @@ void Qwen3Model::acquire_params(int g) {
   if (!streamer_) return;
   flat_params_[g] = streamer_->gather_params(g);
   if (bf16_) round_bf16(flat_params_[g].f32(), flat_params_[g].numel());
+  if (bf16_ && matmul_ == &matmul_bf16_) make_bf16_image(g);
 }
 
 void Qwen3Model::release_params(int g) {
   if (!streamer_) return;
+  drop_bf16_image(g);
   flat_params_[g] = Tensor();
   streamer_->release_params(g);
 }
@@ -294,7 +327,8 @@ Qwen3Model::LayerView Qwen3Model::layer_view(int64_t layer, float* base) const {
 }
 
 void Qwen3Model::init_weights(uint64_t seed) {
-  TITAN_CHECK(!streamer_, "the parameters are streamed (FSDP); take them back with set_param_streamer(nullptr) first");
+  TITAN_CHECK(!streamer_,
+              "the parameters are streamed (FSDP); take them back with set_param_streamer(nullptr) first");
   std::mt19937_64 rng(seed);
   const double std = config_.initializer_range;
   for (size_t pi = 0; pi < params_.size(); ++pi) {
@@ -360,7 +394,8 @@ static std::vector<std::pair<std::string, Tensor>> io_tensors(const Qwen3Config&
 }
 
 void Qwen3Model::load_hf(const std::string& dir) {
-  TITAN_CHECK(!streamer_, "the parameters are streamed (FSDP); take them back with set_param_streamer(nullptr) first");
+  TITAN_CHECK(!streamer_,
+              "the parameters are streamed (FSDP); take them back with set_param_streamer(nullptr) first");
   HFCheckpointReader ckpt(dir);
   const auto targets = io_tensors(
       config_, params_, flat_params_, [&](int64_t l) { return ckpt.contains(fused_gate_up_key(l)); },
@@ -412,7 +447,8 @@ void Qwen3Model::load_hf(const std::string& dir) {
 }
 
 NamedTensors Qwen3Model::state_dict(bool fused_experts) const {
-  TITAN_CHECK(!streamer_, "the parameters are streamed (FSDP); take them back with set_param_streamer(nullptr) first");
+  TITAN_CHECK(!streamer_,
+              "the parameters are streamed (FSDP); take them back with set_param_streamer(nullptr) first");
   NamedTensors out;
   for (auto& [name, view] : io_tensors(
            config_, params_, flat_params_, [&](int64_t) { return fused_experts; }, first_expert_,
@@ -552,8 +588,8 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   layer_acts_.assign(L, {});
   bool any_dense = false;
   // One float allocation per layer (plus one int32 for MoE routing), carved into named pointers.
-  const int64_t attn =
-      N * H * 4 + N * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) + attention_->saved_floats(B, T, nH);
+  const int64_t attn = N * H * 4 + N * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) +
+                       attention_->saved_floats(B, T, nH);
   // Checkpointing: every layer keeps only its input; the rest is one block shared by all layers
   // (a layer's activations are recomputed into it during backward).
   float* shared = nullptr;
@@ -561,7 +597,8 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   if (ac_) {
     int64_t mlp_max = 0;
     for (int64_t l = 0; l < L; ++l)
-      mlp_max = std::max(mlp_max, c.is_moe_layer(l) ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 3 * I);
+      mlp_max =
+          std::max(mlp_max, c.is_moe_layer(l) ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 3 * I);
     acts_.push_back(Tensor::empty({attn + mlp_max}));
     shared = acts_.back().f32();
     if (!moe_layers_.empty()) {
@@ -641,7 +678,8 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   if (head_chunk_rows_ > 0) {
     head_rows_ = std::min(head_chunk_rows_, N);
   } else {
-    const int64_t chunks = std::max<int64_t>(1, (N * 4 * c.vocab_size + kHeadChunkBytes - 1) / kHeadChunkBytes);
+    const int64_t chunks =
+        std::max<int64_t>(1, (N * 4 * c.vocab_size + kHeadChunkBytes - 1) / kHeadChunkBytes);
     head_rows_ = (N + chunks - 1) / chunks;
   }
   logits_ = alloc({head_rows_, c.vocab_size});

@@ -87,9 +87,9 @@ class ParamStreamer {
   virtual ~ParamStreamer() = default;
   virtual Tensor gather_params(int group) = 0;  // the group's full parameters (collective)
   virtual void release_params(int group) = 0;   // done with them until the next gather
-  virtual Tensor grad_buffer(int group) = 0;     // a zeroed full gradient buffer for the group
-  virtual void reduce_grads(int group) = 0;      // the group's gradient is complete (collective); drops it
-  virtual void zero_grads() = 0;                 // a new gradient-accumulation window starts
+  virtual Tensor grad_buffer(int group) = 0;    // a zeroed full gradient buffer for the group
+  virtual void reduce_grads(int group) = 0;     // the group's gradient is complete (collective); drops it
+  virtual void zero_grads() = 0;                // a new gradient-accumulation window starts
 };
 
 class Qwen3Model {
@@ -189,23 +189,23 @@ class Qwen3Model {
 
   // Saved activations of one decoder layer; N = B*T.
   struct LayerActs {
-    float* resid_in;   // (N,H) layer input
-    float* ln1;        // (N,H)
-    float* rstd1;      // (N)
-    float* q_raw;      // (N,nH,hd) before q_norm
-    float* k_raw;      // (N,nKV,hd)
-    float* v;          // (N,nKV,hd)
-    float* q_rstd;     // (N*nH)
-    float* k_rstd;     // (N*nKV)
-    float* qr;         // (N,nH,hd) normed + rotated
-    float* kr;         // (N,nKV,hd)
-    float* attn_saved; // attention_->saved_floats(B,T,nH): probabilities or row logsumexp
-    float* att;        // (N,nH*hd)
-    float* resid_mid;  // (N,H) after the attention residual
-    float* ln2;        // (N,H)
-    float* rstd2;      // (N)
-    float* gu;         // (N,2I)    dense layers
-    float* act;        // (N,I)     dense layers
+    float* resid_in;    // (N,H) layer input
+    float* ln1;         // (N,H)
+    float* rstd1;       // (N)
+    float* q_raw;       // (N,nH,hd) before q_norm
+    float* k_raw;       // (N,nKV,hd)
+    float* v;           // (N,nKV,hd)
+    float* q_rstd;      // (N*nH)
+    float* k_rstd;      // (N*nKV)
+    float* qr;          // (N,nH,hd) normed + rotated
+    float* kr;          // (N,nKV,hd)
+    float* attn_saved;  // attention_->saved_floats(B,T,nH): probabilities or row logsumexp
+    float* att;         // (N,nH*hd)
+    float* resid_mid;   // (N,H) after the attention residual
+    float* ln2;         // (N,H)
+    float* rstd2;       // (N)
+    float* gu;          // (N,2I)    dense layers
+    float* act;         // (N,I)     dense layers
     // MoE layers
     float* router_probs;    // (N,E) router softmax
     float* topk_w;          // (N,k) routing weights
@@ -231,17 +231,23 @@ class Qwen3Model {
   void acquire_grads(int g);
   void finish_grads(int g);
   void make_param_views();
+  // bf16 compute: group g's weights as bf16, registered for the matmul_bf16 kernels (one conversion per
+  // forward instead of one per GEMM call); dropped before the group's buffer goes away.
+  void make_bf16_image(int g);
+  void drop_bf16_image(int g);
   void build_rope_tables(int64_t T);
 
   Qwen3Config config_;
   std::vector<Param> params_;
   std::vector<Tensor> flat_params_, flat_grads_;
   std::vector<int64_t> group_numel_;
+  std::vector<std::vector<uint16_t>> bf16_image_;  // per group (empty: none)
+  std::vector<const float*> bf16_image_base_;      // the buffer each image was made from
   ParamStreamer* streamer_ = nullptr;
   std::map<std::string, std::string> kernel_names_;
-  const MatmulKernels* matmul_;      // matmul_f32_, or &matmul_bf16_ under bf16 compute
+  const MatmulKernels* matmul_;  // matmul_f32_, or &matmul_bf16_ under bf16 compute
   const MatmulKernels* matmul_f32_;
-  MatmulKernels matmul_bf16_{};      // the matmul_bf16 engine (null when only the reference exists)
+  MatmulKernels matmul_bf16_{};  // the matmul_bf16 engine (null when only the reference exists)
   std::string matmul_f32_name_, matmul_bf16_name_;
   const RmsNormKernels* rmsnorm_;
   const RopeKernels* rope_;

@@ -26,6 +26,10 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
                 " is outside the vocabulary [0, ", V, ")");
   plan_activations(B, T);
   build_rope_tables(T);
+  // bf16 GEMMs: the weights converted once here (they may have changed since the last forward); streamed
+  // groups are converted when gathered.
+  if (bf16_ && matmul_ == &matmul_bf16_ && !streamer_)
+    for (int g = 0; g < num_groups(); ++g) make_bf16_image(g);
   std::memcpy(ids_.raw(), ids, N * sizeof(int32_t));
   // HF ForCausalLMLoss: labels padded with -100 on the right and shifted left by one.
   int32_t* tgt = targets_.data<int32_t>();
@@ -80,8 +84,8 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   r.num_valid = num_valid;
   const float scale = opts.grad_scale > 0 ? opts.grad_scale : num_valid > 0 ? 1.0f / (float)num_valid : 0.0f;
   // lm_head + cross-entropy chunk by chunk over rows: logits_ holds one chunk (head_rows_ x V). With
-  // compute_grad the chunk's gradient is taken at once: dlm_head += dlogits^T lnf and d(lnf) = dlogits lm_head
-  // (into dln_, read by backward()), so the full (N,V) logits never exist.
+  // compute_grad the chunk's gradient is taken at once: dlm_head += dlogits^T lnf and d(lnf) = dlogits
+  // lm_head (into dln_, read by backward()), so the full (N,V) logits never exist.
   float* dlnf = dln_.f32();
   if (opts.compute_grad) std::memset(dlnf, 0, N * H * sizeof(float));
   r.loss_sum = 0;
@@ -137,8 +141,7 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   matmul_->forward(a.q_raw, a.ln1, w.wq, N, H, c.q_dim());
   matmul_->forward(a.k_raw, a.ln1, w.wk, N, H, c.kv_dim());
   matmul_->forward(a.v, a.ln1, w.wv, N, H, c.kv_dim());
-  bf16(a.ln1, N * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim()),
-      bf16(a.v, N * c.kv_dim());
+  bf16(a.ln1, N * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim()), bf16(a.v, N * c.kv_dim());
   // q_norm / k_norm per head (before RoPE); qr/kr hold the normed values, then rotate in place.
   rmsnorm_->forward(a.qr, a.q_rstd, a.q_raw, w.q_norm, N * nH, hd, eps);
   rmsnorm_->forward(a.kr, a.k_rstd, a.k_raw, w.k_norm, N * nKV, hd, eps);
