@@ -170,7 +170,7 @@ std::string file_checksum(const std::string& path) {
 
 // ---- save ----
 
-std::string save(dist::ProcessGroup& pg, const SaveRequest& req, IoStats* stats) {
+std::string save(dist::ProcessGroup& pg, const SaveRequest& req) {
   const double t0 = now_s();
   const int rank = pg.rank(), W = pg.size();
   const fs::path folder(req.folder);
@@ -271,7 +271,6 @@ std::string save(dist::ProcessGroup& pg, const SaveRequest& req, IoStats* stats)
     move_into_place(tmp_dir, final_dir);
     fault_point("after-rename", req.step);
     const double dt = now_s() - t0;
-    if (stats) *stats = IoStats{bytes, dt, static_cast<int>(files.size())};
     if (log) {
       std::printf("checkpoint: saved %s (%zu file(s), %.3f GiB) in %.2f s (%.2f GB/s)\n", final_dir.c_str(),
                   files.size(), bytes / 1073741824.0, dt, dt > 0 ? bytes / dt / 1e9 : 0.0);
@@ -382,7 +381,7 @@ int64_t Reader::tensor_numel(const std::string& name) const {
   return meta_.at("tensors").at(name).get<int64_t>();
 }
 
-IoStats Reader::read(std::vector<Slice>& wanted, bool log) const {
+void Reader::read(std::vector<Slice>& wanted, bool log) const {
   const double t0 = now_s();
   const fs::path d(dir_);
   struct Piece {
@@ -467,7 +466,6 @@ IoStats Reader::read(std::vector<Slice>& wanted, bool log) const {
                 total_bytes / 1073741824.0, dt, dt > 0 ? total_bytes / dt / 1e9 : 0.0);
     std::fflush(stdout);
   }
-  return IoStats{total_bytes, dt, static_cast<int>(open.size())};
 }
 
 }  // namespace titan::ckpt

@@ -40,13 +40,6 @@ struct Slice {
   Tensor data;  // f32, contiguous
 };
 
-struct IoStats {
-  int64_t bytes = 0;   // all ranks together
-  double seconds = 0;  // wall time of the collective operation
-  int files = 0;
-  double gb_per_s() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
-};
-
 struct SaveRequest {
   std::string folder;  // checkpoints live in <folder>/step-N
   int64_t step = 0;
@@ -58,7 +51,7 @@ struct SaveRequest {
 };
 
 // Collective over pg. Returns the final directory <folder>/step-N.
-std::string save(dist::ProcessGroup& pg, const SaveRequest& request, IoStats* stats = nullptr);
+std::string save(dist::ProcessGroup& pg, const SaveRequest& request);
 
 // Writes a directory through `write(tmp_dir)` into <final_dir> atomically (temporary sibling,
 // fsync, rename; an existing <final_dir> is replaced). For outputs that are not training checkpoints
@@ -88,7 +81,7 @@ class Reader {
   // Fills every wanted slice. Everything is checked first — the tensor exists with that numel, the
   // files covering the slices exist, have the recorded size and checksum, hold the recorded entries —
   // and nothing is copied unless all checks pass. `log`: progress and the GB/s line.
-  IoStats read(std::vector<Slice>& wanted, bool log = false) const;
+  void read(std::vector<Slice>& wanted, bool log = false) const;
 
  private:
   std::string dir_;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
 
 #include "checkpoint/checkpoint.h"
@@ -60,7 +61,8 @@ Qwen3Config resolve_model_config(const TrainConfig& cfg) {
     c = Qwen3Config::from_hf_file(hf_config);
   } else {
     if (!cfg.model.hf_assets_path.empty())
-      std::printf("note: %s not present; planning with flavor '%s'\n", hf_config.c_str(), cfg.model.flavor.c_str());
+      std::printf("note: %s not present; planning with flavor '%s'\n", hf_config.c_str(),
+                  cfg.model.flavor.c_str());
     c = Qwen3Config::flavor(cfg.model.flavor);
   }
   if (cfg.model.vocab_size > 0) c.vocab_size = cfg.model.vocab_size;
@@ -76,14 +78,16 @@ bool is_text_dataset(const TrainConfig& cfg, const std::vector<std::string>& sou
   if (cfg.training.dataset_format == "tokens") return false;
   if (cfg.training.dataset_format != "auto") return true;
   for (auto& s : sources)
-    if (!(fs::is_directory(s) && fs::exists(fs::path(s) / "index.json")) && fs::path(s).filename() != "index.json")
+    if (!(fs::is_directory(s) && fs::exists(fs::path(s) / "index.json")) &&
+        fs::path(s).filename() != "index.json")
       return true;
   return false;
 }
 
 // The tokenizer for text data: model.tokenizer_path, else hf_assets_path, else one trained by our BPE
 // trainer on the training corpus (cached in the dump folder) with the model's vocabulary size.
-std::string resolve_tokenizer(const TrainConfig& cfg, const std::vector<std::string>& sources, int64_t vocab) {
+std::string resolve_tokenizer(const TrainConfig& cfg, const std::vector<std::string>& sources,
+                              int64_t vocab) {
   if (!cfg.model.tokenizer_path.empty()) return cfg.model.tokenizer_path;
   if (!cfg.model.hf_assets_path.empty() && fs::exists(fs::path(cfg.model.hf_assets_path) / "tokenizer.json"))
     return cfg.model.hf_assets_path;
@@ -93,8 +97,8 @@ std::string resolve_tokenizer(const TrainConfig& cfg, const std::vector<std::str
     Tokenizer t = Tokenizer::load(path.string());
     if (t.vocab_size() == vocab) return path.string();
   }
-  std::printf("training a %lld-token byte-level BPE tokenizer on the corpus (%zu files)...\n", (long long)vocab,
-              sources.size());
+  std::printf("training a %lld-token byte-level BPE tokenizer on the corpus (%zu files)...\n",
+              (long long)vocab, sources.size());
   std::fflush(stdout);
   std::vector<std::string> files;
   for (auto& s : sources) {
@@ -151,8 +155,8 @@ void validate_kernel_choice(const std::map<std::string, std::string>& kernels) {
     auto ops = KernelRegistry::global().ops();
     std::string valid_ops;
     for (auto& o : ops) valid_ops += (valid_ops.empty() ? "" : ", ") + o;
-    TITAN_CHECK(std::find(ops.begin(), ops.end(), op) != ops.end(), "kernels.", op, ": unknown op (valid: ", valid_ops,
-                ")");
+    TITAN_CHECK(std::find(ops.begin(), ops.end(), op) != ops.end(), "kernels.", op,
+                ": unknown op (valid: ", valid_ops, ")");
     auto impls = KernelRegistry::global().impls(op, DeviceType::CPU);
     std::string valid;
     for (auto& i : impls) valid += (valid.empty() ? "" : ", ") + i;
@@ -185,8 +189,9 @@ TrainResult run_training(const TrainConfig& cfg) {
   dist::ProcessGroup& pg = dist::init();
   const int64_t world = pg.size(), rank = pg.rank();
   const bool lead = rank == 0;  // rank 0 prints and writes the artifacts
-  const int64_t dp_shard = cfg.parallelism.data_parallel_shard_degree > 0 ? cfg.parallelism.data_parallel_shard_degree
-                                                                           : world / cfg.parallelism.data_parallel_replicate_degree;
+  const int64_t dp_shard = cfg.parallelism.data_parallel_shard_degree > 0
+                               ? cfg.parallelism.data_parallel_shard_degree
+                               : world / cfg.parallelism.data_parallel_replicate_degree;
   Qwen3Config mc = resolve_model_config(cfg);
   const RunPlan plan =
       make_plan(mc, world, cfg.parallelism.data_parallel_replicate_degree, dp_shard,
@@ -257,12 +262,14 @@ TrainResult run_training(const TrainConfig& cfg) {
     pg.broadcast(&found, 1, dist::CommType::I64, 0);
     if (found >= 0) resume_dir = (fs::path(ckpt_folder) / ("step-" + std::to_string(found))).string();
   }
-  bool resume_training_state = false;
+  std::optional<ckpt::Reader> resume;  // set when the checkpoint holds training state
   if (!resume_dir.empty()) {
     ckpt::Reader reader(resume_dir);
-    resume_training_state = has_training_state(reader);
-    if (!resume_training_state) {
-      if (lead) std::printf("checkpoint: initial weights from the model-only checkpoint %s\n", resume_dir.c_str());
+    if (has_training_state(reader)) {
+      resume.emplace(std::move(reader));
+    } else {
+      if (lead)
+        std::printf("checkpoint: initial weights from the model-only checkpoint %s\n", resume_dir.c_str());
       load_model_from_checkpoint(model, resume_dir, lead);
     }
   } else if (!cfg.checkpoint.initial_load_path.empty()) {
@@ -270,7 +277,8 @@ TrainResult run_training(const TrainConfig& cfg) {
       if (lead) std::printf("loading HF weights from %s\n", cfg.checkpoint.initial_load_path.c_str());
       model.load_hf(cfg.checkpoint.initial_load_path);
     } else {
-      if (lead) std::printf("loading model weights from checkpoint %s\n", cfg.checkpoint.initial_load_path.c_str());
+      if (lead)
+        std::printf("loading model weights from checkpoint %s\n", cfg.checkpoint.initial_load_path.c_str());
       load_model_from_checkpoint(model, cfg.checkpoint.initial_load_path, lead);
     }
   }
@@ -289,12 +297,15 @@ TrainResult run_training(const TrainConfig& cfg) {
   if (bf16 && !stream) {
     for (auto& p : model.flat_params()) master.push_back(p.clone());
     model.set_bf16_compute(true);
-    if (lead) std::printf("mixed precision: bf16 compute (f32 kernels on bf16-rounded operands), f32 master weights\n");
+    if (lead)
+      std::printf(
+          "mixed precision: bf16 compute (f32 kernels on bf16-rounded operands), f32 master weights\n");
   }
   // Data parallelism (DDP / FSDP / HSDP from the replicate x shard degrees); with one rank a no-op.
   dist::DataParallelPlan dp(pg, static_cast<int>(plan.dp_replicate), static_cast<int>(plan.dp_shard),
-                            master.empty() ? model.flat_params() : master, model.flat_grads(), int64_t(25) << 20,
-                            stream, dist::ExpertParallelLayout{ep_group, model.expert_offsets()});
+                            master.empty() ? model.flat_params() : master, model.flat_grads(),
+                            int64_t(25) << 20, stream,
+                            dist::ExpertParallelLayout{ep_group, model.expert_offsets()});
   PlanStreamer streamer(dp);
   if (stream) {
     model.set_param_streamer(&streamer);  // drops the full buffers; the shards are f32 master weights
@@ -303,11 +314,14 @@ TrainResult run_training(const TrainConfig& cfg) {
       if (lead) std::printf("mixed precision: bf16 compute, f32 master weights in the FSDP shards\n");
     }
   }
-  dp.broadcast_from(0);
-  if (!master.empty()) {
+  // bf16 with full buffers: the model computes with the bf16-rounded image of the f32 master weights.
+  auto refresh_bf16_model = [&] {
+    if (master.empty()) return;
     for (size_t i = 0; i < master.size(); ++i) model.flat_params()[i].copy_from(master[i]);
     model.set_bf16_compute(true);
-  }
+  };
+  dp.broadcast_from(0);
+  refresh_bf16_model();
   if (lead && world > 1) std::printf("data parallel: %s\n", dp.describe().c_str());
   AdamW optimizer(dp.optimizer_params(), dp.optimizer_grads(),
                   AdamWConfig{(float)cfg.optimizer.lr, (float)cfg.optimizer.beta1, (float)cfg.optimizer.beta2,
@@ -325,28 +339,28 @@ TrainResult run_training(const TrainConfig& cfg) {
     }
     const int64_t opt_bytes = optimizer.state_bytes();
     if (lead)
-      std::printf("state per rank: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB (%.2f bytes/parameter)\n",
-                  param_bytes / 1048576.0, grad_bytes / 1048576.0, opt_bytes / 1048576.0,
-                  double(param_bytes + grad_bytes + opt_bytes) / double(model.num_params()));
+      std::printf(
+          "state per rank: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB (%.2f "
+          "bytes/parameter)\n",
+          param_bytes / 1048576.0, grad_bytes / 1048576.0, opt_bytes / 1048576.0,
+          double(param_bytes + grad_bytes + opt_bytes) / double(model.num_params()));
   }
   LRSchedule schedule(LRScheduleConfig{cfg.lr_scheduler.warmup_steps, cfg.lr_scheduler.decay_ratio,
                                        cfg.lr_scheduler.decay_type, cfg.lr_scheduler.min_lr_factor},
                       cfg.training.steps);
   int64_t first_step = 1;
-  if (resume_training_state) {
+  if (resume) {
     // Everything is validated before any state is replaced; each rank reads its own slices (any
     // world size: the layout is the model's flat groups, not the writer's sharding).
-    ckpt::Reader reader(resume_dir);
+    const ckpt::Reader& reader = *resume;
     check_resumable(reader, mc, cfg, plan.global_batch);
-    if (lead) std::printf("checkpoint: resuming from %s (step %lld)\n", resume_dir.c_str(), (long long)reader.step());
+    if (lead)
+      std::printf("checkpoint: resuming from %s (step %lld)\n", resume_dir.c_str(), (long long)reader.step());
     std::vector<ckpt::Slice> wanted = training_slices(model, dp, optimizer, /*for_save=*/false);
     reader.read(wanted, lead);
     optimizer.set_step_count(reader.meta()["optimizer"].at("step").get<int64_t>());
     dp.after_optimizer_step();  // FSDP/HSDP: the loaded shards into the full parameter buffers
-    if (!master.empty()) {
-      for (size_t i = 0; i < master.size(); ++i) model.flat_params()[i].copy_from(master[i]);
-      model.set_bf16_compute(true);
-    }
+    refresh_bf16_model();
     loader.load_state(reader.meta()["data_loader"]);
     first_step = reader.step() + 1;
   }
@@ -372,8 +386,9 @@ TrainResult run_training(const TrainConfig& cfg) {
       std::printf("MFU peak: %.3f TFLOP/s (measured SGEMM rate of the BLAS, %d threads)\n", peak_tflops,
                   device_interface(DeviceType::CPU).num_threads());
   }
-  MetricsLogger metrics(cfg.metrics.enable_jsonl && lead ? (fs::path(cfg.job.dump_folder) / "metrics.jsonl").string() : "",
-                        cfg.training.steps, cfg.metrics.progress_bar && world == 1, lead, first_step - 1);
+  MetricsLogger metrics(
+      cfg.metrics.enable_jsonl && lead ? (fs::path(cfg.job.dump_folder) / "metrics.jsonl").string() : "",
+      cfg.training.steps, cfg.metrics.progress_bar && world == 1, lead, first_step - 1);
   const auto& mem = device_interface(DeviceType::CPU).allocator->stats;
   const double phys_gib = physical_memory_bytes() / double(int64_t(1) << 30);
 
@@ -402,7 +417,8 @@ TrainResult run_training(const TrainConfig& cfg) {
   const std::function<void(const std::string&)> export_hf = [&](const std::string& dir) {
     export_model->save_hf(dir, cfg.checkpoint.export_dtype == "bfloat16" ? DType::BF16 : DType::F32);
     if (!tokenizer_path.empty()) {
-      fs::path tok = fs::is_directory(tokenizer_path) ? fs::path(tokenizer_path) / "tokenizer.json" : fs::path(tokenizer_path);
+      fs::path tok = fs::is_directory(tokenizer_path) ? fs::path(tokenizer_path) / "tokenizer.json"
+                                                      : fs::path(tokenizer_path);
       fs::copy_file(tok, fs::path(dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
     }
   };
@@ -419,8 +435,10 @@ TrainResult run_training(const TrainConfig& cfg) {
       fo.grad_scale = 1.0f / static_cast<float>(tokens_per_micro * plan.grad_accum);
       fo.labels_shifted = true;  // the loader's labels are the next tokens (torchtitan packing)
       // MoE aux loss: its coefficient split over the micro-batches (each contributes its own aux).
-      fo.aux_loss_scale = mc.output_router_logits ? static_cast<float>(mc.router_aux_loss_coef / plan.grad_accum) : 0.0f;
-      ForwardResult r = model.forward(batch.input_ids.data(), batch.labels.data(), batch.batch_size, batch.seq_len, fo);
+      fo.aux_loss_scale =
+          mc.output_router_logits ? static_cast<float>(mc.router_aux_loss_coef / plan.grad_accum) : 0.0f;
+      ForwardResult r =
+          model.forward(batch.input_ids.data(), batch.labels.data(), batch.batch_size, batch.seq_len, fo);
       model.backward();
       loss_sum += r.loss_sum;
       valid += r.num_valid;
@@ -438,7 +456,8 @@ TrainResult run_training(const TrainConfig& cfg) {
     if (!std::isfinite(loss)) {
       TITAN_CHECK(cfg.training.skip_nan_inf, "loss is ", loss, " at step ", step,
                   " (set training.skip_nan_inf = true to skip such steps)");
-      if (lead) std::printf("step %lld: loss is %f, step skipped (training.skip_nan_inf)\n", (long long)step, loss);
+      if (lead)
+        std::printf("step %lld: loss is %f, step skipped (training.skip_nan_inf)\n", (long long)step, loss);
       result.losses.push_back(loss);
       continue;
     }
@@ -452,10 +471,7 @@ TrainResult run_training(const TrainConfig& cfg) {
     const double lr = cfg.optimizer.lr * schedule.factor(step - 1);
     optimizer.step(static_cast<float>(lr));
     dp.after_optimizer_step();
-    if (!master.empty()) {
-      for (size_t i = 0; i < master.size(); ++i) model.flat_params()[i].copy_from(master[i]);
-      model.set_bf16_compute(true);
-    }
+    refresh_bf16_model();
     const double dt = now_s() - t0;
     result.losses.push_back(loss);
     if (step % cfg.metrics.log_freq == 0 || step == cfg.training.steps) {
@@ -490,7 +506,8 @@ TrainResult run_training(const TrainConfig& cfg) {
   }
   if (!result.export_dir.empty()) std::printf("saved HF checkpoint: %s\n", result.export_dir.c_str());
   const std::string svg = (fs::path(cfg.job.dump_folder) / "loss.svg").string();
-  write_loss_svg(svg, result.losses, "titan train: " + mc.to_hf_json().value("model_type", "qwen3") + " loss");
+  write_loss_svg(svg, result.losses,
+                 "titan train: " + mc.to_hf_json().value("model_type", "qwen3") + " loss");
   std::printf("loss curve: %s\n", svg.c_str());
   if (cfg.training.sample_tokens > 0 && !tokenizer_path.empty()) {
     Tokenizer tok = Tokenizer::load(tokenizer_path);

@@ -266,7 +266,8 @@ void Qwen3Model::acquire_params(int g) {
   if (!streamer_) return;
   flat_params_[g] = streamer_->gather_params(g);
   if (bf16_) round_bf16(flat_params_[g].f32(), flat_params_[g].numel());
-  if (bf16_ && matmul_ == &matmul_bf16_) make_bf16_image(g);
+  // An untied embedding is no GEMM operand.
+  if (bf16_ && matmul_ == &matmul_bf16_ && (g != 0 || config_.tie_word_embeddings)) make_bf16_image(g);
 }
 
 void Qwen3Model::release_params(int g) {

@@ -293,8 +293,8 @@ class Qwen3Model {
     std::vector<float> x, w, gu, act;                  // received rows (R,H), weights (R), saved acts
     std::vector<int32_t> idx, order, row_of, offsets;  // local expert of each row, kernel tables
   };
-  std::vector<EpLayer> ep_layers_;                               // per sparse layer
-  std::vector<float> ep_send_, ep_recv_, ep_rows_, ep_scratch_;  // shared scratch
+  std::vector<EpLayer> ep_layers_;                                               // per sparse layer
+  std::vector<float> ep_send_, ep_recv_, ep_rows_, ep_scratch_, ep_dx_, ep_dw_;  // shared scratch
 };
 
 }  // namespace titan

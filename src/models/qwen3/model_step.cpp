@@ -29,7 +29,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   // bf16 GEMMs: the weights converted once here (they may have changed since the last forward); streamed
   // groups are converted when gathered.
   if (bf16_ && matmul_ == &matmul_bf16_ && !streamer_)
-    for (int g = 0; g < num_groups(); ++g) make_bf16_image(g);
+    for (int g = c.tie_word_embeddings ? 0 : 1; g < num_groups(); ++g) make_bf16_image(g);
   std::memcpy(ids_.raw(), ids, N * sizeof(int32_t));
   // HF ForCausalLMLoss: labels padded with -100 on the right and shifted left by one.
   int32_t* tgt = targets_.data<int32_t>();
@@ -423,16 +423,16 @@ void Qwen3Model::moe_experts_ep_backward(int64_t l, const float* dresid, float* 
   ep_recv_.assign(R * row, 0.0f);
   if (R > 0) {
     // dx rows (R,H) and d weights (R) computed into ep_recv_'s space, then packed as [dx | dw].
-    std::vector<float> dx(R * H, 0.0f), dw(R, 0.0f);
+    ep_dx_.assign(R * H, 0.0f);
+    ep_dw_.assign(R, 0.0f);
+    ep_scratch_.resize(std::max<int64_t>(1, moe_experts_scratch_floats(R, 1, H, Im)));
     MoeExpertsBuffers buf{s.gu.data(),     s.act.data(),     s.order.data(),
                           s.row_of.data(), s.offsets.data(), ep_scratch_.data()};
-    ep_scratch_.resize(std::max<int64_t>(1, moe_experts_scratch_floats(R, 1, H, Im)));
-    buf.scratch = ep_scratch_.data();
-    moe_->backward(dx.data(), dw.data(), g.wgu, g.wdown, buf, ep_rows_.data(), s.x.data(), s.idx.data(),
-                   s.w.data(), w.wgu, w.wdown, R, 1, El, H, Im);
+    moe_->backward(ep_dx_.data(), ep_dw_.data(), g.wgu, g.wdown, buf, ep_rows_.data(), s.x.data(),
+                   s.idx.data(), s.w.data(), w.wgu, w.wdown, R, 1, El, H, Im);
     for (int64_t r = 0; r < R; ++r) {
-      std::memcpy(ep_recv_.data() + r * row, dx.data() + r * H, H * sizeof(float));
-      ep_recv_[r * row + H] = dw[r];
+      std::memcpy(ep_recv_.data() + r * row, ep_dx_.data() + r * H, H * sizeof(float));
+      ep_recv_[r * row + H] = ep_dw_[r];
     }
   }
   dist::AllToAllExchange grads_back(*s.exchange, row);
