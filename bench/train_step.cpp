@@ -107,17 +107,27 @@ int main(int argc, char** argv) {
   std::vector<double> times;
   const double tokens = static_cast<double>(batch * seq);
   auto one_step = [&](int64_t s, bool measured) {
-    auto t0 = std::chrono::steady_clock::now();
+    using clock = std::chrono::steady_clock;
+    auto since = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    auto t0 = clock::now();
     model.zero_grad();
+    auto t1 = clock::now();
     auto r = model.forward(ids.data(), ids.data(), batch, seq);
+    auto t2 = clock::now();
     model.backward();
+    auto t3 = clock::now();
     titan::clip_grad_norm(model.flat_grads(), 1.0);
+    auto t4 = clock::now();
     opt.step(1e-4f);
-    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto t5 = clock::now();
+    double dt = since(t0, t5);
     if (measured) {
       times.push_back(dt);
-      std::printf("{\"impl\":\"titan\",\"step\":%lld,\"seconds\":%.6f,\"tokens_per_s\":%.2f,\"loss\":%.6f}\n",
-                  static_cast<long long>(s), dt, tokens / dt, r.loss);
+      std::printf("{\"impl\":\"titan\",\"step\":%lld,\"seconds\":%.6f,\"tokens_per_s\":%.2f,\"loss\":%.6f,"
+                  "\"phases\":{\"zero_grad\":%.4f,\"forward\":%.4f,\"backward\":%.4f,\"clip\":%.4f,"
+                  "\"optimizer\":%.4f}}\n",
+                  static_cast<long long>(s), dt, tokens / dt, r.loss, since(t0, t1), since(t1, t2),
+                  since(t2, t3), since(t3, t4), since(t4, t5));
       std::fflush(stdout);
     }
   };

@@ -38,7 +38,7 @@ double grad_sq_norm(const std::vector<Tensor>& grads) {
     const float* p = g.f32();
     const int64_t n = g.numel();
     double s = 0;
-#pragma omp parallel for reduction(+ : s) schedule(static)
+#pragma omp parallel for simd reduction(+ : s) schedule(static)
     for (int64_t i = 0; i < n; ++i) s += (double)p[i] * p[i];
     total += s;
   }
