@@ -116,9 +116,9 @@ int main(int argc, char** argv) {
     auto t2 = clock::now();
     model.backward();
     auto t3 = clock::now();
-    titan::clip_grad_norm(model.flat_grads(), 1.0);
+    const double norm = std::sqrt(titan::grad_sq_norm(model.flat_grads()));
     auto t4 = clock::now();
-    opt.step(1e-4f);
+    opt.step(1e-4f, titan::clip_coefficient(norm, 1.0));  // clip_grad_norm_(max_norm=1) fused into AdamW
     auto t5 = clock::now();
     double dt = since(t0, t5);
     if (measured) {

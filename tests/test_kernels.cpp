@@ -246,17 +246,24 @@ TEST(Kernels, SwigluEmbeddingCrossEntropyAdamWAllImplementations) {
     EXPECT_NEAR(l, l_r, 1e-5 * std::abs(l_r)) << name;
     EXPECT_LE(rel(g, g_r), kTol) << name;
   }
+  // AdamW: every implementation against the reference; the fused clip scale (grad_scale) against a
+  // step on gradients scaled beforehand, and a scale of 1 leaves the gradients as they are.
   auto p0 = randn(50, 18), grad = randn(50, 19);
   const auto& aref = get_kernel<AdamWKernels>(DeviceType::CPU, "reference");
-  std::vector<float> p_r = p0, m_r(50, 0), v_r(50, 0);
+  const float clip = 0.375f;
+  std::vector<float> p_r = p0, m_r(50, 0), v_r(50, 0), grad_clipped = grad;
+  for (auto& x : grad_clipped) x *= clip;
   for (int s = 1; s <= 3; ++s)
-    aref.step(p_r.data(), grad.data(), m_r.data(), v_r.data(), 50, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, s);
+    aref.step(p_r.data(), grad_clipped.data(), m_r.data(), v_r.data(), 50, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, s,
+              1.0f);
   for (auto& name : impls<AdamWKernels>()) {
-    std::vector<float> p = p0, m(50, 0), v(50, 0);
+    std::vector<float> p = p0, m(50, 0), v(50, 0), g = grad;
     for (int s = 1; s <= 3; ++s)
       get_kernel<AdamWKernels>(DeviceType::CPU, name)
-          .step(p.data(), grad.data(), m.data(), v.data(), 50, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, s);
+          .step(p.data(), g.data(), m.data(), v.data(), 50, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, s, clip);
     EXPECT_LE(rel(p, p_r), kTol) << name;
+    EXPECT_LE(rel(m, m_r), kTol) << name;
+    EXPECT_EQ(g, grad) << name << ": the gradient buffer was written";
   }
 }
 

@@ -44,6 +44,31 @@ TEST(ClipGradNorm, ScalesOnlyAboveMaxNorm) {
   EXPECT_NEAR(std::sqrt(grad_sq_norm(grads)), 1.0, 1e-5);
 }
 
+TEST(ClipGradNorm, CoefficientFusedIntoAdamWEqualsClipThenStep) {
+  EXPECT_EQ(clip_coefficient(5.0, 10.0), 1.0f);  // below max_norm: no scaling
+  EXPECT_EQ(clip_coefficient(5.0, 0.0), 1.0f);   // max_norm <= 0: clipping off
+  EXPECT_FLOAT_EQ(clip_coefficient(5.0, 1.0), 1.0f / (5.0f + 1e-6f));
+  // The trainer's path (norm, then AdamW::step with the coefficient) against torch's order
+  // (clip_grad_norm_ scales the gradients in place, then the step).
+  const std::vector<float> p0{0.5f, -1.0f, 2.0f, 0.25f}, g0{3.0f, -4.0f, 1.0f, 0.5f};
+  Tensor p_fused = Tensor::from_vector(p0, {4}), g_fused = Tensor::from_vector(g0, {4});
+  Tensor p_torch = Tensor::from_vector(p0, {4}), g_torch = Tensor::from_vector(g0, {4});
+  AdamW fused({p_fused}, {g_fused}, AdamWConfig{0.01f, 0.9f, 0.999f, 1e-8f, 0.1f});
+  AdamW torch_order({p_torch}, {g_torch}, AdamWConfig{0.01f, 0.9f, 0.999f, 1e-8f, 0.1f});
+  std::vector<Tensor> gt{g_torch};
+  for (int step = 0; step < 3; ++step) {
+    const double norm = std::sqrt(grad_sq_norm({g_fused}));
+    fused.step(0.01f, clip_coefficient(norm, 1.0));
+    EXPECT_DOUBLE_EQ(clip_grad_norm(gt, 1.0), norm);
+    torch_order.step(0.01f);
+    for (int i = 0; i < 4; ++i) {
+      g_torch.f32()[i] = g0[i];  // the next step's gradient, as a fresh backward would leave it
+      EXPECT_NEAR(p_fused.f32()[i], p_torch.f32()[i], 1e-7) << "step " << step << " i " << i;
+      EXPECT_EQ(g_fused.f32()[i], g0[i]) << "the fused path leaves the gradients as they are";
+    }
+  }
+}
+
 TEST(LRSchedule, WarmupThenLinearDecayAsTorchtitan) {
   // 10 steps, 2 warmup, decay over the rest; torchtitan adds a virtual last step (stable = 1).
   LRSchedule s({2, -1, "linear", 0.0}, 10);

@@ -247,11 +247,8 @@ double global_grad_norm(const std::vector<Tensor>& grads, ProcessGroup* shard_gr
 
 double clip_grad_norm(std::vector<Tensor>& grads, double max_norm, ProcessGroup* shard_group) {
   const double norm = global_grad_norm(grads, shard_group);
-  if (max_norm > 0) {
-    // Same coefficient as titan::clip_grad_norm (torch's clip_grad_norm_), computed from the global norm.
-    const float coef = static_cast<float>(max_norm) / (static_cast<float>(norm) + 1e-6f);
-    if (coef < 1.0f) scale_grads(grads, coef);
-  }
+  const float coef = clip_coefficient(norm, max_norm);  // torch's clip_grad_norm_, on the global norm
+  if (coef < 1.0f) scale_grads(grads, coef);
   return norm;
 }
 

@@ -162,19 +162,21 @@ void DataParallelPlan::reduce_grads() {
   }
 }
 
-double DataParallelPlan::clip_grad_norm(double max_norm) {
+double DataParallelPlan::grad_norm() {
   if (ep_group_) {
     // Non-expert gradients are replicated (count once); each expert lives on one rank of the group.
     const double sq =
         grad_sq_norm(dense_grads_) + ep_group_->all_reduce(grad_sq_norm(expert_grads_), ReduceOp::Sum);
-    const double norm = std::sqrt(sq);
-    if (max_norm > 0) {
-      const float coef = static_cast<float>(max_norm) / (static_cast<float>(norm) + 1e-6f);
-      if (coef < 1.0f) scale_grads(grads_, coef);
-    }
-    return norm;
+    return std::sqrt(sq);
   }
-  return dist::clip_grad_norm(optimizer_grads(), max_norm, grad_shard_group());
+  return dist::global_grad_norm(optimizer_grads(), grad_shard_group());
+}
+
+double DataParallelPlan::clip_grad_norm(double max_norm) {
+  const double norm = grad_norm();
+  const float coef = clip_coefficient(norm, max_norm);
+  if (coef < 1.0f) scale_grads(optimizer_grads(), coef);
+  return norm;
 }
 
 void DataParallelPlan::after_optimizer_step() {

@@ -10,8 +10,8 @@
 //   AdamW opt(dp.optimizer_params(), dp.optimizer_grads(), cfg);   // full buffers or shards
 //   loop: model.zero_grad(); forward/backward on this rank's micro-batches;
 //         dp.reduce_grads();                 // gradients averaged over all ranks
-//         double norm = dp.clip_grad_norm(max_norm);
-//         opt.step(lr);
+//         double norm = dp.grad_norm();
+//         opt.step(lr, clip_coefficient(norm, max_norm));   // clipping fused into the update
 //         dp.after_optimizer_step();         // FSDP/HSDP: gather the updated shards into the model
 //
 // reduce_grads() averages over ranks, so each rank's loss gradient must be scaled as a mean over its
@@ -87,7 +87,9 @@ class DataParallelPlan {
   // After backward: optimizer_grads() := mean over all ranks of the model gradients (streaming: already
   // done group by group during the backward; nothing left to do).
   void reduce_grads();
-  // Global-norm clipping of optimizer_grads(); returns the norm before clipping.
+  // The global gradient norm of optimizer_grads() (all ranks; experts counted once).
+  double grad_norm();
+  // Global-norm clipping of optimizer_grads() in place; returns the norm before clipping.
   double clip_grad_norm(double max_norm);
   // After the optimizer step: FSDP/HSDP gather the shards into the model's parameter buffers.
   void after_optimizer_step();

@@ -94,10 +94,12 @@ struct CrossEntropyKernels {
 };
 
 // torch.optim.AdamW step on a flat buffer (decoupled weight decay, bias correction, eps after sqrt).
+// The gradient used is grad * grad_scale: the gradient-norm clip's scaling fused into the step (one pass
+// over the gradients fewer); grad itself is not written.
 struct AdamWKernels {
   static constexpr const char* kOp = "adamw";
   void (*step)(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
-               float beta2, float eps, float weight_decay, int64_t step);
+               float beta2, float eps, float weight_decay, int64_t step, float grad_scale);
 };
 
 // ---- Mixture of experts -------------------------------------------------------------------------------

@@ -19,11 +19,11 @@ AdamW::AdamW(std::vector<Tensor> params, std::vector<Tensor> grads, const AdamWC
   kernel_ = &get_kernel<AdamWKernels>(DeviceType::CPU, impl);
 }
 
-void AdamW::step(float lr) {
+void AdamW::step(float lr, float grad_scale) {
   ++step_;
   for (size_t i = 0; i < params_.size(); ++i)
     kernel_->step(params_[i].f32(), grads_[i].f32(), m_[i].f32(), v_[i].f32(), params_[i].numel(), lr,
-                  config_.beta1, config_.beta2, config_.eps, config_.weight_decay, step_);
+                  config_.beta1, config_.beta2, config_.eps, config_.weight_decay, step_, grad_scale);
 }
 
 int64_t AdamW::state_bytes() const {
@@ -54,12 +54,16 @@ void scale_grads(std::vector<Tensor>& grads, float coef) {
   }
 }
 
+float clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0f;
+  const float coef = static_cast<float>(max_norm) / (static_cast<float>(norm) + 1e-6f);
+  return coef < 1.0f ? coef : 1.0f;
+}
+
 double clip_grad_norm(std::vector<Tensor>& grads, double max_norm) {
   const double norm = std::sqrt(grad_sq_norm(grads));
-  if (max_norm > 0) {
-    const float coef = static_cast<float>(max_norm) / (static_cast<float>(norm) + 1e-6f);
-    if (coef < 1.0f) scale_grads(grads, coef);
-  }
+  const float coef = clip_coefficient(norm, max_norm);
+  if (coef < 1.0f) scale_grads(grads, coef);
   return norm;
 }
 

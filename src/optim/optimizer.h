@@ -23,8 +23,10 @@ class AdamW {
  public:
   AdamW(std::vector<Tensor> params, std::vector<Tensor> grads, const AdamWConfig& config,
         const std::string& impl = "");
-  // One step at learning rate `lr` (the schedule's value); increments the step count first (torch).
-  void step(float lr);
+  // One step at learning rate `lr` (the schedule's value) on the gradients times `grad_scale` (the clip
+  // coefficient, see clip_coefficient; the gradient buffers are left as they are). Increments the step
+  // count first (torch).
+  void step(float lr, float grad_scale = 1.0f);
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
   const AdamWConfig& config() const { return config_; }
@@ -42,8 +44,11 @@ class AdamW {
 // Sum of squares of all gradients (double accumulation); the global norm is its sqrt. Separate from
 // clipping so a distributed run can all-reduce the sum first.
 double grad_sq_norm(const std::vector<Tensor>& grads);
-// torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1, grads *= coef.
-// Returns the total norm before clipping. max_norm <= 0 disables clipping (norm still returned).
+// torch.nn.utils.clip_grad_norm_'s factor for a total norm: max_norm / (norm + 1e-6) in float, clamped
+// to 1; 1 when max_norm <= 0 (no clipping).
+float clip_coefficient(double norm, double max_norm);
+// torch.nn.utils.clip_grad_norm_: grads *= clip_coefficient(norm, max_norm). Returns the total norm
+// before clipping. A training step instead passes the coefficient to AdamW::step (no separate pass).
 double clip_grad_norm(std::vector<Tensor>& grads, double max_norm);
 void scale_grads(std::vector<Tensor>& grads, float coef);
 

@@ -257,7 +257,7 @@ double cross_entropy(float* logits, const int32_t* targets, int64_t N, int64_t V
 }
 
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-                float eps, float wd, int64_t step) {
+                float eps, float wd, int64_t step, float grad_scale) {
   const double bc1 = 1.0 - std::pow((double)beta1, (double)step);
   const double bc2 = 1.0 - std::pow((double)beta2, (double)step);
   const float decay = (float)(1.0 - (double)lr * wd);
@@ -266,7 +266,7 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float l
   const float one_minus_b1 = 1.0f - beta1, one_minus_b2 = 1.0f - beta2;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
+    const float gi = g[i] * grad_scale;
     const float mi = m[i] + one_minus_b1 * (gi - m[i]);
     const float vi = v[i] * beta2 + one_minus_b2 * gi * gi;
     m[i] = mi;

@@ -221,16 +221,17 @@ double cross_entropy(float* logits, const int32_t* targets, int64_t N, int64_t V
 }
 
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-                float eps, float wd, int64_t step) {
+                float eps, float wd, int64_t step, float grad_scale) {
   const double bc1 = 1.0 - std::pow((double)beta1, (double)step);
   const double bc2 = 1.0 - std::pow((double)beta2, (double)step);
   const float decay = (float)(1.0 - (double)lr * wd);
   const float step_size = (float)(lr / bc1);
   const float bc2_sqrt = (float)std::sqrt(bc2);
   for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] * grad_scale;
     p[i] *= decay;
-    m[i] += (1.0f - beta1) * (g[i] - m[i]);
-    v[i] = v[i] * beta2 + (1.0f - beta2) * g[i] * g[i];
+    m[i] += (1.0f - beta1) * (gi - m[i]);
+    v[i] = v[i] * beta2 + (1.0f - beta2) * gi * gi;
     float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
     p[i] += -step_size * (m[i] / denom);
   }
