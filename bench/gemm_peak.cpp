@@ -63,9 +63,9 @@ int main(int argc, char** argv) {
       for (int r = 0; r <= reps; ++r) {
         auto t0 = std::chrono::steady_clock::now();
         if (s.transa)  // dw (M=OC, N=C) += dout^T (OC, K=rows) inp (rows, C)
-          mm.backward(nullptr, c.data(), a.data(), b.data(), nullptr, s.K, s.N, s.M);
+          mm.backward(nullptr, c.data(), a.data(), b.data(), nullptr, s.K, s.N, s.M, true);
         else if (!s.transb)  // dinp (M=rows, N=C) += dout (rows, K=OC) w (OC, C)
-          mm.backward(c.data(), nullptr, a.data(), nullptr, b.data(), s.M, s.N, s.K);
+          mm.backward(c.data(), nullptr, a.data(), nullptr, b.data(), s.M, s.N, s.K, true);
         else
           mm.forward(c.data(), a.data(), b.data(), s.M, s.K, s.N);
         double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -98,9 +98,9 @@ int main(int argc, char** argv) {
       for (int r = 0; r <= reps; ++r) {
         auto t0 = std::chrono::steady_clock::now();
         if (s.transa)
-          mm.backward(nullptr, c.data(), a.data(), b.data(), nullptr, s.K, s.N, s.M);
+          mm.backward(nullptr, c.data(), a.data(), b.data(), nullptr, s.K, s.N, s.M, true);
         else if (!s.transb)
-          mm.backward(c.data(), nullptr, a.data(), nullptr, b.data(), s.M, s.N, s.K);
+          mm.backward(c.data(), nullptr, a.data(), nullptr, b.data(), s.M, s.N, s.K, true);
         else
           mm.forward(c.data(), a.data(), b.data(), s.M, s.K, s.N);
         double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
       moe.backward(dx.data(), dtopw.data(), dwgu.data(), dwdown.data(), buf, dout.data(), x.data(),
                    idx.data(), topw.data(), wgu.data(), wdown.data(), N, k, E, H, I);
       moe_router::backward(dlogits.data(), probs.data(), idx.data(), dtopw.data(), nullptr, N, E, k, true);
-      matmul.backward(dx.data(), drouter.data(), dlogits.data(), x.data(), router.data(), N, H, E);
+      matmul.backward(dx.data(), drouter.data(), dlogits.data(), x.data(), router.data(), N, H, E, true);
       auto t2 = std::chrono::steady_clock::now();
       if (it >= warmup) {
         fwd_t.push_back(std::chrono::duration<double>(t1 - t0).count());

@@ -51,12 +51,12 @@ TEST(Kernels, MatmulAllImplementations) {
   const auto& ref = get_kernel<MatmulKernels>(DeviceType::CPU, "reference");
   std::vector<float> out_r(N * OC), dinp_r(N * C, 0.5f), dw_r(OC * C, 0.25f);
   ref.forward(out_r.data(), inp.data(), w.data(), N, C, OC);
-  ref.backward(dinp_r.data(), dw_r.data(), dout.data(), inp.data(), w.data(), N, C, OC);
+  ref.backward(dinp_r.data(), dw_r.data(), dout.data(), inp.data(), w.data(), N, C, OC, true);
   for (auto& name : impls<MatmulKernels>()) {
     const auto& k = get_kernel<MatmulKernels>(DeviceType::CPU, name);
     std::vector<float> out(N * OC), dinp(N * C, 0.5f), dw(OC * C, 0.25f);  // backward accumulates
     k.forward(out.data(), inp.data(), w.data(), N, C, OC);
-    k.backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), N, C, OC);
+    k.backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), N, C, OC, true);
     EXPECT_LE(rel(out, out_r), kTol) << name;
     EXPECT_LE(rel(dinp, dinp_r), kTol) << name;
     EXPECT_LE(rel(dw, dw_r), kTol) << name;
@@ -71,13 +71,13 @@ TEST(Kernels, MatmulBf16AllImplementations) {
     const auto& ref = get_kernel<MatmulBf16Kernels>(DeviceType::CPU, "reference");
     std::vector<float> out_r(N * OC), dinp_r(N * C, 0.5f), dw_r(OC * C, 0.25f);
     ref.forward(out_r.data(), inp.data(), w.data(), N, C, OC);
-    ref.backward(dinp_r.data(), dw_r.data(), dout.data(), inp.data(), w.data(), N, C, OC);
+    ref.backward(dinp_r.data(), dw_r.data(), dout.data(), inp.data(), w.data(), N, C, OC, true);
     for (auto& name : impls<MatmulBf16Kernels>()) {
       const auto& k = get_kernel<MatmulBf16Kernels>(DeviceType::CPU, name);
       std::vector<float> out(N * OC), dinp(N * C, 0.5f), dw(OC * C, 0.25f);
       k.forward(out.data(), inp.data(), w.data(), N, C, OC);
-      k.backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), N, C, OC);
-      k.backward(nullptr, nullptr, dout.data(), inp.data(), w.data(), N, C, OC);  // both skipped
+      k.backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), N, C, OC, true);
+      k.backward(nullptr, nullptr, dout.data(), inp.data(), w.data(), N, C, OC, true);  // both skipped
       EXPECT_LE(rel(out, out_r), kTol) << name;
       EXPECT_LE(rel(dinp, dinp_r), kTol) << name;
       EXPECT_LE(rel(dw, dw_r), kTol) << name;
@@ -85,7 +85,7 @@ TEST(Kernels, MatmulBf16AllImplementations) {
     const auto& f32 = get_kernel<MatmulKernels>(DeviceType::CPU, "reference");
     std::vector<float> out32(N * OC), dinp32(N * C, 0.5f), dw32(OC * C, 0.25f);
     f32.forward(out32.data(), inp.data(), w.data(), N, C, OC);
-    f32.backward(dinp32.data(), dw32.data(), dout.data(), inp.data(), w.data(), N, C, OC);
+    f32.backward(dinp32.data(), dw32.data(), dout.data(), inp.data(), w.data(), N, C, OC, true);
     EXPECT_LE(rel(out_r, out32), 2e-2);
     EXPECT_GT(rel(out_r, out32), 0.0);  // really rounded
     EXPECT_LE(rel(dinp_r, dinp32), 2e-2);
@@ -107,11 +107,11 @@ TEST(Kernels, MatmulBf16ReadsRegisteredWeightImages) {
     const auto& k = get_kernel<MatmulBf16Kernels>(DeviceType::CPU, name);
     std::vector<float> out(N * OC), dinp(N * C, 0.5f), out_i(N * OC), dinp_i(N * C, 0.5f);
     k.forward(out.data(), inp.data(), w, N, C, OC);
-    k.backward(dinp.data(), nullptr, dout.data(), inp.data(), w, N, C, OC);
+    k.backward(dinp.data(), nullptr, dout.data(), inp.data(), w, N, C, OC, true);
     register_bf16_image(big.data(), static_cast<int64_t>(big.size()), image.data());
     ASSERT_EQ(find_bf16_image(w, OC * C), image.data() + OC * C);
     k.forward(out_i.data(), inp.data(), w, N, C, OC);
-    k.backward(dinp_i.data(), nullptr, dout.data(), inp.data(), w, N, C, OC);
+    k.backward(dinp_i.data(), nullptr, dout.data(), inp.data(), w, N, C, OC, true);
     unregister_bf16_image(big.data());
     EXPECT_EQ(out, out_i) << name;
     EXPECT_EQ(dinp, dinp_i) << name;

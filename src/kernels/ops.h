@@ -9,11 +9,13 @@ namespace titan {
 
 // out = inp @ weight^T        inp (N,C), weight (OC,C), out (N,OC)
 // dinp += dout @ weight       dweight += dout^T @ inp      (dinp or dweight may be null: skipped)
+// accumulate_dweight = false: dweight = dout^T @ inp, its old contents never read (the first gradient
+// written into a zeroed buffer: the lm_head's, where reading 4 bytes x vocab x hidden back costs).
 struct MatmulKernels {
   static constexpr const char* kOp = "matmul";
   void (*forward)(float* out, const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC);
   void (*backward)(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
-                   int64_t N, int64_t C, int64_t OC);
+                   int64_t N, int64_t C, int64_t OC, bool accumulate_dweight);
 };
 
 // The same GEMMs with bfloat16 inputs and f32 accumulation/outputs (mixed precision): every input element is
@@ -23,7 +25,7 @@ struct MatmulBf16Kernels {
   static constexpr const char* kOp = "matmul_bf16";
   void (*forward)(float* out, const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC);
   void (*backward)(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
-                   int64_t N, int64_t C, int64_t OC);
+                   int64_t N, int64_t C, int64_t OC, bool accumulate_dweight);
 };
 
 // bf16 images of f32 weight ranges, kept up to date by their owner (a model under bf16 compute makes them

@@ -19,10 +19,12 @@ void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int
 }
 
 void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t N,
-                     int64_t C, int64_t OC) {
+                     int64_t C, int64_t OC, bool accumulate_dw) {
   if (dinp)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
-  if (dw) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+  if (dw)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C,
+                accumulate_dw ? 1.0f : 0.0f, dw, C);
 }
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,

@@ -19,7 +19,7 @@ void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int
 }
 
 void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t N,
-                     int64_t C, int64_t OC) {
+                     int64_t C, int64_t OC, bool accumulate_dw) {
   if (dinp)
     for (int64_t n = 0; n < N; ++n)
       for (int64_t c = 0; c < C; ++c) {
@@ -32,7 +32,7 @@ void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp
       for (int64_t c = 0; c < C; ++c) {
         double acc = 0;
         for (int64_t n = 0; n < N; ++n) acc += (double)dout[n * OC + o] * inp[n * C + c];
-        dw[o * C + c] += (float)acc;
+        dw[o * C + c] = accumulate_dw ? dw[o * C + c] + (float)acc : (float)acc;
       }
 }
 

@@ -34,7 +34,7 @@ void ref_forward(float* out, const float* inp, const float* w, int64_t N, int64_
 }
 
 void ref_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t N,
-                  int64_t C, int64_t OC) {
+                  int64_t C, int64_t OC, bool accumulate_dw) {
   if (dinp)
     for (int64_t n = 0; n < N; ++n)
       for (int64_t c = 0; c < C; ++c) {
@@ -47,7 +47,7 @@ void ref_backward(float* dinp, float* dw, const float* dout, const float* inp, c
       for (int64_t c = 0; c < C; ++c) {
         double acc = 0;
         for (int64_t n = 0; n < N; ++n) acc += rb(dout[n * OC + o]) * rb(inp[n * C + c]);
-        dw[o * C + c] += (float)acc;
+        dw[o * C + c] = accumulate_dw ? dw[o * C + c] + (float)acc : (float)acc;
       }
 }
 
@@ -151,15 +151,15 @@ void dnnl_forward(float* out, const float* inp, const float* w, int64_t N, int64
 }
 
 void dnnl_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t N,
-                   int64_t C, int64_t OC) {
+                   int64_t C, int64_t OC, bool accumulate_dw) {
   const uint16_t* g = buf(0).fill(dout, N * OC);
   if (dinp) {  // dinp (N,C) += dout (N,OC) @ w (OC,C)
     const uint16_t* b = weight_bf16(w, OC * C);
     run({N, C, OC, OC, 1, C, 1, true}, g, b, dinp);
   }
-  if (dw) {  // dw (OC,C) += dout^T (OC,N) @ inp (N,C); dout^T has strides (1, OC)
+  if (dw) {  // dw (OC,C) [+]= dout^T (OC,N) @ inp (N,C); dout^T has strides (1, OC)
     const uint16_t* b = buf(1).fill(inp, N * C);
-    run({OC, C, N, 1, OC, C, 1, true}, g, b, dw);
+    run({OC, C, N, 1, OC, C, 1, accumulate_dw}, g, b, dw);
   }
 }
 

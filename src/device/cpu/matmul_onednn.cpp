@@ -23,9 +23,9 @@ void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int
 }
 
 void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t N,
-                     int64_t C, int64_t OC) {
+                     int64_t C, int64_t OC, bool accumulate_dw) {
   if (dinp) sgemm('N', 'N', N, C, OC, dout, OC, w, C, 1.0f, dinp, C);
-  if (dw) sgemm('T', 'N', OC, C, N, dout, OC, inp, C, 1.0f, dw, C);
+  if (dw) sgemm('T', 'N', OC, C, N, dout, OC, inp, C, accumulate_dw ? 1.0f : 0.0f, dw, C);
 }
 
 const MatmulKernels kMatmul{matmul_forward, matmul_backward};

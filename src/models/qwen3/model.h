@@ -267,6 +267,9 @@ class Qwen3Model {
   // Backward scratch shared by all layers.
   Tensor dresid_, dln_, dq_, dk_, dv_, dqr_, dkr_, datt_, dgu_, dact_;
   bool grad_ready_ = false;
+  // Set by zero_grad() (unstreamed gradients): the head's gradient buffer holds zeros, so the next
+  // forward's lm_head weight-gradient GEMM writes it instead of adding to it.
+  bool head_grad_zeroed_ = false;
   bool bf16_ = false;
   bool ac_ = false;
   int64_t rope_T_ = 0;

@@ -88,6 +88,9 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   // lm_head (into dln_, read by backward()), so the full (N,V) logits never exist.
   float* dlnf = dln_.f32();
   if (opts.compute_grad) std::memset(dlnf, 0, N * H * sizeof(float));
+  // Nothing has been written into the head's gradient since zero_grad(): the first chunk's lm_head
+  // gradient overwrites it (its zeros are not read back), the rest add to it.
+  bool accumulate_dlm_head = !(head_grad_zeroed_ && !streamer_);
   r.loss_sum = 0;
   for (int64_t r0 = 0; r0 < N; r0 += head_rows_) {
     const int64_t rows = std::min(head_rows_, N - r0);
@@ -97,7 +100,11 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     bf16(lg, rows * V);
     if (opts.keep_logits) std::memcpy(logits_copy_.f32() + r0 * V, lg, rows * V * sizeof(float));
     r.loss_sum += cross_entropy_->forward_backward(lg, tgt + r0, rows, V, scale, opts.compute_grad);
-    if (opts.compute_grad) matmul_->backward(dlnf + r0 * H, dlm_head, lg, x, lm_head, rows, H, V);
+    if (opts.compute_grad) {
+      matmul_->backward(dlnf + r0 * H, dlm_head, lg, x, lm_head, rows, H, V, accumulate_dlm_head);
+      accumulate_dlm_head = true;
+      head_grad_zeroed_ = false;
+    }
   }
   release_params(group_head);
   if (c.tie_word_embeddings) release_params(0);
@@ -218,17 +225,17 @@ void Qwen3Model::backward() {
       float* dact = dact_.f32();
       float* dgu = dgu_.f32();
       std::memset(dact, 0, N * I * sizeof(float));
-      matmul_->backward(dact, g.wdown, dresid, a.act, w.wdown, N, I, H);
+      matmul_->backward(dact, g.wdown, dresid, a.act, w.wdown, N, I, H, true);
       std::memset(dgu, 0, N * 2 * I * sizeof(float));
       swiglu_->backward(dgu, dact, a.gu, N, I);
       std::memset(dln, 0, N * H * sizeof(float));
-      matmul_->backward(dln, g.wgu, dgu, a.ln2, w.wgu, N, H, 2 * I);
+      matmul_->backward(dln, g.wgu, dgu, a.ln2, w.wgu, N, H, 2 * I, true);
     }
     rmsnorm_->backward(dresid, g.post_norm, dln, a.resid_mid, w.post_norm, a.rstd2, N, H);
     // Attention branch: resid_mid = resid_in + o(attn(rope(norm(q,k)), v))
     float* datt = datt_.f32();
     std::memset(datt, 0, N * c.q_dim() * sizeof(float));
-    matmul_->backward(datt, g.wo, dresid, a.att, w.wo, N, c.q_dim(), H);
+    matmul_->backward(datt, g.wo, dresid, a.att, w.wo, N, c.q_dim(), H, true);
     float *dqr = dqr_.f32(), *dkr = dkr_.f32(), *dq = dq_.f32(), *dk = dk_.f32(), *dv = dv_.f32();
     std::memset(dqr, 0, N * c.q_dim() * sizeof(float));
     std::memset(dkr, 0, N * c.kv_dim() * sizeof(float));
@@ -248,9 +255,9 @@ void Qwen3Model::backward() {
     rmsnorm_->backward(dqr, g.q_norm, dq, a.q_raw, w.q_norm, a.q_rstd, N * nH, hd);
     rmsnorm_->backward(dkr, g.k_norm, dk, a.k_raw, w.k_norm, a.k_rstd, N * nKV, hd);
     std::memset(dln, 0, N * H * sizeof(float));
-    matmul_->backward(dln, g.wq, dqr, a.ln1, w.wq, N, H, c.q_dim());
-    matmul_->backward(dln, g.wk, dkr, a.ln1, w.wk, N, H, c.kv_dim());
-    matmul_->backward(dln, g.wv, dv, a.ln1, w.wv, N, H, c.kv_dim());
+    matmul_->backward(dln, g.wq, dqr, a.ln1, w.wq, N, H, c.q_dim(), true);
+    matmul_->backward(dln, g.wk, dkr, a.ln1, w.wk, N, H, c.kv_dim(), true);
+    matmul_->backward(dln, g.wv, dv, a.ln1, w.wv, N, H, c.kv_dim(), true);
     rmsnorm_->backward(dresid, g.input_norm, dln, a.resid_in, w.input_norm, a.rstd1, N, H);
     finish_grads(static_cast<int>(l) + 1);
     release_params(static_cast<int>(l) + 1);
@@ -325,7 +332,7 @@ void Qwen3Model::moe_backward_layer(int64_t l, float* dresid, float aux_scale) {
   }
   float* dlogits = dlogits_router_.f32();
   moe_router::backward(dlogits, a.router_probs, a.topk_idx, dtw, dbias, N, E, k, c.norm_topk_prob);
-  matmul_->backward(dln, g.router, dlogits, a.ln2, w.router, N, H, E);
+  matmul_->backward(dln, g.router, dlogits, a.ln2, w.router, N, H, E, true);
 }
 
 // Expert-parallel experts of sparse layer l (forward). Every (token, expert) slot becomes one row
