@@ -1,7 +1,8 @@
 // Tiled ("flash") causal attention: online softmax over key blocks in the forward, which saves only the
 // row logsumexp (B,nH,T); the backward recomputes each probability tile from it. No [T,T] buffer exists:
 // the working set is one (kBlock x kBlock) score tile and one (kBlock x hd) output accumulator per thread.
-// Tiles are BLAS GEMMs (single-threaded inside the OpenMP tasks); tiles above the diagonal are skipped.
+// Tiles are single-threaded GEMMs inside the OpenMP tasks (oneDNN's sgemm where built, else BLAS); tiles
+// above the diagonal are skipped.
 //
 // forward, per (b, h) and query block I:   m = -inf, l = 0, O = 0
 //   for key blocks J <= I:  S = scale Q_I K_J^T (causal mask on the diagonal tile)
@@ -13,6 +14,9 @@
 //   P = exp(scale Q_I K_J^T - lse_I);  dV_J += P^T dO_I;  dP = dO_I V_J^T;  dS = P (dP - D_I) scale
 //   dQ_I += dS K_J;  dK_J += dS^T Q_I
 #include <cblas.h>
+#ifdef TITAN_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -25,37 +29,60 @@
 namespace titan {
 namespace {
 
-constexpr int64_t kBlock = 64;
+// Where the tile GEMMs run. "flash": BLAS, 64 x 64 tiles. "flash_onednn": oneDNN's sgemm, which runs its
+// AVX-512 kernels whatever OpenBLAS's core type, on 128 x 128 tiles (score tile 64 KiB): 1.5x "flash" at
+// T = 512 and 2x at T = 4096 (bench_attention, 2 threads, bench/BENCHMARKS.md). Not the default: its
+// rounding differs, and after AdamW steps one rarely routed expert of the MoE fixtures lands at 1.04e-4 of
+// HF (limit 1e-4) where the BLAS tiles land at 7.6e-5 (the kernel's own error against a double reference
+// is the same, ~1e-7, for both engines).
+enum class TileEngine { kBlas, kOneDnn };
+
+template <TileEngine E>
+constexpr int64_t kBlock = E == TileEngine::kOneDnn ? 128 : 64;
+
+// C = alpha op(A) op(B) + beta C, row-major, single-threaded (called inside OpenMP tasks).
+template <TileEngine E>
+void tile_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+#ifdef TITAN_HAVE_DNNL
+  if constexpr (E == TileEngine::kOneDnn) {
+    dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+#endif
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha,
+              A, lda, B, ldb, beta, C, ldc);
+}
 
 int64_t flash_saved_floats(int64_t B, int64_t T, int64_t nH) {
   return B * nH * T;
 }
 
+template <TileEngine E>
 void flash_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
                    int64_t T, int64_t nH, int64_t nKV, int64_t hd) {
   const int64_t rep = nH / nKV;
   const float scale = 1.0f / std::sqrt((float)hd);
   const int64_t ldq = nH * hd, ldk = nKV * hd;
-  const int64_t nblk = (T + kBlock - 1) / kBlock;
+  const int64_t nblk = (T + kBlock<E> - 1) / kBlock<E>;
 #pragma omp parallel
   {
-    std::vector<float> s(kBlock * kBlock), o(kBlock * hd), m(kBlock), l(kBlock);
+    std::vector<float> s(kBlock<E> * kBlock<E>), o(kBlock<E> * hd), m(kBlock<E>), l(kBlock<E>);
     // Largest blocks first (the last query blocks see the most keys) for dynamic load balance.
 #pragma omp for collapse(3) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < nH; ++h)
         for (int64_t ib = nblk - 1; ib >= 0; --ib) {
-          const int64_t kh = h / rep, i0 = ib * kBlock, br = std::min(kBlock, T - i0);
+          const int64_t kh = h / rep, i0 = ib * kBlock<E>, br = std::min(kBlock<E>, T - i0);
           const float* qi = q + (b * T + i0) * ldq + h * hd;
           std::fill(m.begin(), m.end(), -INFINITY);
           std::fill(l.begin(), l.end(), 0.0f);
           std::fill(o.begin(), o.end(), 0.0f);
-          for (int64_t j0 = 0; j0 <= i0; j0 += kBlock) {
-            const int64_t bc = std::min(kBlock, T - j0);
+          for (int64_t j0 = 0; j0 <= i0; j0 += kBlock<E>) {
+            const int64_t bc = std::min(kBlock<E>, T - j0);
             const float* kj = k + (b * T + j0) * ldk + kh * hd;
             const float* vj = v + (b * T + j0) * ldk + kh * hd;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, hd, scale, qi, ldq, kj, ldk, 0.0f,
-                        s.data(), bc);
+            tile_gemm<E>(false, true, br, bc, hd, scale, qi, ldq, kj, ldk, 0.0f, s.data(), bc);
             for (int64_t r = 0; r < br; ++r) {
               float* row = s.data() + r * bc;
               const int64_t nv = std::min(bc, i0 + r - j0 + 1);  // keys j <= i on this row
@@ -70,8 +97,7 @@ void flash_forward(float* out, float* lse, const float* q, const float* k, const
                 for (int64_t d = 0; d < hd; ++d) orow[d] *= c;
               }
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, hd, bc, 1.0f, s.data(), bc, vj, ldk,
-                        1.0f, o.data(), hd);
+            tile_gemm<E>(false, false, br, hd, bc, 1.0f, s.data(), bc, vj, ldk, 1.0f, o.data(), hd);
           }
           for (int64_t r = 0; r < br; ++r) {
             const float inv = 1.0f / l[r];
@@ -83,6 +109,7 @@ void flash_forward(float* out, float* lse, const float* q, const float* k, const
   }
 }
 
+template <TileEngine E>
 void flash_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                     const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t nH,
                     int64_t nKV, int64_t hd) {
@@ -91,7 +118,7 @@ void flash_backward(float* dq, float* dk, float* dv, const float* dout, const fl
   const int64_t ldq = nH * hd, ldk = nKV * hd;
 #pragma omp parallel
   {
-    std::vector<float> p(kBlock * kBlock), dp(kBlock * kBlock), D(rep * T);
+    std::vector<float> p(kBlock<E> * kBlock<E>), dp(kBlock<E> * kBlock<E>), D(rep * T);
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t kh = 0; kh < nKV; ++kh) {
@@ -104,22 +131,21 @@ void flash_backward(float* dq, float* dk, float* dv, const float* dout, const fl
             for (int64_t c = 0; c < hd; ++c) acc += o[c] * d[c];
             D[g * T + i] = acc;
           }
-        for (int64_t j0 = 0; j0 < T; j0 += kBlock) {
-          const int64_t bc = std::min(kBlock, T - j0);
+        for (int64_t j0 = 0; j0 < T; j0 += kBlock<E>) {
+          const int64_t bc = std::min(kBlock<E>, T - j0);
           const float* kj = k + (b * T + j0) * ldk + kh * hd;
           const float* vj = v + (b * T + j0) * ldk + kh * hd;
           float* dkj = dk + (b * T + j0) * ldk + kh * hd;
           float* dvj = dv + (b * T + j0) * ldk + kh * hd;
           for (int64_t g = 0; g < rep; ++g) {
             const int64_t h = kh * rep + g;
-            for (int64_t i0 = j0; i0 < T; i0 += kBlock) {
-              const int64_t br = std::min(kBlock, T - i0);
+            for (int64_t i0 = j0; i0 < T; i0 += kBlock<E>) {
+              const int64_t br = std::min(kBlock<E>, T - i0);
               const float* qi = q + (b * T + i0) * ldq + h * hd;
               const float* doi = dout + (b * T + i0) * ldq + h * hd;
               float* dqi = dq + (b * T + i0) * ldq + h * hd;
               const float* lsei = lse + (b * nH + h) * T + i0;
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, hd, scale, qi, ldq, kj, ldk, 0.0f,
-                          p.data(), bc);
+              tile_gemm<E>(false, true, br, bc, hd, scale, qi, ldq, kj, ldk, 0.0f, p.data(), bc);
               for (int64_t r = 0; r < br; ++r) {
                 float* row = p.data() + r * bc;
                 const int64_t nv = std::max<int64_t>(0, std::min(bc, i0 + r - j0 + 1));
@@ -127,10 +153,8 @@ void flash_backward(float* dq, float* dk, float* dv, const float* dout, const fl
                 std::fill(row + nv, row + bc, 0.0f);
               }
               // dV_J += P^T dO_I;  dP = dO_I V_J^T
-              cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bc, hd, br, 1.0f, p.data(), bc, doi, ldq,
-                          1.0f, dvj, ldk);
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, hd, 1.0f, doi, ldq, vj, ldk, 0.0f,
-                          dp.data(), bc);
+              tile_gemm<E>(true, false, bc, hd, br, 1.0f, p.data(), bc, doi, ldq, 1.0f, dvj, ldk);
+              tile_gemm<E>(false, true, br, bc, hd, 1.0f, doi, ldq, vj, ldk, 0.0f, dp.data(), bc);
               for (int64_t r = 0; r < br; ++r) {
                 const float* pr = p.data() + r * bc;
                 float* dr = dp.data() + r * bc;
@@ -139,10 +163,8 @@ void flash_backward(float* dq, float* dk, float* dv, const float* dout, const fl
                 for (int64_t c = 0; c < bc; ++c) dr[c] = pr[c] * (dr[c] - Di) * scale;
               }
               // dQ_I += dS K_J;  dK_J += dS^T Q_I
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, hd, bc, 1.0f, dp.data(), bc, kj, ldk,
-                          1.0f, dqi, ldq);
-              cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bc, hd, br, 1.0f, dp.data(), bc, qi, ldq,
-                          1.0f, dkj, ldk);
+              tile_gemm<E>(false, false, br, hd, bc, 1.0f, dp.data(), bc, kj, ldk, 1.0f, dqi, ldq);
+              tile_gemm<E>(true, false, bc, hd, br, 1.0f, dp.data(), bc, qi, ldq, 1.0f, dkj, ldk);
             }
           }
         }
@@ -150,9 +172,15 @@ void flash_backward(float* dq, float* dk, float* dv, const float* dout, const fl
   }
 }
 
-const AttentionKernels kFlash{flash_forward, flash_backward, flash_saved_floats};
+const AttentionKernels kFlash{flash_forward<TileEngine::kBlas>, flash_backward<TileEngine::kBlas>,
+                              flash_saved_floats};
 // Default: measured faster than "blas" at every shape tried (bench_attention, bench/BENCHMARKS.md).
 TITAN_REGISTER_KERNEL(AttentionKernels, CPU, "flash", kFlash, 20);
+#ifdef TITAN_HAVE_DNNL
+const AttentionKernels kFlashOneDnn{flash_forward<TileEngine::kOneDnn>, flash_backward<TileEngine::kOneDnn>,
+                                    flash_saved_floats};
+TITAN_REGISTER_KERNEL(AttentionKernels, CPU, "flash_onednn", kFlashOneDnn, 15);
+#endif
 
 }  // namespace
 }  // namespace titan
