@@ -141,32 +141,34 @@ TEST(Qwen3Golden, ReferenceKernelsMatchFixture) {
     }
 }
 
-// The lm_head gradient right after zero_grad() is written, not added (the first chunk; later chunks and
-// later micro-batches add): one chunk or several, a second forward/backward doubles every gradient and
-// zero_grad() starts again from nothing.
+// The weight gradients right after zero_grad() are written, not added (the lm_head's first chunk, every
+// layer's in the first backward; later chunks and micro-batches add): one head chunk or several, dense
+// and MoE, a second forward/backward doubles every gradient and zero_grad() starts again from nothing.
 TEST(Qwen3Model, GradientsAccumulateAcrossBackwardCalls) {
-  const std::string dir = source_path("tests/golden/qwen3/tied_gqa2");
-  Qwen3Model model(Qwen3Config::from_hf_file(dir + "/config.json"));
-  model.load_hf(dir);
-  TokenBatch batch = read_token_batch_json(dir + "/input.json");
-  std::vector<Tensor> first;
-  for (int64_t head_chunk : {0, 3}) {
-    SCOPED_TRACE("head chunk rows " + std::to_string(head_chunk));
-    model.set_head_chunk_rows(head_chunk);
-    for (auto& g : model.flat_grads()) g.f32()[0] = 1e3f;  // stale values zero_grad() must clear
-    model.zero_grad();
-    model.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T);
-    model.backward();
-    std::vector<Tensor> once;
-    for (auto& g : model.flat_grads()) once.push_back(g.clone());
-    if (first.empty()) first = once;
-    model.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T);
-    model.backward();
-    for (size_t i = 0; i < once.size(); ++i) {
-      EXPECT_LE(rel_error(once[i], first[i]), 1e-6);
-      Tensor twice = once[i].clone();
-      for (int64_t j = 0; j < twice.numel(); ++j) twice.f32()[j] *= 2;
-      EXPECT_LE(rel_error(model.flat_grads()[i], twice), 1e-6);
+  for (const char* fixture : {"qwen3/tied_gqa2", "qwen3_moe/e8k2_norm"}) {
+    const std::string dir = source_path(std::string("tests/golden/") + fixture);
+    Qwen3Model model(Qwen3Config::from_hf_file(dir + "/config.json"));
+    model.load_hf(dir);
+    TokenBatch batch = read_token_batch_json(dir + "/input.json");
+    std::vector<Tensor> first;
+    for (int64_t head_chunk : {0, 3}) {
+      SCOPED_TRACE(std::string(fixture) + ", head chunk rows " + std::to_string(head_chunk));
+      model.set_head_chunk_rows(head_chunk);
+      for (auto& g : model.flat_grads()) g.f32()[0] = 1e3f;  // stale values zero_grad() must clear
+      model.zero_grad();
+      model.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T);
+      model.backward();
+      std::vector<Tensor> once;
+      for (auto& g : model.flat_grads()) once.push_back(g.clone());
+      if (first.empty()) first = once;
+      model.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T);
+      model.backward();
+      for (size_t i = 0; i < once.size(); ++i) {
+        EXPECT_LE(rel_error(once[i], first[i]), 1e-6);
+        Tensor twice = once[i].clone();
+        for (int64_t j = 0; j < twice.numel(); ++j) twice.f32()[j] *= 2;
+        EXPECT_LE(rel_error(model.flat_grads()[i], twice), 1e-6);
+      }
     }
   }
 }

@@ -542,7 +542,7 @@ void Qwen3Model::zero_grad() {
     return;
   }
   for (auto& g : flat_grads_) g.zero_();
-  head_grad_zeroed_ = true;
+  head_grad_zeroed_ = layer_grads_zeroed_ = true;
 }
 
 int64_t Qwen3Model::activation_bytes() const {

@@ -219,7 +219,7 @@ class Qwen3Model {
   void moe_forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats = true);
   // Decoder layer l from layer_acts_[l].resid_in into out (N,H), saving its activations.
   void forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats);
-  void moe_backward_layer(int64_t l, float* dresid, float aux_scale);
+  void moe_backward_layer(int64_t l, float* dresid, float aux_scale, bool accumulate_dw);
   // Expert-parallel experts of sparse layer l: exchange, local experts, exchange back.
   void moe_experts_ep_forward(int64_t l, float* out);
   void moe_experts_ep_backward(int64_t l, const float* dresid, float* dln, float* dtw);
@@ -267,9 +267,10 @@ class Qwen3Model {
   // Backward scratch shared by all layers.
   Tensor dresid_, dln_, dq_, dk_, dv_, dqr_, dkr_, datt_, dgu_, dact_;
   bool grad_ready_ = false;
-  // Set by zero_grad() (unstreamed gradients): the head's gradient buffer holds zeros, so the next
-  // forward's lm_head weight-gradient GEMM writes it instead of adding to it.
-  bool head_grad_zeroed_ = false;
+  // Set by zero_grad() (unstreamed gradients): the buffers hold zeros, so the first weight-gradient GEMM
+  // into each writes it instead of adding to it (the head's in the next forward, the layers' in the next
+  // backward).
+  bool head_grad_zeroed_ = false, layer_grads_zeroed_ = false;
   bool bf16_ = false;
   bool ac_ = false;
   int64_t rope_T_ = 0;

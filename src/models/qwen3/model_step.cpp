@@ -201,6 +201,9 @@ void Qwen3Model::backward() {
   const float* cos = rope_cos_.f32();
   const float* sin = rope_sin_.f32();
 
+  // The first backward after zero_grad() writes each layer's weight gradients (nothing to add to).
+  const bool acc_dw = !(layer_grads_zeroed_ && !streamer_);
+  layer_grads_zeroed_ = false;
   // Head: forward() already accumulated the lm_head gradient and left d(final norm output) in dln_.
   float* dresid = dresid_.f32();
   float* dln = dln_.f32();
@@ -219,23 +222,23 @@ void Qwen3Model::backward() {
     LayerView w = layer_view(l);
     LayerView g = layer_view(l, flat_grads_[l + 1].f32());
     if (w.router) {
-      moe_backward_layer(l, dresid, aux_scale_);  // MoE branch, into dln
+      moe_backward_layer(l, dresid, aux_scale_, acc_dw);  // MoE branch, into dln
     } else {
       // MLP branch: out = resid_mid + down(swiglu(gu(ln2)))
       float* dact = dact_.f32();
       float* dgu = dgu_.f32();
       std::memset(dact, 0, N * I * sizeof(float));
-      matmul_->backward(dact, g.wdown, dresid, a.act, w.wdown, N, I, H, true);
+      matmul_->backward(dact, g.wdown, dresid, a.act, w.wdown, N, I, H, acc_dw);
       std::memset(dgu, 0, N * 2 * I * sizeof(float));
       swiglu_->backward(dgu, dact, a.gu, N, I);
       std::memset(dln, 0, N * H * sizeof(float));
-      matmul_->backward(dln, g.wgu, dgu, a.ln2, w.wgu, N, H, 2 * I, true);
+      matmul_->backward(dln, g.wgu, dgu, a.ln2, w.wgu, N, H, 2 * I, acc_dw);
     }
     rmsnorm_->backward(dresid, g.post_norm, dln, a.resid_mid, w.post_norm, a.rstd2, N, H);
     // Attention branch: resid_mid = resid_in + o(attn(rope(norm(q,k)), v))
     float* datt = datt_.f32();
     std::memset(datt, 0, N * c.q_dim() * sizeof(float));
-    matmul_->backward(datt, g.wo, dresid, a.att, w.wo, N, c.q_dim(), H, true);
+    matmul_->backward(datt, g.wo, dresid, a.att, w.wo, N, c.q_dim(), H, acc_dw);
     float *dqr = dqr_.f32(), *dkr = dkr_.f32(), *dq = dq_.f32(), *dk = dk_.f32(), *dv = dv_.f32();
     std::memset(dqr, 0, N * c.q_dim() * sizeof(float));
     std::memset(dkr, 0, N * c.kv_dim() * sizeof(float));
@@ -255,9 +258,9 @@ void Qwen3Model::backward() {
     rmsnorm_->backward(dqr, g.q_norm, dq, a.q_raw, w.q_norm, a.q_rstd, N * nH, hd);
     rmsnorm_->backward(dkr, g.k_norm, dk, a.k_raw, w.k_norm, a.k_rstd, N * nKV, hd);
     std::memset(dln, 0, N * H * sizeof(float));
-    matmul_->backward(dln, g.wq, dqr, a.ln1, w.wq, N, H, c.q_dim(), true);
-    matmul_->backward(dln, g.wk, dkr, a.ln1, w.wk, N, H, c.kv_dim(), true);
-    matmul_->backward(dln, g.wv, dv, a.ln1, w.wv, N, H, c.kv_dim(), true);
+    matmul_->backward(dln, g.wq, dqr, a.ln1, w.wq, N, H, c.q_dim(), acc_dw);
+    matmul_->backward(dln, g.wk, dkr, a.ln1, w.wk, N, H, c.kv_dim(), acc_dw);
+    matmul_->backward(dln, g.wv, dv, a.ln1, w.wv, N, H, c.kv_dim(), acc_dw);
     rmsnorm_->backward(dresid, g.input_norm, dln, a.resid_in, w.input_norm, a.rstd1, N, H);
     finish_grads(static_cast<int>(l) + 1);
     release_params(static_cast<int>(l) + 1);
@@ -308,7 +311,7 @@ void Qwen3Model::moe_forward_layer(int64_t l, float* out, bool count_tokens, boo
 }
 
 // Backward of the sparse MLP of layer l: dresid (N,H) is d(layer output); writes d(ln2) into dln_.
-void Qwen3Model::moe_backward_layer(int64_t l, float* dresid, float aux_scale) {
+void Qwen3Model::moe_backward_layer(int64_t l, float* dresid, float aux_scale, bool acc_dw) {
   const auto& c = config_;
   const int64_t N = B_ * T_, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok,
                 Im = c.moe_intermediate_size;
@@ -332,7 +335,7 @@ void Qwen3Model::moe_backward_layer(int64_t l, float* dresid, float aux_scale) {
   }
   float* dlogits = dlogits_router_.f32();
   moe_router::backward(dlogits, a.router_probs, a.topk_idx, dtw, dbias, N, E, k, c.norm_topk_prob);
-  matmul_->backward(dln, g.router, dlogits, a.ln2, w.router, N, H, E, true);
+  matmul_->backward(dln, g.router, dlogits, a.ln2, w.router, N, H, E, acc_dw);
 }
 
 // Expert-parallel experts of sparse layer l (forward). Every (token, expert) slot becomes one row
