@@ -254,8 +254,8 @@ TEST(Kernels, SwigluEmbeddingCrossEntropyAdamWAllImplementations) {
   std::vector<float> p_r = p0, m_r(50, 0), v_r(50, 0), grad_clipped = grad;
   for (auto& x : grad_clipped) x *= clip;
   for (int s = 1; s <= 3; ++s)
-    aref.step(p_r.data(), grad_clipped.data(), m_r.data(), v_r.data(), 50, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, s,
-              1.0f);
+    aref.step(p_r.data(), grad_clipped.data(), m_r.data(), v_r.data(), 50, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f,
+              s, 1.0f);
   for (auto& name : impls<AdamWKernels>()) {
     std::vector<float> p = p0, m(50, 0), v(50, 0), g = grad;
     for (int s = 1; s <= 3; ++s)
@@ -343,46 +343,62 @@ TEST(Kernels, ReferenceBackwardMatchesFiniteDifferences) {
 }
 
 // MoE experts: random routing with repeated experts, an expert with no tokens, and one with most of them.
-TEST(Kernels, MoeExpertsAllImplementations) {
-  const int64_t N = 23, k = 3, E = 6, H = 10, I = 7, R = N * k;
-  auto x = randn(N * H, 40), wgu = randn(E * 2 * I * H, 41, 0.3f), wdown = randn(E * H * I, 42, 0.3f),
-       dout = randn(N * H, 43);
-  std::vector<int32_t> idx(R);
-  std::vector<float> w(R);
-  std::mt19937_64 rng(44);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t s = 0; s < k; ++s) {
-      // distinct experts per token, never expert 4, expert 0 for most tokens
-      int32_t e;
-      do e = s == 0 && n % 4 != 0 ? 0 : int32_t(rng() % E);
-      while (e == 4 || std::find(idx.begin() + n * k, idx.begin() + n * k + s, e) != idx.begin() + n * k + s);
-      idx[n * k + s] = e;
-      w[n * k + s] = 0.1f + float(rng() % 1000) / 1000.0f;
-    }
-  auto run = [&](const MoeExpertsKernels& kk, std::vector<float>& out, std::vector<float>& dx,
-                 std::vector<float>& dw, std::vector<float>& dwgu, std::vector<float>& dwdown) {
+struct MoeCase {
+  static constexpr int64_t N = 23, k = 3, E = 6, H = 10, I = 7, R = N * k;
+  std::vector<float> x = randn(N * H, 40), wgu = randn(E * 2 * I * H, 41, 0.3f),
+                     wdown = randn(E * H * I, 42, 0.3f), dout = randn(N * H, 43), w = std::vector<float>(R);
+  std::vector<int32_t> idx = std::vector<int32_t>(R);
+  MoeCase() {
+    std::mt19937_64 rng(44);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t s = 0; s < k; ++s) {
+        // distinct experts per token, never expert 4, expert 0 for most tokens
+        int32_t e;
+        do e = s == 0 && n % 4 != 0 ? 0 : int32_t(rng() % E);
+        while (e == 4 ||
+               std::find(idx.begin() + n * k, idx.begin() + n * k + s, e) != idx.begin() + n * k + s);
+        idx[n * k + s] = e;
+        w[n * k + s] = 0.1f + float(rng() % 1000) / 1000.0f;
+      }
+  }
+  // Forward, then backward into gradients holding other values first (they accumulate).
+  struct Result {
+    std::vector<float> out, dx, dw, dwgu, dwdown;
+  };
+  template <class Kernels>
+  Result run(const Kernels& kk) const {
     std::vector<float> gu(R * 2 * I), act(R * I), scratch(moe_experts_scratch_floats(N, k, H, I));
     std::vector<int32_t> order(R), row_of(R), offsets(E + 1);
     MoeExpertsBuffers buf{gu.data(), act.data(), order.data(), row_of.data(), offsets.data(), scratch.data()};
-    out.assign(N * H, 9.0f);  // forward overwrites
-    dx.assign(N * H, 0.5f), dw.assign(R, 0.25f), dwgu.assign(wgu.size(), 0.1f),
-        dwdown.assign(wdown.size(), -0.1f);
-    kk.forward(out.data(), buf, x.data(), idx.data(), w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
-    kk.backward(dx.data(), dw.data(), dwgu.data(), dwdown.data(), buf, dout.data(), x.data(), idx.data(),
-                w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
-  };
-  std::vector<float> out_r, dx_r, dw_r, dwgu_r, dwdown_r;
-  run(get_kernel<MoeExpertsKernels>(DeviceType::CPU, "reference"), out_r, dx_r, dw_r, dwgu_r, dwdown_r);
-  ASSERT_GE(impls<MoeExpertsKernels>().size(), 2u);
-  for (auto& name : impls<MoeExpertsKernels>()) {
-    std::vector<float> out, dx, dw, dwgu, dwdown;
-    run(get_kernel<MoeExpertsKernels>(DeviceType::CPU, name), out, dx, dw, dwgu, dwdown);
-    EXPECT_LE(rel(out, out_r), kTol) << name;
-    EXPECT_LE(rel(dx, dx_r), kTol) << name;
-    EXPECT_LE(rel(dw, dw_r), kTol) << name;
-    EXPECT_LE(rel(dwgu, dwgu_r), kTol) << name;
-    EXPECT_LE(rel(dwdown, dwdown_r), kTol) << name;
+    Result r;
+    r.out.assign(N * H, 9.0f);  // forward overwrites
+    r.dx.assign(N * H, 0.5f), r.dw.assign(R, 0.25f), r.dwgu.assign(wgu.size(), 0.1f),
+        r.dwdown.assign(wdown.size(), -0.1f);
+    kk.forward(r.out.data(), buf, x.data(), idx.data(), w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
+    kk.backward(r.dx.data(), r.dw.data(), r.dwgu.data(), r.dwdown.data(), buf, dout.data(), x.data(),
+                idx.data(), w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
+    return r;
   }
+  static void expect_near(const Result& a, const Result& b, double tol, const std::string& label) {
+    EXPECT_LE(rel(a.out, b.out), tol) << label;
+    EXPECT_LE(rel(a.dx, b.dx), tol) << label;
+    EXPECT_LE(rel(a.dw, b.dw), tol) << label;
+    EXPECT_LE(rel(a.dwgu, b.dwgu), tol) << label;
+    EXPECT_LE(rel(a.dwdown, b.dwdown), tol) << label;
+  }
+};
+
+TEST(Kernels, MoeExpertsAllImplementations) {
+  const MoeCase c;
+  constexpr int64_t N = MoeCase::N, k = MoeCase::k, E = MoeCase::E, H = MoeCase::H, I = MoeCase::I,
+                    R = MoeCase::R;
+  auto x = c.x, wgu = c.wgu, wdown = c.wdown, w = c.w;  // perturbed by the finite differences below
+  const auto& dout = c.dout;
+  const auto& idx = c.idx;
+  const auto want = c.run(get_kernel<MoeExpertsKernels>(DeviceType::CPU, "reference"));
+  ASSERT_GE(impls<MoeExpertsKernels>().size(), 2u);
+  for (auto& name : impls<MoeExpertsKernels>())
+    MoeCase::expect_near(c.run(get_kernel<MoeExpertsKernels>(DeviceType::CPU, name)), want, kTol, name);
   // Reference backward against finite differences of L = sum(out * dout).
   const auto& ref = get_kernel<MoeExpertsKernels>(DeviceType::CPU, "reference");
   std::vector<float> gu(R * 2 * I), act(R * I), scratch(moe_experts_scratch_floats(N, k, H, I)), out(N * H);
@@ -402,6 +418,34 @@ TEST(Kernels, MoeExpertsAllImplementations) {
   EXPECT_LE(fd_check(w, dw, loss), 2e-3);
   EXPECT_LE(fd_check(wgu, dwgu, loss), 2e-3);
   EXPECT_LE(fd_check(wdown, dwdown, loss), 2e-3);
+}
+
+// bf16 routed experts: every engine equals its oracle (the same pipeline on bf16-rounded GEMM operands with
+// double accumulation), which is within bf16 rounding of the f32 experts; a registered bf16 image of the
+// expert weights gives the same result as converting them.
+TEST(Kernels, MoeExpertsBf16AllImplementations) {
+  const MoeCase c;
+  const auto want = c.run(get_kernel<MoeExpertsBf16Kernels>(DeviceType::CPU, "reference"));
+  for (auto& name : impls<MoeExpertsBf16Kernels>())
+    MoeCase::expect_near(c.run(get_kernel<MoeExpertsBf16Kernels>(DeviceType::CPU, name)), want, kTol, name);
+  const auto f32 = c.run(get_kernel<MoeExpertsKernels>(DeviceType::CPU, "reference"));
+  MoeCase::expect_near(want, f32, 2e-2, "bf16 oracle vs f32");
+  EXPECT_GT(rel(want.out, f32.out), 0.0);  // really rounded
+  std::vector<uint16_t> gu_image(c.wgu.size()), down_image(c.wdown.size());
+  for (size_t i = 0; i < c.wgu.size(); ++i) gu_image[i] = f32_to_bf16(c.wgu[i]);
+  for (size_t i = 0; i < c.wdown.size(); ++i) down_image[i] = f32_to_bf16(c.wdown[i]);
+  for (auto& name : impls<MoeExpertsBf16Kernels>()) {
+    const auto& kk = get_kernel<MoeExpertsBf16Kernels>(DeviceType::CPU, name);
+    const auto converted = c.run(kk);
+    register_bf16_image(c.wgu.data(), static_cast<int64_t>(c.wgu.size()), gu_image.data());
+    register_bf16_image(c.wdown.data(), static_cast<int64_t>(c.wdown.size()), down_image.data());
+    const auto from_image = c.run(kk);
+    unregister_bf16_image(c.wgu.data());
+    unregister_bf16_image(c.wdown.data());
+    EXPECT_EQ(converted.out, from_image.out) << name;
+    EXPECT_EQ(converted.dx, from_image.dx) << name;
+    EXPECT_EQ(converted.dwgu, from_image.dwgu) << name;
+  }
 }
 
 // rope_qk against the reference, and the reference against the per-tensor rope reference.
@@ -436,9 +480,9 @@ TEST(Kernels, RopeQKAllImplementations) {
 
 // Every registered op has an all-implementations test above; a new op must add one here.
 TEST(KernelRegistry, EveryRegisteredOpIsCoveredByATest) {
-  const std::vector<std::string> covered = {"adamw",  "attention",   "cross_entropy", "embedding",
-                                            "matmul", "matmul_bf16", "moe_experts",   "rmsnorm",
-                                            "rope",   "rope_qk",     "swiglu"};
+  const std::vector<std::string> covered = {"adamw",   "attention",   "cross_entropy", "embedding",
+                                            "matmul",  "matmul_bf16", "moe_experts",   "moe_experts_bf16",
+                                            "rmsnorm", "rope",        "rope_qk",       "swiglu"};
   for (auto& op : KernelRegistry::global().ops())
     EXPECT_NE(std::find(covered.begin(), covered.end(), op), covered.end())
         << "op '" << op << "' has no all-implementations test in tests/test_kernels.cpp";

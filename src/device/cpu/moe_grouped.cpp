@@ -8,17 +8,137 @@
 //   backward: gather dout (R,H) -> G_e = D_e W_down_e -> dw = <G, act>, dact = w G, wact = w act
 //             -> dW_down_e += D_e^T wact_e -> dGU = swiglu'(dact) -> gather x -> dW_gu_e += dGU_e^T X_e
 //             -> dX_e = dGU_e W_gu_e -> dx[n] += sum_s dX[row_of[n,s]]
+//
+// The GEMM engine is a template parameter: "grouped" (op moe_experts) runs BLAS; op moe_experts_bf16 runs
+// the same pipeline on bf16 operands, "reference" (rounded operands, double accumulation: the oracle) and
+// "onednn" (oneDNN matmul with the row count as a runtime dimension, one primitive per GEMM kind).
 #include <cblas.h>
 #include <omp.h>
 
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
 
+#include "core/dtype.h"
+#include "core/error.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 
+#ifdef TITAN_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
 namespace titan {
 namespace {
+
+// Every GEMM of the pipeline: C (M,N) = op(A) op(B) + beta C, row-major, beta 0 or 1. The operands are
+// stored densely (lda = the stored row length), which the bf16 engines rely on.
+struct BlasGemm {
+  void operator()(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) const {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f,
+                A, lda, B, ldb, beta, C, ldc);
+  }
+};
+
+// bf16 oracle: operands rounded to bf16, double accumulation.
+struct Bf16ReferenceGemm {
+  void operator()(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) const {
+    auto rb = [](float x) { return (double)bf16_to_f32(f32_to_bf16(x)); };
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k)
+          acc += rb(ta ? A[k * lda + m] : A[m * lda + k]) * rb(tb ? B[n * ldb + k] : B[k * ldb + n]);
+        C[m * ldc + n] = (float)(beta == 0.0f ? acc : C[m * ldc + n] + acc);
+      }
+  }
+};
+
+#ifdef TITAN_HAVE_DNNL
+// oneDNN matmul on bf16 copies of the operands (a weight's registered bf16 image when there is one). The
+// row count varies per expert and step, so M and K are runtime dimensions: one primitive per GEMM kind
+// (transposes, N, strides, beta), not per shape.
+struct Bf16OneDnnGemm {
+  using memory = dnnl::memory;
+  static constexpr int64_t kRuntime = DNNL_RUNTIME_DIM_VAL;
+  struct Kind {
+    bool ta, tb;
+    int64_t N, lda, ldb, ldc;
+    bool accumulate;
+    bool operator<(const Kind& o) const {
+      return std::tie(ta, tb, N, lda, ldb, ldc, accumulate) <
+             std::tie(o.ta, o.tb, o.N, o.lda, o.ldb, o.ldc, o.accumulate);
+    }
+  };
+  static dnnl::engine& engine() {
+    static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    return eng;
+  }
+  static memory::dims a_strides(const Kind& k) {
+    return k.ta ? memory::dims{1, k.lda} : memory::dims{k.lda, 1};
+  }
+  static memory::dims b_strides(const Kind& k) {
+    return k.tb ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1};
+  }
+  // Primitives run concurrently (one expert per thread), so each thread brings its own scratchpad.
+  struct Primitive {
+    dnnl::matmul prim;
+    memory::desc scratchpad;
+  };
+  static const Primitive& primitive(const Kind& k) {
+    static std::mutex mu;
+    static std::map<Kind, Primitive> cache;
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(k);
+    if (it != cache.end()) return it->second;
+    const memory::desc a({kRuntime, kRuntime}, memory::data_type::bf16, a_strides(k));
+    const memory::desc b({kRuntime, k.N}, memory::data_type::bf16, b_strides(k));
+    const memory::desc c({kRuntime, k.N}, memory::data_type::f32, memory::dims{k.ldc, 1});
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (k.accumulate) {
+      dnnl::post_ops po;
+      po.append_sum(1.0f);
+      attr.set_post_ops(po);
+    }
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine());
+    return cache.emplace(k, Primitive{dnnl::matmul(pd), pd.scratchpad_desc()}).first->second;
+  }
+  static const uint16_t* to_bf16(std::vector<uint16_t>& buf, const float* x, int64_t n) {
+    if ((int64_t)buf.size() < n) buf.resize(n);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) buf[i] = f32_to_bf16(x[i]);
+    return buf.data();
+  }
+  void operator()(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) const {
+    TITAN_CHECK(lda == (ta ? M : K) && ldb == (tb ? K : N), "moe_experts_bf16: operands must be dense");
+    thread_local std::vector<uint16_t> a_buf, b_buf;
+    thread_local std::vector<uint8_t> scratch;
+    const uint16_t* a = to_bf16(a_buf, A, M * K);
+    const uint16_t* b = find_bf16_image(B, K * N);
+    if (!b) b = to_bf16(b_buf, B, K * N);
+    const Kind kind{ta, tb, N, lda, ldb, ldc, beta != 0.0f};
+    const Primitive& p = primitive(kind);
+    if (scratch.size() < p.scratchpad.get_size()) scratch.resize(p.scratchpad.get_size());
+    memory ma(memory::desc({M, K}, memory::data_type::bf16, a_strides(kind)), engine(),
+              const_cast<uint16_t*>(a));
+    memory mb(memory::desc({K, N}, memory::data_type::bf16, b_strides(kind)), engine(),
+              const_cast<uint16_t*>(b));
+    memory mc(memory::desc({M, N}, memory::data_type::f32, memory::dims{ldc, 1}), engine(), C);
+    dnnl::stream s(engine());
+    memory pad(p.scratchpad, engine(), scratch.data());
+    p.prim.execute(
+        s, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, pad}});
+    s.wait();
+  }
+};
+#endif
 
 // Stable counting sort of token slots by expert: order (R), row_of (R), offsets (E+1).
 void build_route_tables(const int32_t* idx, int64_t R, int64_t E, int32_t* order, int32_t* row_of,
@@ -59,17 +179,19 @@ void for_each_expert(const int32_t* offsets, int64_t E, F&& body) {
   }
 }
 
+template <class Gemm>
 void moe_forward(float* out, const MoeExpertsBuffers& buf, const float* x, const int32_t* idx, const float* w,
                  const float* w_gu, const float* w_down, int64_t N, int64_t k, int64_t E, int64_t H,
                  int64_t I) {
+  const Gemm gemm;
   const int64_t R = N * k;
   build_route_tables(idx, R, E, buf.order, buf.row_of, buf.offsets);
   float* xy = buf.scratch;  // (R,H): gathered inputs, then (per expert, after its GU GEMM) expert outputs
   gather_rows(xy, x, buf.order, R, k, H);
   for_each_expert(buf.offsets, E, [&](int64_t e, int64_t r0, int64_t rows) {
     // GU_e (rows,2I) = X_e (rows,H) @ W_gu_e^T
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, 2 * I, H, 1.0f, xy + r0 * H, H,
-                w_gu + e * 2 * I * H, H, 0.0f, buf.gu + r0 * 2 * I, 2 * I);
+    gemm(false, true, rows, 2 * I, H, xy + r0 * H, H, w_gu + e * 2 * I * H, H, 0.0f, buf.gu + r0 * 2 * I,
+         2 * I);
     for (int64_t r = r0; r < r0 + rows; ++r) {
       const float* g = buf.gu + r * 2 * I;
       float* a = buf.act + r * I;
@@ -77,8 +199,7 @@ void moe_forward(float* out, const MoeExpertsBuffers& buf, const float* x, const
       for (int64_t i = 0; i < I; ++i) a[i] = g[i] / (1.0f + std::exp(-g[i])) * g[I + i];
     }
     // Y_e (rows,H) = act_e (rows,I) @ W_down_e^T, written over X_e (no longer needed)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, H, I, 1.0f, buf.act + r0 * I, I,
-                w_down + e * H * I, I, 0.0f, xy + r0 * H, H);
+    gemm(false, true, rows, H, I, buf.act + r0 * I, I, w_down + e * H * I, I, 0.0f, xy + r0 * H, H);
   });
   // Unpermute + weighted combine; slots of a token summed in order s (deterministic).
 #pragma omp parallel for schedule(static)
@@ -94,9 +215,11 @@ void moe_forward(float* out, const MoeExpertsBuffers& buf, const float* x, const
   }
 }
 
+template <class Gemm>
 void moe_backward(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeExpertsBuffers& buf,
                   const float* dout, const float* x, const int32_t* idx, const float* w, const float* w_gu,
                   const float* w_down, int64_t N, int64_t k, int64_t E, int64_t H, int64_t I) {
+  const Gemm gemm;
   const int64_t R = N * k;
   float* d = buf.scratch;       // (R,H) gathered dout, later dX
   float* g = d + R * H;         // (R,I) down_e^T dout, then dact in place
@@ -106,8 +229,7 @@ void moe_backward(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeE
   gather_rows(d, dout, buf.order, R, k, H);
   for_each_expert(buf.offsets, E, [&](int64_t e, int64_t r0, int64_t rows) {
     // G_e (rows,I) = D_e (rows,H) @ W_down_e (H,I)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, I, H, 1.0f, d + r0 * H, H,
-                w_down + e * H * I, I, 0.0f, g + r0 * I, I);
+    gemm(false, false, rows, I, H, d + r0 * H, H, w_down + e * H * I, I, 0.0f, g + r0 * I, I);
     for (int64_t r = r0; r < r0 + rows; ++r) {
       const int32_t slot = buf.order[r];
       const float ws = w[slot];
@@ -130,17 +252,15 @@ void moe_backward(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeE
       }
     }
     // dW_down_e (H,I) += D_e^T (H,rows) @ wact_e (rows,I)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, I, rows, 1.0f, d + r0 * H, H, wact + r0 * I, I,
-                1.0f, dw_down + e * H * I, I);
+    gemm(true, false, H, I, rows, d + r0 * H, H, wact + r0 * I, I, 1.0f, dw_down + e * H * I, I);
   });
   gather_rows(xp, x, buf.order, R, k, H);
   for_each_expert(buf.offsets, E, [&](int64_t e, int64_t r0, int64_t rows) {
     // dW_gu_e (2I,H) += dGU_e^T (2I,rows) @ X_e (rows,H)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, 2 * I, H, rows, 1.0f, dgu + r0 * 2 * I, 2 * I,
-                xp + r0 * H, H, 1.0f, dw_gu + e * 2 * I * H, H);
+    gemm(true, false, 2 * I, H, rows, dgu + r0 * 2 * I, 2 * I, xp + r0 * H, H, 1.0f, dw_gu + e * 2 * I * H,
+         H);
     // dX_e (rows,H) = dGU_e (rows,2I) @ W_gu_e (2I,H), over the gathered dout rows of this expert
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, H, 2 * I, 1.0f, dgu + r0 * 2 * I, 2 * I,
-                w_gu + e * 2 * I * H, H, 0.0f, d + r0 * H, H);
+    gemm(false, false, rows, H, 2 * I, dgu + r0 * 2 * I, 2 * I, w_gu + e * 2 * I * H, H, 0.0f, d + r0 * H, H);
   });
   // Unpermute: dx[n] += sum_s dX[row_of[n,s]]
 #pragma omp parallel for schedule(static)
@@ -154,8 +274,15 @@ void moe_backward(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeE
   }
 }
 
-const MoeExpertsKernels kMoeGrouped{moe_forward, moe_backward};
+const MoeExpertsKernels kMoeGrouped{moe_forward<BlasGemm>, moe_backward<BlasGemm>};
 TITAN_REGISTER_KERNEL(MoeExpertsKernels, CPU, "grouped", kMoeGrouped, 10);
+const MoeExpertsBf16Kernels kMoeBf16Reference{moe_forward<Bf16ReferenceGemm>,
+                                              moe_backward<Bf16ReferenceGemm>};
+TITAN_REGISTER_KERNEL(MoeExpertsBf16Kernels, CPU, "reference", kMoeBf16Reference, 0);
+#ifdef TITAN_HAVE_DNNL
+const MoeExpertsBf16Kernels kMoeBf16OneDnn{moe_forward<Bf16OneDnnGemm>, moe_backward<Bf16OneDnnGemm>};
+TITAN_REGISTER_KERNEL(MoeExpertsBf16Kernels, CPU, "onednn", kMoeBf16OneDnn, 10);
+#endif
 
 }  // namespace
 }  // namespace titan

@@ -38,6 +38,10 @@ void Qwen3Model::set_bf16_compute(bool on) {
   if (!on)
     for (int g = 0; g < static_cast<int>(bf16_image_base_.size()); ++g) drop_bf16_image(g);
   kernel_names_["matmul"] = on && matmul_bf16_.forward ? "bf16:" + matmul_bf16_name_ : matmul_f32_name_;
+  if (moe_f32_) {  // the routed experts likewise (op moe_experts_bf16)
+    moe_ = on && moe_bf16_.forward ? &moe_bf16_ : moe_f32_;
+    kernel_names_["moe_experts"] = on && moe_bf16_.forward ? "bf16:" + moe_bf16_name_ : moe_f32_name_;
+  }
   if (on)
     for (auto& t : flat_params_)
       if (t.defined()) round_bf16(t.f32(), t.numel());
@@ -138,7 +142,17 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
   swiglu_ = pick<SwigluKernels>(dev, kernels, kernel_names_);
   embedding_ = pick<EmbeddingKernels>(dev, kernels, kernel_names_);
   cross_entropy_ = pick<CrossEntropyKernels>(dev, kernels, kernel_names_);
-  if (config_.is_moe()) moe_ = pick<MoeExpertsKernels>(dev, kernels, kernel_names_);
+  if (config_.is_moe()) {
+    moe_ = moe_f32_ = pick<MoeExpertsKernels>(dev, kernels, kernel_names_);
+    moe_f32_name_ = kernel_names_["moe_experts"];
+    // The bf16 expert engine for mixed precision, chosen as the bf16 matmul engine above.
+    std::map<std::string, std::string> names;
+    const MoeExpertsBf16Kernels* mm = pick<MoeExpertsBf16Kernels>(dev, kernels, names);
+    if (kernels.count("moe_experts_bf16") || names["moe_experts_bf16"] != "reference") {
+      moe_bf16_ = MoeExpertsKernels{mm->forward, mm->backward};
+      moe_bf16_name_ = names["moe_experts_bf16"];
+    }
+  }
 
   const auto& c = config_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim, L = c.num_hidden_layers;

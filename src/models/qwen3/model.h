@@ -252,7 +252,10 @@ class Qwen3Model {
   const RmsNormKernels* rmsnorm_;
   const RopeKernels* rope_;
   const RopeQKKernels* rope_qk_ = nullptr;  // null: rope_ on q, then on k
-  const MoeExpertsKernels* moe_ = nullptr;
+  const MoeExpertsKernels* moe_ = nullptr;  // moe_f32_, or &moe_bf16_ under bf16 compute
+  const MoeExpertsKernels* moe_f32_ = nullptr;
+  MoeExpertsKernels moe_bf16_{};  // the moe_experts_bf16 engine (null when only the reference exists)
+  std::string moe_f32_name_, moe_bf16_name_;
   const AttentionKernels* attention_;
   const SwigluKernels* swiglu_;
   const EmbeddingKernels* embedding_;
