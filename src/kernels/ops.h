@@ -138,14 +138,8 @@ struct MoeExpertsKernels {
 // `training.mixed_precision_param = "bfloat16"`): every GEMM input of the implementation's pipeline is
 // rounded to bf16 (nearest even) first; routing, SwiGLU and the combine stay f32. Same buffers and
 // conventions as MoeExpertsKernels.
-struct MoeExpertsBf16Kernels {
+struct MoeExpertsBf16Kernels : MoeExpertsKernels {
   static constexpr const char* kOp = "moe_experts_bf16";
-  void (*forward)(float* out, const MoeExpertsBuffers& buf, const float* x, const int32_t* idx,
-                  const float* w, const float* w_gu, const float* w_down, int64_t N, int64_t k, int64_t E,
-                  int64_t H, int64_t I);
-  void (*backward)(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeExpertsBuffers& buf,
-                   const float* dout, const float* x, const int32_t* idx, const float* w, const float* w_gu,
-                   const float* w_down, int64_t N, int64_t k, int64_t E, int64_t H, int64_t I);
 };
 
 // RoPE of q and k in one call (rotate-half, position t = row % T, tables as for RopeKernels).

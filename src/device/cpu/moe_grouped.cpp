@@ -280,7 +280,7 @@ const MoeExpertsBf16Kernels kMoeBf16Reference{moe_forward<Bf16ReferenceGemm>,
                                               moe_backward<Bf16ReferenceGemm>};
 TITAN_REGISTER_KERNEL(MoeExpertsBf16Kernels, CPU, "reference", kMoeBf16Reference, 0);
 #ifdef TITAN_HAVE_DNNL
-const MoeExpertsBf16Kernels kMoeBf16OneDnn{moe_forward<Bf16OneDnnGemm>, moe_backward<Bf16OneDnnGemm>};
+const MoeExpertsBf16Kernels kMoeBf16OneDnn{{moe_forward<Bf16OneDnnGemm>, moe_backward<Bf16OneDnnGemm>}};
 TITAN_REGISTER_KERNEL(MoeExpertsBf16Kernels, CPU, "onednn", kMoeBf16OneDnn, 10);
 #endif
 

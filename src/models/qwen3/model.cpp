@@ -23,6 +23,17 @@ const K* pick(DeviceType dev, const KernelChoice& choice, std::map<std::string, 
   names[K::kOp] = impl;
   return &get_kernel<K>(dev, impl);
 }
+// The bf16 engine of a mixed-precision op (matmul_bf16, moe_experts_bf16): a configured one, else the
+// default unless that is only the reference loops (then mixed precision keeps emulating bf16 with the f32
+// kernels: null).
+template <class K>
+const K* pick_bf16_engine(DeviceType dev, const KernelChoice& choice, std::string& name) {
+  std::map<std::string, std::string> names;
+  const K* k = pick<K>(dev, choice, names);
+  if (!choice.count(K::kOp) && names[K::kOp] == "reference") return nullptr;
+  name = names[K::kOp];
+  return k;
+}
 // Rounds to the nearest bfloat16 value, kept in f32 storage.
 void round_bf16(float* x, int64_t n) {
 #pragma omp parallel for simd schedule(static)
@@ -99,16 +110,8 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
   const DeviceType dev = DeviceType::CPU;
   matmul_ = matmul_f32_ = pick<MatmulKernels>(dev, kernels, kernel_names_);
   matmul_f32_name_ = kernel_names_["matmul"];
-  {
-    // The bf16 GEMM engine for mixed precision: a configured one, else the default unless that is only the
-    // reference loops (then mixed precision keeps emulating bf16 with the f32 GEMMs).
-    std::map<std::string, std::string> names;
-    const MatmulBf16Kernels* mm = pick<MatmulBf16Kernels>(dev, kernels, names);
-    if (kernels.count("matmul_bf16") || names["matmul_bf16"] != "reference") {
-      matmul_bf16_ = MatmulKernels{mm->forward, mm->backward};
-      matmul_bf16_name_ = names["matmul_bf16"];
-    }
-  }
+  if (const MatmulBf16Kernels* mm = pick_bf16_engine<MatmulBf16Kernels>(dev, kernels, matmul_bf16_name_))
+    matmul_bf16_ = MatmulKernels{mm->forward, mm->backward};
   rmsnorm_ = pick<RmsNormKernels>(dev, kernels, kernel_names_);
   // The model rotates q and k with one "rope_qk" call. A choice for "rope" names either a rope_qk
   // implementation ("fused", "reference") or a plain per-tensor rope implementation ("fast"), applied to q
@@ -145,13 +148,9 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
   if (config_.is_moe()) {
     moe_ = moe_f32_ = pick<MoeExpertsKernels>(dev, kernels, kernel_names_);
     moe_f32_name_ = kernel_names_["moe_experts"];
-    // The bf16 expert engine for mixed precision, chosen as the bf16 matmul engine above.
-    std::map<std::string, std::string> names;
-    const MoeExpertsBf16Kernels* mm = pick<MoeExpertsBf16Kernels>(dev, kernels, names);
-    if (kernels.count("moe_experts_bf16") || names["moe_experts_bf16"] != "reference") {
-      moe_bf16_ = MoeExpertsKernels{mm->forward, mm->backward};
-      moe_bf16_name_ = names["moe_experts_bf16"];
-    }
+    if (const MoeExpertsBf16Kernels* mm =
+            pick_bf16_engine<MoeExpertsBf16Kernels>(dev, kernels, moe_bf16_name_))
+      moe_bf16_ = *mm;
   }
 
   const auto& c = config_;
