@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/ops.h"
+
 namespace titan {
 
 struct StepMetrics {
@@ -34,8 +36,9 @@ class MetricsLogger {
   double elapsed_ = 0;
 };
 
-// Measured SGEMM rate (TFLOP/s) of the BLAS in use with the current thread count.
-double measure_gemm_tflops();
+// Measured rate (TFLOP/s) of a GEMM engine with the current thread count: the best of 3 square 2048
+// products out = inp @ w^T after a warm-up (the MFU denominator of a run: its model's engine).
+double measure_gemm_tflops(const MatmulKernels& engine);
 // Physical memory of this machine in bytes.
 int64_t physical_memory_bytes();
 

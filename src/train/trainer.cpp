@@ -282,11 +282,6 @@ TrainResult run_training(const TrainConfig& cfg) {
       load_model_from_checkpoint(model, cfg.checkpoint.initial_load_path, lead);
     }
   }
-  if (lead) {
-    std::printf("kernels:");
-    for (auto& [op, impl] : model.kernel_names()) std::printf(" %s=%s", op.c_str(), impl.c_str());
-    std::printf("\n");
-  }
   const bool bf16 = cfg.training.mixed_precision_param == "bfloat16";
   // bf16 compute with f32 master weights: AdamW steps the master copy, the model computes with its
   // bf16-rounded image (refreshed after every step).
@@ -299,7 +294,7 @@ TrainResult run_training(const TrainConfig& cfg) {
     model.set_bf16_compute(true);
     if (lead)
       std::printf(
-          "mixed precision: bf16 compute (f32 kernels on bf16-rounded operands), f32 master weights\n");
+          "mixed precision: bf16 compute (bf16 GEMM operands, f32 accumulation), f32 master weights\n");
   }
   // Data parallelism (DDP / FSDP / HSDP from the replicate x shard degrees); with one rank a no-op.
   dist::DataParallelPlan dp(pg, static_cast<int>(plan.dp_replicate), static_cast<int>(plan.dp_shard),
@@ -313,6 +308,11 @@ TrainResult run_training(const TrainConfig& cfg) {
       model.set_bf16_compute(true);  // gathered groups are rounded to bf16
       if (lead) std::printf("mixed precision: bf16 compute, f32 master weights in the FSDP shards\n");
     }
+  }
+  if (lead) {  // after the mixed-precision switch, which picks the bf16 engines
+    std::printf("kernels:");
+    for (auto& [op, impl] : model.kernel_names()) std::printf(" %s=%s", op.c_str(), impl.c_str());
+    std::printf("\n");
   }
   // bf16 with full buffers: the model computes with the bf16-rounded image of the f32 master weights.
   auto refresh_bf16_model = [&] {
@@ -381,10 +381,12 @@ TrainResult run_training(const TrainConfig& cfg) {
   if (peak_tflops > 0) {
     if (lead) std::printf("MFU peak: %.3f TFLOP/s (metrics.peak_tflops)\n", peak_tflops);
   } else {
-    peak_tflops = measure_gemm_tflops();
+    peak_tflops = measure_gemm_tflops(model.matmul_kernels());
     if (lead)
-      std::printf("MFU peak: %.3f TFLOP/s (measured SGEMM rate of the BLAS, %d threads)\n", peak_tflops,
-                  device_interface(DeviceType::CPU).num_threads());
+      std::printf(
+          "MFU peak: %.3f TFLOP/s (measured rate of the model's GEMM engine, matmul=%s, %d threads)\n",
+          peak_tflops, model.kernel_names()["matmul"].c_str(),
+          device_interface(DeviceType::CPU).num_threads());
   }
   MetricsLogger metrics(
       cfg.metrics.enable_jsonl && lead ? (fs::path(cfg.job.dump_folder) / "metrics.jsonl").string() : "",

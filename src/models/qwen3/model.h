@@ -114,6 +114,8 @@ class Qwen3Model {
   ParamStreamer* param_streamer() const { return streamer_; }
   int64_t num_params() const;
   std::map<std::string, std::string> kernel_names() const { return kernel_names_; }
+  // The GEMM engine the layers and head run on now (f32, or the bf16 engine under bf16 compute).
+  const MatmulKernels& matmul_kernels() const { return *matmul_; }
 
   // HF init: Linear/Embedding ~ N(0, initializer_range), RMSNorm weights 1 (deterministic by seed).
   void init_weights(uint64_t seed);
