@@ -29,6 +29,10 @@ inline float bf16_to_f32(uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+// The nearest bfloat16 value of f, as a float (what a bf16 GEMM operand holds).
+inline float round_to_bf16(float f) {
+  return bf16_to_f32(f32_to_bf16(f));
+}
 // IEEE half -> float (for reading F16 checkpoints).
 float f16_to_f32(uint16_t h);
 

@@ -21,7 +21,7 @@ namespace titan {
 namespace {
 
 double rb(float x) {
-  return bf16_to_f32(f32_to_bf16(x));
+  return round_to_bf16(x);
 }
 
 void ref_forward(float* out, const float* inp, const float* w, int64_t N, int64_t C, int64_t OC) {

@@ -48,12 +48,12 @@ struct BlasGemm {
 struct Bf16ReferenceGemm {
   void operator()(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                   const float* B, int64_t ldb, float beta, float* C, int64_t ldc) const {
-    auto rb = [](float x) { return (double)bf16_to_f32(f32_to_bf16(x)); };
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) {
         double acc = 0;
         for (int64_t k = 0; k < K; ++k)
-          acc += rb(ta ? A[k * lda + m] : A[m * lda + k]) * rb(tb ? B[n * ldb + k] : B[k * ldb + n]);
+          acc += (double)round_to_bf16(ta ? A[k * lda + m] : A[m * lda + k]) *
+                 round_to_bf16(tb ? B[n * ldb + k] : B[k * ldb + n]);
         C[m * ldc + n] = (float)(beta == 0.0f ? acc : C[m * ldc + n] + acc);
       }
   }
@@ -90,7 +90,16 @@ struct Bf16OneDnnGemm {
     dnnl::matmul prim;
     memory::desc scratchpad;
   };
+  // The shared cache is locked only on a thread's first use of a kind; later calls hit its own map.
   static const Primitive& primitive(const Kind& k) {
+    thread_local std::map<Kind, const Primitive*> seen;
+    auto hit = seen.find(k);
+    if (hit != seen.end()) return *hit->second;
+    const Primitive& p = shared_primitive(k);
+    seen.emplace(k, &p);
+    return p;
+  }
+  static const Primitive& shared_primitive(const Kind& k) {
     static std::mutex mu;
     static std::map<Kind, Primitive> cache;
     std::lock_guard<std::mutex> lock(mu);
