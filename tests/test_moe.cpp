@@ -12,6 +12,7 @@
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "models/qwen3/model.h"
+#include "support/golden.h"
 #include "support/testing.h"
 #include "train/forward_tool.h"
 
@@ -55,38 +56,31 @@ ForwardToolOptions golden_options(const std::string& dir, const std::string& out
 // Compares a `titan forward` output with expected.safetensors at the stated tolerances.
 void expect_matches_fixture(const std::string& got_path, const std::string& dir, const std::string& label,
                             bool steps) {
-  SafetensorsFile got(got_path), want(dir + "/expected.safetensors");
+  SafetensorsFile got(got_path);
+  testing::GoldenParams params(dir);
+  const SafetensorsFile& want = params.want();
   if (steps) {
     std::vector<std::string> got_keys, want_keys;
     for (auto& [k, _] : got.entries()) got_keys.push_back(k);
     for (auto& [k, _] : want.entries()) want_keys.push_back(k);
     EXPECT_EQ(got_keys, want_keys) << label;
   }
-  double param_diff = 0, param_ref = 0;
   for (auto& [key, _] : want.entries()) {
     if (!steps && (key == "losses" || key.starts_with("param."))) continue;
     if (!got.contains(key)) {
       ADD_FAILURE() << label << ": missing " << key;
       continue;
     }
-    Tensor a = got.load(key), b = want.load(key);
-    ASSERT_EQ(a.numel(), b.numel()) << key;
     if (key.starts_with("param.")) {
-      // <= 1e-5 over all parameters together (below); per tensor 1e-4 (see tests/test_model.cpp).
-      EXPECT_LE(rel_error(a, b), 1e-4) << label << " " << key;
-      for (int64_t i = 0; i < a.numel(); ++i) {
-        const double d = double(a.f32()[i]) - b.f32()[i];
-        param_diff += d * d;
-        param_ref += double(b.f32()[i]) * b.f32()[i];
-      }
+      params.expect_close(key, got.load(key), label);  // support/golden.h
       continue;
     }
+    Tensor a = got.load(key), b = want.load(key);
+    ASSERT_EQ(a.numel(), b.numel()) << key;
     const double tol = key == "logits" ? 1e-5 : key.starts_with("grad.") ? 1e-4 : 1e-6;  // loss, aux, losses
     EXPECT_LE(rel_error(a, b), tol) << label << " " << key;
   }
-  if (steps) {
-    EXPECT_LE(std::sqrt(param_diff / param_ref), 1e-5) << label << " parameters after the AdamW steps";
-  }
+  if (steps) params.expect_total_close(label);
 }
 
 class GoldenQwen3Moe : public ::testing::TestWithParam<std::string> {};
@@ -101,6 +95,28 @@ TEST_P(GoldenQwen3Moe, MatchesTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenQwen3Moe, ::testing::ValuesIn(golden_cases()),
                          [](const auto& info) { return info.param; });
+
+// Every attention implementation reproduces every fixture, AdamW steps included (the parameters are
+// judged against the float64 run: support/golden.h).
+class GoldenQwen3MoeAttention
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(GoldenQwen3MoeAttention, MatchesTransformers) {
+  const auto& [fixture, attention] = GetParam();
+  const std::string dir = source_path("tests/golden/qwen3_moe/" + fixture);
+  TempDir tmp;
+  ForwardToolOptions o = golden_options(dir, tmp / "out.safetensors", true);
+  o.kernels["attention"] = attention;
+  run_forward_tool(o);
+  expect_matches_fixture(o.output_path, dir, fixture + " attention=" + attention, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenQwen3MoeAttention,
+                         ::testing::Combine(::testing::ValuesIn(golden_cases()),
+                                            ::testing::Values("flash", "flash_onednn", "blas", "reference")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
 
 // The per-token reference kernels (experts, rope) reproduce the fixtures too.
 TEST(Qwen3MoeGolden, ReferenceKernelsMatchFixture) {

@@ -15,6 +15,8 @@ the C++ implementation must reproduce:
       grad.<hf name>        one per model.named_parameters() after backward
       losses                [steps]  loss before each AdamW step
       param.<hf name>       one per model.named_parameters() after all steps
+    expected_f64.safetensors            the same AdamW steps run by HF in float64
+      param.<hf name>       float64; the truth the float32 parameters are measured against
 
 Usage:
   python tools/golden/make_qwen3_golden.py [--out tests/golden/qwen3] [--case NAME ...]
@@ -31,6 +33,7 @@ import safetensors
 import safetensors.torch
 import torch
 import transformers
+from float64_truth import Float64Mode, adamw_steps
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -215,6 +218,41 @@ def compute_expected(c, init_state, ids, labels):
     return out, norms
 
 
+def float64_params(c, init_state, ids, labels):
+    """The same STEPS AdamW steps with clipping, HF model and optimizer in float64.
+
+    Adam divides by sqrt(v): where a gradient element cancels to round-off, its update takes its
+    sign from that round-off, so two correct float32 runs differ per tensor by more than 1e-4.
+    This run is the truth both are measured against. HF's own float32 upcasts (RMSNorm, rotary,
+    softmax, loss) are made float64 too (tools/golden/float64_truth.py)."""
+    with Float64Mode():
+        model = make_model(c)
+        model.to(torch.float64)
+        model.load_state_dict({k: v.double() for k, v in init_state.items()})
+        assert model.model.rotary_emb.inv_freq.dtype == torch.float64
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], betas=BETAS, eps=EPS,
+                                weight_decay=c["weight_decay"])
+        for _ in range(STEPS):
+            opt.zero_grad()
+            loss = model(input_ids=ids, labels=labels).loss
+            assert loss.dtype == torch.float64
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), c["max_norm"])
+            opt.step()
+    return {"param." + n: p.detach().contiguous() for n, p in model.named_parameters()}
+
+
+def float32_distances(expected, expected64):
+    """Per tensor: relative L2 distance of HF's float32 parameters to the float64 ones."""
+    out = {}
+    for k, t64 in expected64.items():
+        d = (expected[k].double() - t64).norm()
+        r = t64.norm()
+        out[k] = float(d / r) if r > 0 else float(d)
+    return out
+
+
 # ---------------------------------------------------------------------------
 # Independent re-implementation of the math (plain torch ops, no HF modules).
 # Used only to cross-check the HF outputs written above; it also documents
@@ -235,8 +273,9 @@ def _rms(x, w, eps):
 def _rope(x, theta, hd):
     # x: [B, nh, T, hd]; NeoX half-split rotation
     T = x.shape[2]
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
-    pos = torch.arange(T, dtype=torch.float32)
+    ft = torch.float64 if x.dtype == torch.float64 else torch.float32  # HF: float32 tables
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).to(ft) / hd))
+    pos = torch.arange(T, dtype=ft)
     f = torch.outer(pos, inv)
     emb = torch.cat([f, f], dim=-1)
     cos, sin = emb.cos(), emb.sin()
@@ -283,7 +322,7 @@ def reference_loss(c, P, ids, labels):
     return logits, loss
 
 
-def reference_check(c, init_state, ids, labels, expected):
+def reference_check(c, init_state, ids, labels, expected, expected64):
     names = [n for n in init_state if not (c["tie_word_embeddings"] and n == "lm_head.weight")]
     P = {n: init_state[n].detach().clone().double().requires_grad_(True) for n in names}
     logits, loss = reference_loss(c, P, ids, labels)
@@ -293,35 +332,14 @@ def reference_check(c, init_state, ids, labels, expected):
     errs["grad"] = max((P[n].grad - expected["grad." + n].double()).abs().max().item()
                        / (expected["grad." + n].abs().max().item() + 1e-12) for n in names)
 
-    # AdamW (decoupled weight decay) with global-norm clipping, in float64.
-    lr, wd, mn = c["lr"], c["weight_decay"], c["max_norm"]
-    b1, b2 = BETAS
-    P = {n: init_state[n].detach().clone().double() for n in names}
-    m = {n: torch.zeros_like(P[n]) for n in names}
-    v = {n: torch.zeros_like(P[n]) for n in names}
-    losses = []
-    for t in range(1, STEPS + 1):
-        for n in names:
-            P[n].requires_grad_(True)
-        _, loss = reference_loss(c, P, ids, labels)
-        losses.append(loss.item())
-        grads = torch.autograd.grad(loss, [P[n] for n in names])
-        total = torch.sqrt(sum((g ** 2).sum() for g in grads))
-        coef = min(1.0, mn / (total.item() + 1e-6))
-        with torch.no_grad():
-            for n, g in zip(names, grads):
-                g = g * coef
-                p = P[n].detach()
-                p.mul_(1 - lr * wd)
-                m[n].mul_(b1).add_(g, alpha=1 - b1)
-                v[n].mul_(b2).addcmul_(g, g, value=1 - b2)
-                bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
-                denom = (v[n].sqrt() / bc2 ** 0.5) + EPS
-                p.addcdiv_(m[n], denom, value=-lr / bc1)
-                P[n] = p
+    # The same AdamW steps with global-norm clipping, in float64.
+    P, losses = adamw_steps(lambda P: reference_loss(c, P, ids, labels)[1],
+                            {n: init_state[n] for n in names}, STEPS, c["lr"], c["weight_decay"],
+                            c["max_norm"], BETAS, EPS)
     errs["losses"] = max(abs(a - b) for a, b in zip(losses, expected["losses"].tolist()))
     errs["param"] = max((P[n] - expected["param." + n].double()).abs().max().item() for n in names)
-    tol = {"logits": 1e-4, "loss": 1e-5, "grad": 1e-4, "losses": 1e-4, "param": 1e-4}
+    errs["param_f64"] = max((P[n] - expected64["param." + n]).abs().max().item() for n in names)
+    tol = {"logits": 1e-4, "loss": 1e-5, "grad": 1e-4, "losses": 1e-4, "param": 1e-4, "param_f64": 1e-10}
     bad = {k: e for k, e in errs.items() if not e <= tol[k]}
     print(f"[{c['name']}] independent float64 check: " +
           " ".join(f"{k}={e:.2e}" for k, e in errs.items()))
@@ -376,9 +394,14 @@ def gen_case(c, out_root):
     else:
         assert "grad.lm_head.weight" in expected
 
-    reference_check(c, init_state, ids, labels, expected)
+    expected64 = float64_params(c, init_state, ids, labels)
+    assert sorted(expected64) == sorted(k for k in expected if k.startswith("param."))
+    reference_check(c, init_state, ids, labels, expected, expected64)
+    dist32 = float32_distances(expected, expected64)
 
     safetensors.torch.save_file(expected, os.path.join(case_dir, "expected.safetensors"),
+                                metadata={"format": "pt"})
+    safetensors.torch.save_file(expected64, os.path.join(case_dir, "expected_f64.safetensors"),
                                 metadata={"format": "pt"})
     with open(os.path.join(case_dir, "input.json"), "w") as f:
         json.dump({"input_ids": ids.tolist(), "labels": labels.tolist()}, f)
@@ -413,6 +436,8 @@ def gen_case(c, out_root):
         "grad_norms_before_clip": norms,
         "clip_triggered_steps": clip_steps,
         "initial_loss": float(expected["loss"]),
+        "float64_run": "expected_f64.safetensors: the same steps by HF + torch.optim.AdamW in float64",
+        "max_float32_param_distance_to_float64": max(dist32.values()),
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "safetensors_version": safetensors.__version__,
@@ -439,7 +464,7 @@ def gen_case(c, out_root):
         if not os.path.exists(os.path.join(sdir, "model.safetensors.index.json")):
             raise RuntimeError("sharded save produced no index")
         verify_reload(sdir, model, ids, c)
-        for fn in ("expected.safetensors", "input.json"):
+        for fn in ("expected.safetensors", "expected_f64.safetensors", "input.json"):
             shutil.copy(os.path.join(case_dir, fn), os.path.join(sdir, fn))
         meta_s = dict(meta, case=name + "_sharded", sharded=True, same_as=name)
         with open(os.path.join(sdir, "meta.json"), "w") as f:

@@ -42,6 +42,7 @@ import safetensors.torch
 import torch
 import torch.nn.functional as F
 import transformers
+from float64_truth import Float64Mode, adamw_steps
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -195,6 +196,33 @@ def compute_expected(c, init_state, ids, labels):
     return out, norms, gaps
 
 
+def float64_params(c, init_state, ids, labels):
+    """The same STEPS AdamW steps with clipping by HF in float64 (eager per-expert loop: grouped_mm
+    has no float64; HF's float32 upcasts made float64 by Float64Mode). The float32 parameters, HF's
+    and titan's, are measured against this run (see tools/golden/make_qwen3_golden.py)."""
+    with Float64Mode():
+        model = make_model(c, c["seed"])
+        model.set_experts_implementation("eager")
+        model.to(torch.float64)
+        model.load_state_dict({k: v.double() for k, v in init_state.items()})
+        assert model.model.rotary_emb.inv_freq.dtype == torch.float64
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], betas=BETAS, eps=EPS,
+                                weight_decay=c["weight_decay"])
+        for _ in range(STEPS):
+            opt.zero_grad()
+            r = model(input_ids=ids, labels=labels)
+            assert r.loss.dtype == torch.float64
+            r.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), c["max_norm"])
+            opt.step()
+    out = {}
+    for name, p in model.named_parameters():
+        for n, v in per_expert(name, p.detach()):
+            out["param." + n] = v.contiguous()
+    return out
+
+
 # ---------------------------------------------------------------------------
 # Independent float64 re-implementation (plain torch ops, per-expert weights).
 # ---------------------------------------------------------------------------
@@ -216,9 +244,9 @@ def _rms(x, w, eps):
 
 def _rope(x, theta, hd):
     T = x.shape[2]
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
-    f = torch.outer(torch.arange(T, dtype=torch.float32), inv)
-    emb = torch.cat([f, f], dim=-1).double()
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).double() / hd))
+    f = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+    emb = torch.cat([f, f], dim=-1)
     x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
     return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
 
@@ -277,7 +305,7 @@ def reference_loss(c, P, ids, labels):
     return logits, ce + c["router_aux_loss_coef"] * aux, aux
 
 
-def reference_check(c, expected, ids, labels):
+def reference_check(c, expected, expected64, ids, labels):
     names = sorted(k[len("param."):] for k in expected if k.startswith("param."))
     init = {n: expected["init." + n] for n in names}
     P = {n: init[n].double().clone().requires_grad_(True) for n in names}
@@ -290,7 +318,11 @@ def reference_check(c, expected, ids, labels):
     gd = sum(((grad[n] - expected["grad." + n].double()) ** 2).sum() for n in names)
     gn = sum((expected["grad." + n].double() ** 2).sum() for n in names)
     errs["grad"] = float((gd / gn).sqrt())
-    tol = {"logits": 1e-5, "loss": 1e-5, "aux": 1e-5, "grad": 1e-5}
+    # The AdamW steps in float64 against HF's float64 run.
+    P, _ = adamw_steps(lambda P: reference_loss(c, P, ids, labels)[1], init, STEPS, c["lr"],
+                       c["weight_decay"], c["max_norm"], BETAS, EPS)
+    errs["param_f64"] = max((P[n] - expected64["param." + n]).abs().max().item() for n in names)
+    tol = {"logits": 1e-5, "loss": 1e-5, "aux": 1e-5, "grad": 1e-5, "param_f64": 1e-10}
     print(f"[{c['name']}] independent float64 check: " + " ".join(f"{k}={e:.2e}" for k, e in errs.items()))
     bad = {k: e for k, e in errs.items() if not e <= tol[k]}
     if bad:
@@ -346,10 +378,15 @@ def gen_case(c, out_root):
             expected["init." + pn] = pt
     if c["tie_word_embeddings"]:
         expected.pop("init.lm_head.weight", None)
-    reference_check(c, expected, ids, labels)
+    expected64 = float64_params(c, init_state, ids, labels)
+    assert sorted(expected64) == sorted(k for k in expected if k.startswith("param."))
+    reference_check(c, expected, expected64, ids, labels)
     expected = {k: v.contiguous() for k, v in expected.items() if not k.startswith("init.")}
+    dist32 = {k: float((expected[k].double() - t).norm() / t.norm()) for k, t in expected64.items()}
 
     safetensors.torch.save_file(expected, os.path.join(case_dir, "expected.safetensors"),
+                                metadata={"format": "pt"})
+    safetensors.torch.save_file(expected64, os.path.join(case_dir, "expected_f64.safetensors"),
                                 metadata={"format": "pt"})
     with open(os.path.join(case_dir, "input.json"), "w") as f:
         json.dump({"input_ids": ids.tolist(), "labels": labels.tolist()}, f)
@@ -372,6 +409,8 @@ def gen_case(c, out_root):
         "norm_weight_init": f"1 + {NORM_PERTURB} * randn",
         "min_topk_probability_gap": min(gaps), "grad_norms_before_clip": norms,
         "initial_loss": float(expected["loss"]), "initial_aux_loss": float(expected["aux_loss"]),
+        "float64_run": "expected_f64.safetensors: the same steps by HF (eager experts) + torch.optim.AdamW in float64",
+        "max_float32_param_distance_to_float64": max(dist32.values()),
         "torch_version": torch.__version__, "transformers_version": transformers.__version__,
         "safetensors_version": safetensors.__version__, "numpy_version": np.__version__,
         "attn_implementation": "eager", "dtype": "float32",
