@@ -67,6 +67,12 @@ std::string resolve_tokenizer(const TrainConfig& cfg, const std::vector<std::str
   return path.string();
 }
 
+std::string validation_source(const TrainConfig& cfg) {
+  if (!cfg.validation.dataset.empty()) return "validation.dataset";
+  return str_cat(
+      "the held-out split of training.dataset (training.val_fraction = ", cfg.training.val_fraction, ")");
+}
+
 }  // namespace
 
 std::vector<std::string> fortune_files() {
@@ -128,7 +134,40 @@ TrainData build_train_data(const TrainConfig& cfg, dist::ProcessGroup& pg, int64
   d.train = std::make_unique<data::DataLoader>(dc);
   TITAN_CHECK(d.train->vocab_size() <= vocab_size, "the data's vocabulary (", d.train->vocab_size(),
               " ids) does not fit the model's vocab_size (", vocab_size, ")");
+  if (cfg.validation.enable) {
+    d.validation = build_validation_loader(cfg, d, pg.rank(), pg.size());
+    d.validation_source = validation_source(cfg);
+    TITAN_CHECK(d.validation->vocab_size() <= vocab_size, "the validation data's vocabulary (",
+                d.validation->vocab_size(), " ids) does not fit the model's vocab_size (", vocab_size, ")");
+  }
   return d;
+}
+
+std::unique_ptr<data::DataLoader> build_validation_loader(const TrainConfig& cfg, const TrainData& data,
+                                                          int64_t dp_rank, int64_t dp_world) {
+  const bool own = !cfg.validation.dataset.empty();
+  data::DataConfig dc = base_data_config(
+      cfg, own ? resolve_sources(cfg.validation.dataset, "validation.dataset") : data.sources,
+      data.tokenizer_path, dp_rank, dp_world);
+  if (!own) {
+    dc.val_fraction = cfg.training.val_fraction;
+    dc.split = data::Split::Validation;
+  }
+  dc.max_epochs = 1;
+  const std::string what = validation_source(cfg);
+  const char* fix = "; give it more data (or set validation.enable = false)";
+  std::unique_ptr<data::DataLoader> loader;
+  try {
+    loader = std::make_unique<data::DataLoader>(dc);
+  } catch (const Error& e) {  // e.g. a held-out split that caught no document
+    fail("validation: ", what, ": ", e.what(), fix);
+  }
+  data::Batch probe;
+  TITAN_CHECK(loader->next_batch(probe), "validation: ", what, " cannot fill one batch of ",
+              cfg.training.local_batch_size, " x ", cfg.training.seq_len + 1, "-token windows on each of ",
+              dp_world, " ranks", fix);
+  loader->reset();
+  return loader;
 }
 
 }  // namespace titan

@@ -1,5 +1,5 @@
 // The training loop: train() over the steps, train_step() = micro-batches forward/backward, loss and
-// gradient reduction, clipping, AdamW; metrics per logged step.
+// gradient reduction, clipping, AdamW; validation every validation.freq steps; metrics per logged step.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -28,10 +28,15 @@ TrainResult Trainer::train() {
   const int64_t last = cfg_.training.steps;
   for (int64_t step = first_step_; step <= last; ++step) {
     const double t0 = now_s();
-    const StepOutcome s = train_step(step);
+    StepOutcome s = train_step(step);
+    const double seconds = now_s() - t0;  // the step alone: tps and MFU leave validation out
     result_.losses.push_back(s.loss);
     if (s.skipped) continue;
-    if (step % cfg_.metrics.log_freq == 0 || step == last) log_step(step, s, now_s() - t0);
+    if (validation_due(step)) {
+      s.validation = validate();
+      result_.val_losses.emplace_back(step, s.validation->loss());
+    }
+    if (step % cfg_.metrics.log_freq == 0 || step == last || s.validation) log_step(step, s, seconds);
     if (step == last) gather_final_model();
     if (cfg_.checkpoint.enable && (step % cfg_.checkpoint.interval == 0 || step == last)) {
       const bool final_export = step == last && cfg_.checkpoint.last_save_in_hf;
@@ -105,6 +110,16 @@ StepOutcome Trainer::train_step(int64_t step) {
   return s;
 }
 
+bool Trainer::validation_due(int64_t step) const {
+  return data_.validation && (step % cfg_.validation.freq == 0 || step == cfg_.training.steps);
+}
+
+EvalResult Trainer::validate() {
+  TITAN_CHECK(data_.validation, "validate(): validation.enable is false, there is no validation data");
+  data_.validation->reset();
+  return evaluate_loss(*model_, *data_.validation, cfg_.validation.steps, pg_);
+}
+
 void Trainer::log_step(int64_t step, const StepOutcome& s, double seconds) {
   static const double phys_gib = physical_memory_bytes() / double(int64_t(1) << 30);
   const auto& mem = device_interface(DeviceType::CPU).allocator->stats;
@@ -120,6 +135,10 @@ void Trainer::log_step(int64_t step, const StepOutcome& s, double seconds) {
   m.mem_gib = mem.peak.load() / double(int64_t(1) << 30);
   m.mem_pct = 100.0 * m.mem_gib / phys_gib;
   m.time_s = seconds;
+  if (s.validation) {
+    m.val_loss = s.validation->loss();
+    m.val_ppl = s.validation->perplexity();
+  }
   metrics_->log(m);
 }
 

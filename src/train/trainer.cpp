@@ -70,6 +70,12 @@ void Trainer::check_dry_run() {
 
 void Trainer::build_data() {
   data_ = build_train_data(cfg_, *pg_, mc_.vocab_size);
+  if (lead_ && data_.validation) {
+    const int64_t steps = cfg_.validation.steps;
+    std::printf("validation: %s, every %lld steps and after the last, %s\n", data_.validation_source.c_str(),
+                (long long)cfg_.validation.freq,
+                steps < 0 ? "the whole set" : str_cat(steps, " batches per rank").c_str());
+  }
 }
 
 void Trainer::build_model() {

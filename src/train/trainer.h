@@ -2,15 +2,16 @@
 // TrainConfig in order, each in a function of its own, and train() drives them:
 //
 //   build_process_group_and_plan   ranks, the run plan (parallel layout, batch shape, memory)
-//   build_data                     sources, tokenizer, training loader       (train/dataset.h)
+//   build_data                     sources, tokenizer, training and validation loaders (train/dataset.h)
 //   build_model                    Qwen3Model, kernels, initial weights      (train/model_setup.h)
 //   build_parallelism              FSDP/HSDP/DDP plan, parameter streaming, bf16 master weights
 //   build_optimizer                AdamW over dp's parameters, LR schedule
 //   build_checkpointing            training-state resume                    (train/checkpointing.h)
 //   build_metrics                  MFU peak, console/jsonl logger           (train/metrics.h)
 //
-// train() runs train_step() per step (micro-batches, gradient reduce, clip, AdamW, metrics), save()
-// at the checkpoint interval, then finish() (HF export, loss curve, sample). Everything collective is
+// train() runs train_step() per step (micro-batches, gradient reduce, clip, AdamW, metrics),
+// validate() every validation.freq steps (forward only, train/evaluate.h), save() at the checkpoint
+// interval, then finish() (HF export, loss curve, sample). Everything collective is
 // called by every rank; rank 0 ("lead") prints and writes the artifacts.
 #pragma once
 #include <cstdint>
@@ -23,6 +24,7 @@
 #include "models/qwen3/config.h"
 #include "train/config.h"
 #include "train/dataset.h"
+#include "train/evaluate.h"
 #include "train/model_setup.h"
 #include "train/plan.h"
 
@@ -48,13 +50,15 @@ struct TrainResult {
   int64_t first_step = 1;      // > 1 when the run resumed from a checkpoint
   std::string sample;          // text generated at the end ("" if none)
   bool dry_run = false;
+  std::vector<std::pair<int64_t, double>> val_losses;  // (step, validation loss) of every validation
 };
 
 // The outcome of one optimizer step (train_step).
 struct StepOutcome {
   double loss = 0;  // global mean loss of the step (CE, + coef x aux for MoE with aux loss)
   double grad_norm = 0, lr = 0;
-  bool skipped = false;  // non-finite loss with training.skip_nan_inf: no update
+  bool skipped = false;                  // non-finite loss with training.skip_nan_inf: no update
+  std::optional<EvalResult> validation;  // set by train() when the step was followed by a validation
 };
 
 class Trainer {
@@ -71,6 +75,10 @@ class Trainer {
   // One optimizer step `step` (1-based): grad_accum micro-batches forward/backward, loss all-reduce,
   // gradient reduce, expert-bias update, clipping inside AdamW, the bf16 refresh. Collective.
   StepOutcome train_step(int64_t step);
+  // The mean loss over the validation set (validation.steps batches per rank, -1: all), forward only,
+  // all-reduced over the data-parallel ranks; the loader is rewound first, so every call sees the same
+  // windows. Collective. Needs validation.enable.
+  EvalResult validate();
   // Saves a training checkpoint after `step` (collective); with hf_export the final one also holds the
   // HF export. Returns the checkpoint directory.
   std::string save(int64_t step, bool hf_export);
@@ -99,6 +107,7 @@ class Trainer {
   void load_initial_weights();
   void refresh_bf16_model();
   void forward_backward(int64_t step, double totals[3]);
+  bool validation_due(int64_t step) const;
   void log_step(int64_t step, const StepOutcome& s, double seconds);
   void gather_final_model();
   void export_hf(const std::string& dir);

@@ -51,8 +51,10 @@ void Trainer::finish() {
   }
   if (!result_.export_dir.empty()) std::printf("saved HF checkpoint: %s\n", result_.export_dir.c_str());
   const std::string svg = (fs::path(cfg_.job.dump_folder) / "loss.svg").string();
+  std::vector<std::pair<int64_t, double>> val;  // at the index of their step in result_.losses
+  for (auto& [step, loss] : result_.val_losses) val.emplace_back(step - first_step_, loss);
   write_loss_svg(svg, result_.losses,
-                 "titan train: " + mc_.to_hf_json().value("model_type", "qwen3") + " loss");
+                 "titan train: " + mc_.to_hf_json().value("model_type", "qwen3") + " loss", val);
   std::printf("loss curve: %s\n", svg.c_str());
   if (cfg_.training.sample_tokens > 0 && !data_.tokenizer_path.empty()) write_sample();
 }
