@@ -215,6 +215,11 @@ TEST(Trainer, EmbeddedDefaultRunEndToEnd) {
   EXPECT_NO_THROW(m.load_hf(ckpt));
   EXPECT_TRUE(fs::exists(ckpt + "/tokenizer.json"));
   EXPECT_GT(fs::file_size(tmp / "run/loss.svg"), 500u);
+  {
+    std::ifstream svg(tmp / "run/loss.svg");
+    const std::string text((std::istreambuf_iterator<char>(svg)), {});
+    EXPECT_NE(text.find("validation loss"), std::string::npos);  // the validation curve's legend
+  }
   EXPECT_TRUE(fs::exists(tmp / "run/sample.txt"));
   EXPECT_TRUE(fs::exists(tmp / "run/config.toml"));
 }
