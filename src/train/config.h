@@ -46,7 +46,7 @@ struct LRSchedulerConfig {
 
 struct TrainingConfig {
   std::vector<std::string> dataset = {"fortunes"};  // files/dirs; "fortunes" = the fortune(6) corpus
-  std::string dataset_format = "auto";              // auto | text | jsonl | tokens
+  std::string dataset_format = "auto";              // auto | text | jsonl | tokens | chat (SFT)
   std::string dataset_delimiter = "percent";        // text: file | percent | blank
   std::string text_field = "text";
   double val_fraction = 0.0;

@@ -395,6 +395,8 @@ TrainResult run_training(const TrainConfig& cfg) {
   const double phys_gib = physical_memory_bytes() / double(int64_t(1) << 30);
 
   data::Batch batch;
+  std::vector<data::Batch> micro_batches;  // chat: a step's micro-batches, fetched to count targets
+  const bool chat = dc.format == data::DataFormat::Chat;
   const int64_t tokens_per_micro = cfg.training.local_batch_size * cfg.training.seq_len;
   // HF export (rank 0): config.json + safetensors (+ tokenizer.json) into `dir`.
   Qwen3Model* export_model = &model;  // expert parallel: a full model gathered on rank 0 at the end
@@ -430,11 +432,29 @@ TrainResult run_training(const TrainConfig& cfg) {
     model.zero_grad();
     double loss_sum = 0, aux_sum = 0;
     int64_t valid = 0;
+    // Chat rows carry -100 outside the assistant tokens: the step's loss is the mean over the
+    // global batch's real targets (HF num_items_in_batch across ranks), so count them first; the
+    // rank average of reduce_grads makes world / targets the per-rank scale.
+    float chat_scale = 0;
+    if (chat) {
+      micro_batches.resize(static_cast<size_t>(plan.grad_accum));
+      double targets = 0;
+      for (data::Batch& mb : micro_batches) {
+        TITAN_CHECK(loader.next_batch(mb), "the dataset ran out of data at step ", step);
+        targets += static_cast<double>(
+            std::count_if(mb.labels.begin(), mb.labels.end(), [](int32_t y) { return y != -100; }));
+      }
+      if (world > 1) pg.all_reduce(&targets, 1, dist::ReduceOp::Sum);
+      chat_scale = static_cast<float>(static_cast<double>(world) / std::max(targets, 1.0));
+    }
     for (int64_t micro = 0; micro < plan.grad_accum; ++micro) {
-      TITAN_CHECK(loader.next_batch(batch), "the dataset ran out of data at step ", step);
+      if (chat)
+        batch = std::move(micro_batches[static_cast<size_t>(micro)]);
+      else
+        TITAN_CHECK(loader.next_batch(batch), "the dataset ran out of data at step ", step);
       ForwardOptions fo;
       // Mean over every target of the accumulation window (HF num_items_in_batch semantics).
-      fo.grad_scale = 1.0f / static_cast<float>(tokens_per_micro * plan.grad_accum);
+      fo.grad_scale = chat ? chat_scale : 1.0f / static_cast<float>(tokens_per_micro * plan.grad_accum);
       fo.labels_shifted = true;  // the loader's labels are the next tokens (torchtitan packing)
       // MoE aux loss: its coefficient split over the micro-batches (each contributes its own aux).
       fo.aux_loss_scale =
@@ -448,7 +468,7 @@ TrainResult run_training(const TrainConfig& cfg) {
     }
     // Packed windows have no ignored targets (every position has its next token), so every rank's
     // window mean above is the plain mean and
-    // the data-parallel average of the gradients is the gradient of the global mean.
+    // the data-parallel average of the gradients is the gradient of the global mean (chat: see above).
     double totals[3] = {loss_sum, static_cast<double>(valid), aux_sum};
     if (world > 1) pg.all_reduce(totals, 3, dist::ReduceOp::Sum);
     double loss = totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
