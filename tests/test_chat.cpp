@@ -381,6 +381,33 @@ TEST(ChatTrain, TinyRunHasFiniteLossOnAssistantTokens) {
   }
 }
 
+// The committed 1024-token tokenizer with the Qwen3 chat template beside it keeps the model small
+// (its ChatML markers are plain text to it, which the assistant-span rule does not mind).
+std::vector<std::string> small_chat_args(const TempDir& tmp, int64_t steps) {
+  fs::create_directories(tmp / "tok");
+  fs::copy_file(testing::source_path("tests/golden/tokenizer/small/tokenizer.json"),
+                tmp / "tok/tokenizer.json");
+  fs::copy_file(kQwen + "/tokenizer_config.json", tmp / "tok/tokenizer_config.json");
+  auto args = chat_train_args(tmp, steps);
+  args.push_back("--model.tokenizer_path=" + (tmp / "tok"));
+  args.push_back("--model.vocab_size=1024");
+  return args;
+}
+
+TEST(ChatTrain, GradientAccumulationEqualsTheLargerBatch) {
+  // local 2 x 2 accumulation steps == local 4 in one step: the same rows, and the loss and gradient
+  // are the mean over all the step's real targets (not a mean of per-micro-batch means).
+  TempDir a, b;
+  auto args_a = small_chat_args(a, 3);
+  args_a.push_back("--training.global_batch_size=4");
+  auto args_b = small_chat_args(b, 3);
+  args_b.push_back("--training.local_batch_size=4");
+  const auto ra = run_training(parse_train_args(args_a)), rb = run_training(parse_train_args(args_b));
+  ASSERT_EQ(ra.losses.size(), 3u);
+  ASSERT_EQ(rb.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(ra.losses[i], rb.losses[i], 1e-5 * rb.losses[i]) << i;
+}
+
 // step -> loss bits from metrics.jsonl.
 std::map<int64_t, double> step_losses(const std::string& path) {
   std::map<int64_t, double> out;
@@ -393,18 +420,10 @@ std::map<int64_t, double> step_losses(const std::string& path) {
 }
 
 TEST(ChatTrain, KilledAfterACheckpointAndResumedEqualsTheStraightRunBitForBit) {
-  // The committed 1024-token tokenizer with the Qwen3 chat template beside it keeps the model small
-  // (its ChatML markers are plain text to it, which the assistant-span rule does not mind).
   TempDir tmp;
-  fs::create_directories(tmp / "tok");
-  fs::copy_file(testing::source_path("tests/golden/tokenizer/small/tokenizer.json"),
-                tmp / "tok/tokenizer.json");
-  fs::copy_file(kQwen + "/tokenizer_config.json", tmp / "tok/tokenizer_config.json");
   std::string args;
-  for (const auto& a : chat_train_args(tmp, 6)) args += " " + a;
-  args += " --model.tokenizer_path=" + (tmp / "tok") +
-          " --model.vocab_size=1024 --checkpoint.enable=true --checkpoint.interval=3"
-          " --checkpoint.last_save_in_hf=false";
+  for (const auto& a : small_chat_args(tmp, 6)) args += " " + a;
+  args += " --checkpoint.enable=true --checkpoint.interval=3 --checkpoint.last_save_in_hf=false";
   const std::string titan = std::string(TITAN_BINARY) + " train";
   auto straight =
       testing::run_shell_command("timeout 300 " + titan + args + " --job.dump_folder=" + (tmp / "a"));
@@ -421,6 +440,26 @@ TEST(ChatTrain, KilledAfterACheckpointAndResumedEqualsTheStraightRunBitForBit) {
   for (const auto& [step, loss] : ref)
     EXPECT_EQ(std::memcmp(&got.at(step), &loss, sizeof loss), 0)
         << "step " << step << ": " << got.at(step) << " vs " << loss;
+}
+
+TEST(ChatTrain, TwoDataParallelRanksMatchOneRank) {
+  // Rows dealt to 2 ranks, the target count summed over them: the same losses as one rank of 4.
+  TempDir tmp;
+  std::string common;
+  for (const auto& a : small_chat_args(tmp, 3))
+    if (!a.starts_with("--job.dump_folder") && !a.starts_with("--training.local_batch_size"))
+      common += " " + a;
+  auto one = testing::run_shell_command(std::string(TITAN_BINARY) + " train" + common +
+                                        " --training.local_batch_size=4 --job.dump_folder=" + (tmp / "one"));
+  ASSERT_EQ(one.rc, 0) << one.output;
+  auto two = testing::run_shell_command("timeout 300 mpirun --oversubscribe --bind-to none -np 2 " +
+                                        std::string(TITAN_BINARY) + " train" + common +
+                                        " --training.local_batch_size=2 --job.dump_folder=" + (tmp / "two"));
+  ASSERT_EQ(two.rc, 0) << two.output;
+  const auto ref = step_losses(tmp / "one/metrics.jsonl"), got = step_losses(tmp / "two/metrics.jsonl");
+  ASSERT_EQ(ref.size(), 3u);
+  ASSERT_EQ(got.size(), 3u);
+  for (const auto& [step, loss] : ref) EXPECT_NEAR(got.at(step), loss, 1e-5 * loss) << "step " << step;
 }
 
 }  // namespace
