@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "data/loader.h"
+#include "models/qwen3/model.h"
 #include "support/testing.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/jinja.h"
@@ -209,6 +210,18 @@ TEST(ChatTemplate, BadConversationsNameTheField) {
             std::string::npos);
   EXPECT_NE(err(R"({"prompt":"x","completion":3})").find("field 'completion': expected a string or a list"),
             std::string::npos);
+  EXPECT_NE(err(R"({"messages":[{"role":"user","content":"x"}],"tools":{"name":"f"}})")
+                .find("data.jsonl:7: field 'tools': expected a list of function schemas, got object"),
+            std::string::npos);
+  // Per-record tools reach the template.
+  const Conversation c = conversation_from_record(
+      ojson::parse(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})"), "d:1");
+  ChatOptions o;
+  o.extra["tools"] = c.tools;
+  EXPECT_NE(ChatTemplate::from_tokenizer_config(kQwen)
+                .render(c.messages, o)
+                .text.find("<tools>\n{\"type\": \"function\"}"),
+            std::string::npos);
 }
 
 TEST(ChatTemplate, TemplatesItCannotHandleAreClearErrors) {
@@ -392,6 +405,40 @@ std::vector<std::string> small_chat_args(const TempDir& tmp, int64_t steps) {
   args.push_back("--model.tokenizer_path=" + (tmp / "tok"));
   args.push_back("--model.vocab_size=1024");
   return args;
+}
+
+TEST(ChatTrain, GradientIsTheMeanOverAssistantTargets) {
+  // The step's gradient is HF's: CE averaged over the real (assistant) targets, not over all
+  // positions of the padded rows. Step 1's logged grad_norm equals the norm of the model's own
+  // HF-mean gradient (grad_scale 0) on the same rows from the same initialisation.
+  TempDir tmp;
+  const TrainConfig cfg = parse_train_args(small_chat_args(tmp, 1));
+  run_training(cfg);
+  std::ifstream metrics(tmp / "out/metrics.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(metrics, line));
+  const double logged = nlohmann::json::parse(line)["grad_norm"].get<double>();
+
+  data::DataConfig dc =
+      chat_config(kGolden + "/train.jsonl", cfg.training.seq_len, cfg.training.local_batch_size);
+  dc.tokenizer = tmp / "tok";
+  dc.seed = cfg.training.seed;
+  data::DataLoader loader(dc);
+  data::Batch b;
+  ASSERT_TRUE(loader.next_batch(b));
+  int64_t targets = 0;
+  for (int32_t y : b.labels) targets += y != -100;
+  ASSERT_LT(targets, b.batch_size * b.seq_len / 2);  // padding and prompts: far fewer targets than positions
+  Qwen3Model model(resolve_model_config(cfg), cfg.kernels);
+  model.init_weights(cfg.training.seed);
+  ForwardOptions fo;
+  fo.labels_shifted = true;  // grad_scale 0: HF's mean over valid targets
+  model.forward(b.input_ids.data(), b.labels.data(), b.batch_size, b.seq_len, fo);
+  model.backward();
+  double sq = 0;
+  for (Tensor& g : model.flat_grads())
+    for (int64_t i = 0; i < g.numel(); ++i) sq += double(g.f32()[i]) * g.f32()[i];
+  EXPECT_NEAR(logged, std::sqrt(sq), 1e-4 * std::sqrt(sq));
 }
 
 TEST(ChatTrain, GradientAccumulationEqualsTheLargerBatch) {

@@ -64,6 +64,7 @@ TextEncoder make_chat_encoder(const std::string& spec, const std::string& templa
     const Conversation c = conversation_from_record(j, at);
     ChatOptions options;
     options.skip_assistant_turns = c.prompt_assistant_turns;
+    if (!c.tools.is_null()) options.extra["tools"] = c.tools;
     EncodedChat enc;
     try {
       enc = tmpl->encode(*tokenizer, c.messages, options);

@@ -228,6 +228,11 @@ void check_messages(const ojson& messages, const std::string& where) {
 Conversation conversation_from_record(const ojson& record, const std::string& where) {
   TITAN_CHECK(record.is_object(), where, ": expected a JSON object, got ", field_type(record));
   Conversation c;
+  if (record.contains("tools") && !record["tools"].is_null()) {
+    TITAN_CHECK(record["tools"].is_array(), where,
+                ": field 'tools': expected a list of function schemas, got ", field_type(record["tools"]));
+    c.tools = record["tools"];
+  }
   if (record.contains("messages")) {
     c.messages = record["messages"];
     check_messages(c.messages, where);

@@ -85,13 +85,15 @@ void check_messages(const nlohmann::ordered_json& messages, const std::string& w
 struct Conversation {
   nlohmann::ordered_json messages;
   size_t prompt_assistant_turns = 0;  // assistant turns of a prompt: no loss on them
+  nlohmann::ordered_json tools;       // the record's "tools" (function schemas), null when absent
 };
 
 // The conversation of one chat JSON Lines record: {"messages": [...]}, or {"prompt": ...,
 // "completion": ...} where prompt and completion are strings (a user turn and an assistant turn)
 // or message lists (TRL's conversational prompt-completion: the prompt messages, then the
-// completion messages; loss only on the completion's assistant turns). Throws titan::Error
-// "<where>: ..." naming the missing or malformed field.
+// completion messages; loss only on the completion's assistant turns). An optional "tools" list
+// goes to the template as `tools` (TRL's per-example tools). Throws titan::Error "<where>: ..."
+// naming the missing or malformed field.
 Conversation conversation_from_record(const nlohmann::ordered_json& record, const std::string& where);
 
 }  // namespace titan
