@@ -133,6 +133,8 @@ TEST(Jinja, UnsupportedConstructsNameTheTemplateLineAndConstruct) {
 TEST(ChatTemplate, Qwen3MatchesApplyChatTemplate) {
   const ChatTemplate tmpl = ChatTemplate::from_tokenizer_config(kQwen);
   EXPECT_FALSE(tmpl.has_generation_blocks());
+  EXPECT_EQ(tmpl.special_token("eos_token"), "<|im_end|>");
+  EXPECT_EQ(tmpl.special_token("bos_token"), "");
   const auto cases = read_jsonl(kGolden + "/qwen3.jsonl");
   ASSERT_GE(cases.size(), 50u);
   check_cases(tmpl, cases, "qwen3");

@@ -142,6 +142,10 @@ const std::string& ChatTemplate::name() const {
 bool ChatTemplate::has_generation_blocks() const {
   return impl_->tmpl.has_generation_blocks();
 }
+std::string ChatTemplate::special_token(const std::string& key) const {
+  const auto it = impl_->special_tokens.find(key);
+  return it != impl_->special_tokens.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
 
 ChatRendering ChatTemplate::render(const ojson& messages, const ChatOptions& options) const {
   check_messages(messages, impl_->name + ": messages");

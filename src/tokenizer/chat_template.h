@@ -65,6 +65,9 @@ class ChatTemplate {
 
   const std::string& name() const;  // the file it came from
   bool has_generation_blocks() const;
+  // A special token of tokenizer_config.json passed to the template ("eos_token": the end of an
+  // assistant turn for Qwen, <|im_end|>, where generation stops); empty when not set.
+  std::string special_token(const std::string& key) const;
 
   ChatTemplate(ChatTemplate&&) noexcept;
   ChatTemplate& operator=(ChatTemplate&&) noexcept;
