@@ -94,6 +94,12 @@ int main(int argc, char** argv) {
              att.backward(dq, dk, dv, o, q, k, v, o, s, B, T, nH, nKV, hd);
            }),
            3.5 * flops);
+    auto& split = get_kernel<AttentionKernels>(DeviceType::CUDA, "flash_split");
+    report("attention_fwd_bwd_f32_split", shape, median_ms(reps, [&] {
+             split.forward(o, s, q, k, v, B, T, nH, nKV, hd);
+             split.backward(dq, dk, dv, o, q, k, v, o, s, B, T, nH, nKV, hd);
+           }),
+           3.5 * flops);
   }
   {  // RMSNorm and cross-entropy over a 151936 vocabulary
     const int64_t N = 8192, C = 1024, V = 151936, NV = 1024;

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "device/device.h"
+#include "dist/nccl.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 #include "support/testing.h"
@@ -199,19 +200,22 @@ void check_attention(int64_t B, int64_t T, int64_t nH, int64_t nKV, int64_t hd, 
   ref.forward(out_r.data(), p_r.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
   ref.backward(dq_r.data(), dk_r.data(), dv_r.data(), dout.data(), q.data(), k.data(), v.data(), out_r.data(),
                p_r.data(), B, T, nH, nKV, hd);
-  const auto& op = cuda_op<AttentionKernels>();
-  DevF dq_(q), dk_(k), dv_(v), ddout(dout), out(q.size(), 7.0f), saved(op.saved_floats(B, T, nH)),
-      dq(q.size(), 0.1f), dk(k.size(), 0.1f), dv(v.size(), 0.1f);
-  op.forward(out.p, saved.p, dq_.p, dk_.p, dv_.p, B, T, nH, nKV, hd);
-  op.backward(dq.p, dk.p, dv.p, ddout.p, dq_.p, dk_.p, dv_.p, out.p, saved.p, B, T, nH, nKV, hd);
-  const std::string shape = "B=" + std::to_string(B) + " T=" + std::to_string(T) + " nH=" + std::to_string(nH) +
-                            " nKV=" + std::to_string(nKV) + " hd=" + std::to_string(hd);
-  EXPECT_LE(rel(out.read(), out_r), kTol) << "out " << shape;
-  EXPECT_LE(rel(dq.read(), dq_r), kTol) << "dq " << shape;
-  EXPECT_LE(rel(dk.read(), dk_r), kTol) << "dk " << shape;
-  EXPECT_LE(rel(dv.read(), dv_r), kTol) << "dv " << shape;
+  for (auto& name : KernelRegistry::global().impls("attention", DeviceType::CUDA)) {
+    const auto& op = get_kernel<AttentionKernels>(DeviceType::CUDA, name);
+    DevF dq_(q), dk_(k), dv_(v), ddout(dout), out(q.size(), 7.0f), saved(op.saved_floats(B, T, nH)),
+        dq(q.size(), 0.1f), dk(k.size(), 0.1f), dv(v.size(), 0.1f);
+    op.forward(out.p, saved.p, dq_.p, dk_.p, dv_.p, B, T, nH, nKV, hd);
+    op.backward(dq.p, dk.p, dv.p, ddout.p, dq_.p, dk_.p, dv_.p, out.p, saved.p, B, T, nH, nKV, hd);
+    const std::string shape = name + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                              " nH=" + std::to_string(nH) + " nKV=" + std::to_string(nKV) + " hd=" + std::to_string(hd);
+    EXPECT_LE(rel(out.read(), out_r), kTol) << "out " << shape;
+    EXPECT_LE(rel(dq.read(), dq_r), kTol) << "dq " << shape;
+    EXPECT_LE(rel(dk.read(), dk_r), kTol) << "dk " << shape;
+    EXPECT_LE(rel(dv.read(), dv_r), kTol) << "dv " << shape;
+  }
 }
 
+// Every CUDA attention implementation ("flash", "flash_split").
 TEST(Cuda, FlashAttentionMatchesReference) {
   SKIP_WITHOUT_GPU();
   EXPECT_EQ(cuda_op<AttentionKernels>().saved_floats(2, 4096, 16), int64_t(2) * 16 * 4096);
@@ -219,6 +223,7 @@ TEST(Cuda, FlashAttentionMatchesReference) {
   check_attention(1, 77, 3, 3, 40, 51);   // three key tiles, R = 2, MHA
   check_attention(2, 70, 8, 2, 128, 52);  // Qwen3's head_dim (R = 4, > 48 KiB shared memory in backward)
   check_attention(1, 33, 2, 1, 8, 53);    // tiny head_dim
+  check_attention(1, 21, 2, 1, 256, 54);  // the largest head_dim (> 48 KiB shared memory)
 }
 
 TEST(Cuda, SwigluEmbeddingMatchReference) {
@@ -355,6 +360,42 @@ TEST(Cuda, MoeExpertsMatchReference) {
     MoeCase::expect_near(c.run_gpu(cuda_op<MoeExpertsBf16Kernels>()), c.run_cpu(cpu_ref<MoeExpertsBf16Kernels>()),
                          kTol, "bf16 " + shape);
   }
+}
+
+// NCCL group of one rank (one GPU here): every collective's plumbing on device buffers, the uneven forms
+// (grouped reduce/broadcast, send/recv) included. Several ranks need several GPUs and a launcher.
+TEST(Cuda, NcclGroupOfOneRank) {
+  SKIP_WITHOUT_GPU();
+  if (!dist::nccl_available()) GTEST_SKIP() << "titan was built without NCCL";
+  dist::SingleProcessGroup boot;
+  auto g = dist::make_nccl_group(boot);
+  EXPECT_EQ(g->backend(), "nccl");
+  EXPECT_EQ(g->size(), 1);
+  EXPECT_EQ(g->rank(), 0);
+  auto host = randn(37, 100);
+  DevF a(host), b(37, 0.0f);
+  g->all_reduce(a.p, 37, dist::CommType::F32, dist::ReduceOp::Sum);
+  g->all_reduce(a.p, 37, dist::CommType::F32, dist::ReduceOp::Avg);
+  EXPECT_EQ(a.read(), host);
+  g->reduce_scatter(a.p, b.p, {37}, dist::CommType::F32, dist::ReduceOp::Sum);
+  EXPECT_EQ(b.read(), host);
+  DevF c(37, 0.0f);
+  g->all_gather(a.p, c.p, {37}, dist::CommType::F32);
+  EXPECT_EQ(c.read(), host);
+  DevF d(37, 0.0f);
+  g->all_to_all_v(a.p, {37}, d.p, {37}, dist::CommType::F32);
+  EXPECT_EQ(d.read(), host);
+  g->broadcast(a.p, 37, dist::CommType::F32, 0);
+  EXPECT_EQ(a.read(), host);
+  g->barrier();
+  auto sub = g->split(0, 0);
+  EXPECT_EQ(sub->backend(), "nccl");
+  EXPECT_EQ(sub->size(), 1);
+  std::vector<int64_t> ints = {1, -2, 3};
+  Dev<int64_t> di(ints);
+  sub->all_reduce(di.p, 3, dist::CommType::I64, dist::ReduceOp::Max);
+  EXPECT_EQ(di.read(), ints);
+  EXPECT_THROW(g->all_reduce(a.p, 2, dist::CommType::BF16, dist::ReduceOp::Sum), Error);
 }
 
 // `titan env` names the GPUs when there are any.

@@ -17,6 +17,7 @@
 
 #include <cmath>
 
+#include "device/cuda/attention.cuh"
 #include "device/cuda/cuda_common.cuh"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
@@ -191,9 +192,6 @@ __global__ void flash_backward_kernel(float* dq, float* dk, float* dv, const flo
   }
 }
 
-int64_t flash_saved_floats(int64_t B, int64_t T, int64_t nH) {
-  return B * nH * T;
-}
 
 // Picks R = ceil(hd/32) rounded up to 1, 2, 4 or 8 and raises the kernel's shared-memory limit when the
 // tiles need more than the default 48 KiB.
@@ -236,6 +234,8 @@ struct LaunchBackward {
   }
 };
 
+}  // namespace
+
 void flash_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
                    int64_t T, int64_t nH, int64_t nKV, int64_t hd) {
   if (B * T * nH == 0) return;
@@ -244,18 +244,32 @@ void flash_forward(float* out, float* lse, const float* q, const float* k, const
   dispatch_r<LaunchForward>(hd, smem, grid, out, lse, q, k, v, T, nH, nKV, hd, 1.0f / std::sqrt((float)hd));
 }
 
+void flash_rowdot(float* D, const float* dout, const float* out, int64_t B, int64_t T, int64_t nH, int64_t hd) {
+  flash_rowdot_kernel<<<blocks_for(B * T * nH, 8), 256, 0, cuda_stream()>>>(D, dout, out, B, T, nH, hd);
+  TITAN_CUDA_LAUNCH_CHECK();
+}
+
+namespace {
+
 void flash_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                     const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t nH,
                     int64_t nKV, int64_t hd) {
   if (B * T * nH == 0) return;
   Scratch<float> D(B * nH * T);
-  flash_rowdot_kernel<<<blocks_for(B * T * nH, 8), 256, 0, cuda_stream()>>>(D.p, dout, out, B, T, nH, hd);
-  TITAN_CUDA_LAUNCH_CHECK();
+  flash_rowdot(D.p, dout, out, B, T, nH, hd);
   const size_t smem = sizeof(float) * (4 * kTile * padded(hd) + 2 * kBwdWarps * hd);
   dim3 grid((unsigned)((T + kTile - 1) / kTile), (unsigned)nKV, (unsigned)B);
   dispatch_r<LaunchBackward>(hd, smem, grid, dq, dk, dv, dout, q, k, v, (const float*)lse, (const float*)D.p,
                              T, nH, nKV, hd, 1.0f / std::sqrt((float)hd));
 }
+
+}  // namespace
+
+int64_t flash_saved_floats(int64_t B, int64_t T, int64_t nH) {
+  return B * nH * T;
+}
+
+namespace {
 
 const AttentionKernels kFlash{flash_forward, flash_backward, flash_saved_floats};
 TITAN_REGISTER_KERNEL(AttentionKernels, CUDA, "flash", kFlash, 10);
