@@ -58,7 +58,7 @@ def torch_rows(reps):
     with torch.no_grad():
         out["attention_fwd_f32"] = median_ms(reps, sdpa)
     out["attention_fwd_bwd_f32"] = median_ms(reps, lambda: sdpa().backward(do))
-    out["attention_fwd_bwd_f32_split"] = out["attention_fwd_bwd_f32"]
+    out["attention_fwd_bwd_f32_flash"] = out["attention_fwd_bwd_f32"]
     xn, wn = torch.randn(8192, 1024, device=dev), torch.randn(1024, device=dev)
     out["rmsnorm_fwd"] = median_ms(reps, lambda: F.rms_norm(xn, (1024,), wn, 1e-6))
     logits = torch.randn(1024, 151936, device=dev, requires_grad=True)

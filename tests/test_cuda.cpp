@@ -42,10 +42,10 @@ DeviceInterface& gpu() {
   return device_interface(DeviceType::CUDA);
 }
 
-#define SKIP_WITHOUT_GPU()                                                                                 \
-  do {                                                                                                     \
-    if (!device_available(DeviceType::CUDA)) GTEST_SKIP() << "titan was built without CUDA";               \
-    if (gpu().device_count() == 0)                                                                         \
+#define SKIP_WITHOUT_GPU()                                                                                  \
+  do {                                                                                                      \
+    if (!device_available(DeviceType::CUDA)) GTEST_SKIP() << "titan was built without CUDA";                \
+    if (gpu().device_count() == 0)                                                                          \
       GTEST_SKIP() << "no CUDA GPU on this machine (cudaGetDeviceCount found none): CUDA op tests skipped"; \
   } while (0)
 
@@ -81,9 +81,9 @@ const K& cuda_op() {
 TEST(Cuda, EveryCudaOpHasACpuReference) {
   if (!device_available(DeviceType::CUDA)) GTEST_SKIP() << "titan was built without CUDA";
   auto& reg = KernelRegistry::global();
-  for (const char* op : {"matmul", "matmul_bf16", "rmsnorm", "rope", "rope_qk", "attention", "swiglu",
-                         "embedding", "cross_entropy", "adamw", "sum_squares", "moe_experts",
-                         "moe_experts_bf16"}) {
+  for (const char* op :
+       {"matmul", "matmul_bf16", "rmsnorm", "rope", "rope_qk", "attention", "swiglu", "embedding",
+        "cross_entropy", "adamw", "sum_squares", "moe_experts", "moe_experts_bf16"}) {
     EXPECT_FALSE(reg.impls(op, DeviceType::CUDA).empty()) << op << " has no CUDA implementation";
     auto cpu = reg.impls(op, DeviceType::CPU);
     EXPECT_NE(std::find(cpu.begin(), cpu.end(), "reference"), cpu.end()) << op;
@@ -119,8 +119,10 @@ void check_matmul(int64_t N, int64_t C, int64_t OC, bool bf16, uint64_t seed) {
     op.backward(ddinp.p, ddw.p, dd.p, di.p, dW.p, N, C, OC, true);
     op.backward(nullptr, ddw0.p, dd.p, di.p, dW.p, N, C, OC, false);
   };
-  if (bf16) run(cpu_ref<MatmulBf16Kernels>(), cuda_op<MatmulBf16Kernels>());
-  else run(cpu_ref<MatmulKernels>(), cuda_op<MatmulKernels>());
+  if (bf16)
+    run(cpu_ref<MatmulBf16Kernels>(), cuda_op<MatmulBf16Kernels>());
+  else
+    run(cpu_ref<MatmulKernels>(), cuda_op<MatmulKernels>());
   const char* what = bf16 ? "matmul_bf16" : "matmul";
   EXPECT_LE(rel(dout_.read(), out_r), kTol) << what << " forward N=" << N << " C=" << C << " OC=" << OC;
   EXPECT_LE(rel(ddinp.read(), dinp_r), kTol) << what << " dinp (accumulated)";
@@ -147,7 +149,8 @@ TEST(Cuda, RmsNormMatchesReference) {
     auto x = randn(N * C, 30), w = randn(C, 31), dy = randn(N * C, 32);
     std::vector<float> y_r(N * C), r_r(N), dx_r(N * C, 0.1f), dw_r(C, 0.3f);
     cpu_ref<RmsNormKernels>().forward(y_r.data(), r_r.data(), x.data(), w.data(), N, C, 1e-6f);
-    cpu_ref<RmsNormKernels>().backward(dx_r.data(), dw_r.data(), dy.data(), x.data(), w.data(), r_r.data(), N, C);
+    cpu_ref<RmsNormKernels>().backward(dx_r.data(), dw_r.data(), dy.data(), x.data(), w.data(), r_r.data(), N,
+                                       C);
     DevF dx_(x), dw_(w), ddy(dy), y(N * C), r(N), dx(N * C, 0.1f), dw(C, 0.3f);
     cuda_op<RmsNormKernels>().forward(y.p, r.p, dx_.p, dw_.p, N, C, 1e-6f);
     cuda_op<RmsNormKernels>().backward(dx.p, dw.p, ddy.p, dx_.p, dw_.p, r.p, N, C);
@@ -207,7 +210,8 @@ void check_attention(int64_t B, int64_t T, int64_t nH, int64_t nKV, int64_t hd, 
     op.forward(out.p, saved.p, dq_.p, dk_.p, dv_.p, B, T, nH, nKV, hd);
     op.backward(dq.p, dk.p, dv.p, ddout.p, dq_.p, dk_.p, dv_.p, out.p, saved.p, B, T, nH, nKV, hd);
     const std::string shape = name + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
-                              " nH=" + std::to_string(nH) + " nKV=" + std::to_string(nKV) + " hd=" + std::to_string(hd);
+                              " nH=" + std::to_string(nH) + " nKV=" + std::to_string(nKV) +
+                              " hd=" + std::to_string(hd);
     EXPECT_LE(rel(out.read(), out_r), kTol) << "out " << shape;
     EXPECT_LE(rel(dq.read(), dq_r), kTol) << "dq " << shape;
     EXPECT_LE(rel(dk.read(), dk_r), kTol) << "dk " << shape;
@@ -261,8 +265,8 @@ TEST(Cuda, CrossEntropyMatchesReference) {
     auto logits = randn(N * V, 70, 3.0f);
     for (bool grad : {true, false}) {
       auto g_r = logits;
-      const double l_r = cpu_ref<CrossEntropyKernels>().forward_backward(g_r.data(), targets.data(), N, V,
-                                                                         0.125f, grad);
+      const double l_r =
+          cpu_ref<CrossEntropyKernels>().forward_backward(g_r.data(), targets.data(), N, V, 0.125f, grad);
       Dev<int32_t> dt(targets);
       DevF g(logits);
       const double l = cuda_op<CrossEntropyKernels>().forward_backward(g.p, dt.p, N, V, 0.125f, grad);
@@ -279,8 +283,8 @@ TEST(Cuda, AdamWAndSumSquaresMatchReference) {
   std::vector<float> p_r = p0, m_r(n, 0), v_r(n, 0);
   DevF p(p0), m(n), v(n), g(grad);
   for (int s = 1; s <= 3; ++s) {
-    cpu_ref<AdamWKernels>().step(p_r.data(), grad.data(), m_r.data(), v_r.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f,
-                                 0.1f, s, 0.375f);
+    cpu_ref<AdamWKernels>().step(p_r.data(), grad.data(), m_r.data(), v_r.data(), n, 1e-2f, 0.9f, 0.95f,
+                                 1e-8f, 0.1f, s, 0.375f);
     cuda_op<AdamWKernels>().step(p.p, g.p, m.p, v.p, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, s, 0.375f);
   }
   EXPECT_LE(rel(p.read(), p_r), kTol);
@@ -301,14 +305,24 @@ struct MoeCase {
   std::vector<float> x, wgu, wdown, dout, w;
   std::vector<int32_t> idx;
   MoeCase(int64_t N_, int64_t k_, int64_t E_, int64_t H_, int64_t I_)
-      : N(N_), k(k_), E(E_), H(H_), I(I_), x(randn(N * H, 90)), wgu(randn(E * 2 * I * H, 91, 0.3f)),
-        wdown(randn(E * H * I, 92, 0.3f)), dout(randn(N * H, 93)), w(N * k), idx(N * k) {
+      : N(N_),
+        k(k_),
+        E(E_),
+        H(H_),
+        I(I_),
+        x(randn(N * H, 90)),
+        wgu(randn(E * 2 * I * H, 91, 0.3f)),
+        wdown(randn(E * H * I, 92, 0.3f)),
+        dout(randn(N * H, 93)),
+        w(N * k),
+        idx(N * k) {
     std::mt19937_64 rng(94);
     for (int64_t n = 0; n < N; ++n)
       for (int64_t s = 0; s < k; ++s) {
         int32_t e;  // distinct experts per token, never expert 4, expert 0 for most tokens
         do e = s == 0 && n % 4 != 0 ? 0 : int32_t(rng() % E);
-        while (e == 4 || std::find(idx.begin() + n * k, idx.begin() + n * k + s, e) != idx.begin() + n * k + s);
+        while (e == 4 ||
+               std::find(idx.begin() + n * k, idx.begin() + n * k + s, e) != idx.begin() + n * k + s);
         idx[n * k + s] = e;
         w[n * k + s] = 0.1f + float(rng() % 1000) / 1000.0f;
       }
@@ -338,8 +352,8 @@ struct MoeCase {
     DevF dx_(x), dwgu_(wgu), dwdown_(wdown), ddout(dout), dw_(w), out(N * H, 9.0f), dx(N * H, 0.5f),
         dw(R, 0.25f), gwgu(wgu.size(), 0.1f), gwdown(wdown.size(), -0.1f);
     kk.forward(out.p, buf, dx_.p, didx.p, dw_.p, dwgu_.p, dwdown_.p, N, k, E, H, I);
-    kk.backward(dx.p, dw.p, gwgu.p, gwdown.p, buf, ddout.p, dx_.p, didx.p, dw_.p, dwgu_.p, dwdown_.p, N, k, E, H,
-                I);
+    kk.backward(dx.p, dw.p, gwgu.p, gwdown.p, buf, ddout.p, dx_.p, didx.p, dw_.p, dwgu_.p, dwdown_.p, N, k, E,
+                H, I);
     return {out.read(), dx.read(), dw.read(), gwgu.read(), gwdown.read()};
   }
   static void expect_near(const Result& a, const Result& b, double tol, const std::string& label) {
@@ -355,10 +369,10 @@ TEST(Cuda, MoeExpertsMatchReference) {
   SKIP_WITHOUT_GPU();
   for (const MoeCase& c : {MoeCase(23, 3, 6, 10, 7), MoeCase(37, 2, 8, 72, 24)}) {
     const std::string shape = "N=" + std::to_string(c.N) + " H=" + std::to_string(c.H);
-    MoeCase::expect_near(c.run_gpu(cuda_op<MoeExpertsKernels>()), c.run_cpu(cpu_ref<MoeExpertsKernels>()), kTol,
-                         "f32 " + shape);
-    MoeCase::expect_near(c.run_gpu(cuda_op<MoeExpertsBf16Kernels>()), c.run_cpu(cpu_ref<MoeExpertsBf16Kernels>()),
-                         kTol, "bf16 " + shape);
+    MoeCase::expect_near(c.run_gpu(cuda_op<MoeExpertsKernels>()), c.run_cpu(cpu_ref<MoeExpertsKernels>()),
+                         kTol, "f32 " + shape);
+    MoeCase::expect_near(c.run_gpu(cuda_op<MoeExpertsBf16Kernels>()),
+                         c.run_cpu(cpu_ref<MoeExpertsBf16Kernels>()), kTol, "bf16 " + shape);
   }
 }
 

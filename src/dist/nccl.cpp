@@ -14,8 +14,9 @@ bool nccl_available() {
 }
 
 std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& bootstrap) {
-  TITAN_CHECK(nccl_available(), "NCCL process group requested, but titan was built without NCCL "
-                                "(configure with -DTITAN_CUDA=ON on a machine with NCCL)");
+  TITAN_CHECK(nccl_available(),
+              "NCCL process group requested, but titan was built without NCCL "
+              "(configure with -DTITAN_CUDA=ON on a machine with NCCL)");
   return nccl_group_factory()(bootstrap);
 }
 

@@ -20,22 +20,32 @@ void check_nccl(ncclResult_t r, const char* what) {
 
 ncclDataType_t nccl_type(CommType t) {
   switch (t) {
-    case CommType::F32: return ncclFloat32;
-    case CommType::F64: return ncclFloat64;
-    case CommType::I32: return ncclInt32;
-    case CommType::I64: return ncclInt64;
-    case CommType::BF16: return ncclBfloat16;
-    case CommType::U8: return ncclUint8;
+    case CommType::F32:
+      return ncclFloat32;
+    case CommType::F64:
+      return ncclFloat64;
+    case CommType::I32:
+      return ncclInt32;
+    case CommType::I64:
+      return ncclInt64;
+    case CommType::BF16:
+      return ncclBfloat16;
+    case CommType::U8:
+      return ncclUint8;
   }
   fail("NCCL: unknown comm type");
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Avg: return ncclAvg;
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Min: return ncclMin;
+    case ReduceOp::Sum:
+      return ncclSum;
+    case ReduceOp::Avg:
+      return ncclAvg;
+    case ReduceOp::Max:
+      return ncclMax;
+    case ReduceOp::Min:
+      return ncclMin;
   }
   fail("NCCL: unknown reduce op");
 }
@@ -66,7 +76,8 @@ class NcclProcessGroup final : public ProcessGroup {
 
   void all_reduce(void* buf, int64_t count, CommType type, ReduceOp op) override {
     check_reducible(type);
-    check_nccl(ncclAllReduce(buf, buf, count, nccl_type(type), nccl_op(op), comm_, stream()), "ncclAllReduce");
+    check_nccl(ncclAllReduce(buf, buf, count, nccl_type(type), nccl_op(op), comm_, stream()),
+               "ncclAllReduce");
     wait();
   }
   void reduce_scatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts, CommType type,
@@ -97,8 +108,9 @@ class NcclProcessGroup final : public ProcessGroup {
       group([&] {
         int64_t displ = 0;
         for (int r = 0; r < size(); ++r) {
-          check_nccl(ncclBroadcast(send, at(recv, displ, type), counts[r], nccl_type(type), r, comm_, stream()),
-                     "ncclBroadcast");
+          check_nccl(
+              ncclBroadcast(send, at(recv, displ, type), counts[r], nccl_type(type), r, comm_, stream()),
+              "ncclBroadcast");
           displ += counts[r];
         }
       });
@@ -121,9 +133,11 @@ class NcclProcessGroup final : public ProcessGroup {
       int64_t sd = 0, rd = 0;
       for (int r = 0; r < size(); ++r) {
         if (send_counts[r] > 0)
-          check_nccl(ncclSend(at(send, sd, type), send_counts[r], nccl_type(type), r, comm_, stream()), "ncclSend");
+          check_nccl(ncclSend(at(send, sd, type), send_counts[r], nccl_type(type), r, comm_, stream()),
+                     "ncclSend");
         if (recv_counts[r] > 0)
-          check_nccl(ncclRecv(at(recv, rd, type), recv_counts[r], nccl_type(type), r, comm_, stream()), "ncclRecv");
+          check_nccl(ncclRecv(at(recv, rd, type), recv_counts[r], nccl_type(type), r, comm_, stream()),
+                     "ncclRecv");
         sd += send_counts[r], rd += recv_counts[r];
       }
     });
@@ -131,7 +145,8 @@ class NcclProcessGroup final : public ProcessGroup {
   }
   void barrier() override {
     cuda::Scratch<float> one(1);
-    check_nccl(ncclAllReduce(one.p, one.p, 1, ncclFloat32, ncclSum, comm_, stream()), "ncclAllReduce (barrier)");
+    check_nccl(ncclAllReduce(one.p, one.p, 1, ncclFloat32, ncclSum, comm_, stream()),
+               "ncclAllReduce (barrier)");
     wait();
   }
   std::shared_ptr<ProcessGroup> split(int color, int key) override {
@@ -148,7 +163,8 @@ class NcclProcessGroup final : public ProcessGroup {
                 comm_type_name(t));
   }
   void check_counts(const std::vector<int64_t>& c) const {
-    TITAN_CHECK(static_cast<int>(c.size()) == size(), "NCCL group: ", c.size(), " counts for ", size(), " ranks");
+    TITAN_CHECK(static_cast<int>(c.size()) == size(), "NCCL group: ", c.size(), " counts for ", size(),
+                " ranks");
   }
   template <class F>
   void group(F&& f) {

@@ -39,9 +39,9 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* q, con
                                      int64_t T, int64_t nH, int64_t nKV, int64_t hd, float scale) {
   extern __shared__ float smem[];
   const int64_t ks = hd | 1;
-  float* Ks = smem;                 // [kTile][ks]
-  float* Vs = Ks + kTile * ks;      // [kTile][ks]
-  float* Qs = Vs + kTile * ks;      // [kFwdWarps][hd]
+  float* Ks = smem;             // [kTile][ks]
+  float* Vs = Ks + kTile * ks;  // [kTile][ks]
+  float* Qs = Vs + kTile * ks;  // [kFwdWarps][hd]
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int64_t b = blockIdx.z, h = blockIdx.y, kh = h / (nH / nKV);
   const int64_t i0 = (int64_t)blockIdx.x * kFwdWarps, i = i0 + w;
@@ -115,12 +115,12 @@ __global__ void flash_backward_kernel(float* dq, float* dk, float* dv, const flo
                                       int64_t T, int64_t nH, int64_t nKV, int64_t hd, float scale) {
   extern __shared__ float smem[];
   const int64_t ks = hd | 1;
-  float* Ks = smem;                   // [kTile][ks]
-  float* Vs = Ks + kTile * ks;        // [kTile][ks]
-  float* dKs = Vs + kTile * ks;       // [kTile][ks]
-  float* dVs = dKs + kTile * ks;      // [kTile][ks]
-  float* Qs = dVs + kTile * ks;       // [kBwdWarps][hd]
-  float* dOs = Qs + kBwdWarps * hd;   // [kBwdWarps][hd]
+  float* Ks = smem;                  // [kTile][ks]
+  float* Vs = Ks + kTile * ks;       // [kTile][ks]
+  float* dKs = Vs + kTile * ks;      // [kTile][ks]
+  float* dVs = dKs + kTile * ks;     // [kTile][ks]
+  float* Qs = dVs + kTile * ks;      // [kBwdWarps][hd]
+  float* dOs = Qs + kBwdWarps * hd;  // [kBwdWarps][hd]
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int64_t b = blockIdx.z, kh = blockIdx.y, rep = nH / nKV, j0 = (int64_t)blockIdx.x * kTile;
   for (int64_t e = threadIdx.x; e < kTile * hd; e += blockDim.x) {
@@ -192,17 +192,20 @@ __global__ void flash_backward_kernel(float* dq, float* dk, float* dv, const flo
   }
 }
 
-
 // Picks R = ceil(hd/32) rounded up to 1, 2, 4 or 8 and raises the kernel's shared-memory limit when the
 // tiles need more than the default 48 KiB.
 template <template <int> class Launch, class... Args>
 void dispatch_r(int64_t hd, size_t smem, Args... args) {
   TITAN_CHECK(hd > 0 && hd <= kMaxHd, "CUDA flash attention: head_dim ", hd, " not in [1, ", kMaxHd, "]");
   const int64_t r = (hd + 31) / 32;
-  if (r <= 1) Launch<1>::run(smem, args...);
-  else if (r <= 2) Launch<2>::run(smem, args...);
-  else if (r <= 4) Launch<4>::run(smem, args...);
-  else Launch<8>::run(smem, args...);
+  if (r <= 1)
+    Launch<1>::run(smem, args...);
+  else if (r <= 2)
+    Launch<2>::run(smem, args...);
+  else if (r <= 4)
+    Launch<4>::run(smem, args...);
+  else
+    Launch<8>::run(smem, args...);
 }
 
 template <class Kernel>
@@ -216,8 +219,8 @@ struct LaunchForward {
   static void run(size_t smem, dim3 grid, float* out, float* lse, const float* q, const float* k,
                   const float* v, int64_t T, int64_t nH, int64_t nKV, int64_t hd, float scale) {
     allow_smem(flash_forward_kernel<R>, smem);
-    flash_forward_kernel<R><<<grid, kFwdWarps * 32, smem, cuda_stream()>>>(out, lse, q, k, v, T, nH, nKV, hd,
-                                                                             scale);
+    flash_forward_kernel<R>
+        <<<grid, kFwdWarps * 32, smem, cuda_stream()>>>(out, lse, q, k, v, T, nH, nKV, hd, scale);
     TITAN_CUDA_LAUNCH_CHECK();
   }
 };
@@ -229,7 +232,7 @@ struct LaunchBackward {
                   int64_t nKV, int64_t hd, float scale) {
     allow_smem(flash_backward_kernel<R>, smem);
     flash_backward_kernel<R><<<grid, kBwdWarps * 32, smem, cuda_stream()>>>(dq, dk, dv, dout, q, k, v, lse, D,
-                                                                              T, nH, nKV, hd, scale);
+                                                                            T, nH, nKV, hd, scale);
     TITAN_CUDA_LAUNCH_CHECK();
   }
 };
@@ -244,7 +247,8 @@ void flash_forward(float* out, float* lse, const float* q, const float* k, const
   dispatch_r<LaunchForward>(hd, smem, grid, out, lse, q, k, v, T, nH, nKV, hd, 1.0f / std::sqrt((float)hd));
 }
 
-void flash_rowdot(float* D, const float* dout, const float* out, int64_t B, int64_t T, int64_t nH, int64_t hd) {
+void flash_rowdot(float* D, const float* dout, const float* out, int64_t B, int64_t T, int64_t nH,
+                  int64_t hd) {
   flash_rowdot_kernel<<<blocks_for(B * T * nH, 8), 256, 0, cuda_stream()>>>(D, dout, out, B, T, nH, hd);
   TITAN_CUDA_LAUNCH_CHECK();
 }

@@ -22,9 +22,9 @@
 namespace titan::cuda {
 namespace {
 
-constexpr int kGroups = 8;   // threads per key / query row
-constexpr int kPer = 16;     // keys (dK/dV) or query rows (dQ) per block
-constexpr int kStage = 32;   // rows staged in shared memory per step
+constexpr int kGroups = 8;  // threads per key / query row
+constexpr int kPer = 16;    // keys (dK/dV) or query rows (dQ) per block
+constexpr int kStage = 32;  // rows staged in shared memory per step
 constexpr int kThreads = kPer * kGroups;
 
 __device__ inline float group_sum(float v) {  // over the 8 consecutive lanes of a group
@@ -39,12 +39,13 @@ __global__ void split_dkdv_kernel(float* dk, float* dv, const float* dout, const
                                   const float* v, const float* lse, const float* D, int64_t T, int64_t nH,
                                   int64_t nKV, int64_t hd, float scale) {
   extern __shared__ float smem[];
-  float* Qs = smem;                  // [kStage][hd]
-  float* dOs = Qs + kStage * hd;     // [kStage][hd]
-  float* Ls = dOs + kStage * hd;     // [kStage]
-  float* Ds = Ls + kStage;           // [kStage]
+  float* Qs = smem;               // [kStage][hd]
+  float* dOs = Qs + kStage * hd;  // [kStage][hd]
+  float* Ls = dOs + kStage * hd;  // [kStage]
+  float* Ds = Ls + kStage;        // [kStage]
   const int key = threadIdx.x / kGroups, g = threadIdx.x % kGroups;
-  const int64_t b = blockIdx.z, kh = blockIdx.y, rep = nH / nKV, j0 = (int64_t)blockIdx.x * kPer, j = j0 + key;
+  const int64_t b = blockIdx.z, kh = blockIdx.y, rep = nH / nKV, j0 = (int64_t)blockIdx.x * kPer,
+                j = j0 + key;
   const bool kvalid = j < T;
   float kr[DP], vr[DP], dkr[DP], dvr[DP];
 #pragma unroll
@@ -108,8 +109,8 @@ __global__ void split_dq_kernel(float* dq, const float* dout, const float* q, co
                                 const float* lse, const float* D, int64_t T, int64_t nH, int64_t nKV,
                                 int64_t hd, float scale) {
   extern __shared__ float smem[];
-  float* Ks = smem;                // [kStage][hd]
-  float* Vs = Ks + kStage * hd;    // [kStage][hd]
+  float* Ks = smem;              // [kStage][hd]
+  float* Vs = Ks + kStage * hd;  // [kStage][hd]
   const int row = threadIdx.x / kGroups, g = threadIdx.x % kGroups;
   const int64_t b = blockIdx.z, h = blockIdx.y, kh = h / (nH / nKV), i0 = (int64_t)blockIdx.x * kPer;
   const int64_t i = i0 + row;
@@ -164,12 +165,13 @@ __global__ void split_dq_kernel(float* dq, const float* dout, const float* q, co
 
 template <int DP>
 void launch_split(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                  const float* v, const float* lse, const float* D, int64_t B, int64_t T, int64_t nH, int64_t nKV,
-                  int64_t hd, float scale) {
-  const size_t smem_kv = sizeof(float) * (2 * kStage * hd + 2 * kStage), smem_q = sizeof(float) * 2 * kStage * hd;
+                  const float* v, const float* lse, const float* D, int64_t B, int64_t T, int64_t nH,
+                  int64_t nKV, int64_t hd, float scale) {
+  const size_t smem_kv = sizeof(float) * (2 * kStage * hd + 2 * kStage),
+               smem_q = sizeof(float) * 2 * kStage * hd;
   if (smem_kv > 48 * 1024)
-    TITAN_CUDA_CHECK(
-        cudaFuncSetAttribute(split_dkdv_kernel<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv));
+    TITAN_CUDA_CHECK(cudaFuncSetAttribute(split_dkdv_kernel<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)smem_kv));
   if (smem_q > 48 * 1024)
     TITAN_CUDA_CHECK(
         cudaFuncSetAttribute(split_dq_kernel<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
@@ -191,16 +193,21 @@ void split_backward(float* dq, float* dk, float* dv, const float* dout, const fl
   flash_rowdot(D.p, dout, out, B, T, nH, hd);
   const float scale = 1.0f / std::sqrt((float)hd);
   const int64_t dp = (hd + kGroups - 1) / kGroups;
-  if (dp <= 2) launch_split<2>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale);
-  else if (dp <= 4) launch_split<4>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale);
-  else if (dp <= 8) launch_split<8>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale);
-  else if (dp <= 16) launch_split<16>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale);
-  else launch_split<32>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale);
+  if (dp <= 2)
+    launch_split<2>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale);
+  else if (dp <= 4)
+    launch_split<4>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale);
+  else if (dp <= 8)
+    launch_split<8>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale);
+  else if (dp <= 16)
+    launch_split<16>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale);
+  else
+    launch_split<32>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale);
 }
 
-// Below "flash" until measured faster on a GPU.
+// The default: forward + backward 1.56x "flash" on an H200 (bench/BENCHMARKS.md, B4 T2048 hd128).
 const AttentionKernels kFlashSplit{flash_forward, split_backward, flash_saved_floats};
-TITAN_REGISTER_KERNEL(AttentionKernels, CUDA, "flash_split", kFlashSplit, 5);
+TITAN_REGISTER_KERNEL(AttentionKernels, CUDA, "flash_split", kFlashSplit, 20);
 
 }  // namespace
 }  // namespace titan::cuda

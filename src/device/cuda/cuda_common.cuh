@@ -14,11 +14,11 @@ namespace titan::cuda {
 
 [[noreturn]] void fail_cuda(cudaError_t e, const char* what, const char* file, int line);
 
-#define TITAN_CUDA_CHECK(call)                                                      \
-  do {                                                                              \
-    cudaError_t titan_cuda_err_ = (call);                                           \
-    if (titan_cuda_err_ != cudaSuccess)                                             \
-      ::titan::cuda::fail_cuda(titan_cuda_err_, #call, __FILE__, __LINE__);         \
+#define TITAN_CUDA_CHECK(call)                                              \
+  do {                                                                      \
+    cudaError_t titan_cuda_err_ = (call);                                   \
+    if (titan_cuda_err_ != cudaSuccess)                                     \
+      ::titan::cuda::fail_cuda(titan_cuda_err_, #call, __FILE__, __LINE__); \
   } while (0)
 // After a kernel launch: reports launch errors (bad configuration) at the launch site.
 #define TITAN_CUDA_LAUNCH_CHECK() TITAN_CUDA_CHECK(cudaGetLastError())
@@ -44,8 +44,8 @@ struct Scratch {
 
 // Column-major GEMM on cuBLASLt (matmul.cu): D (m,n) = op(A) op(B) + beta D with f32 A, B, D; bf16 = true
 // rounds A and B to bf16 first and multiplies in bf16 with f32 accumulation. beta = 0 never reads D.
-void gemm_f32_or_bf16(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A, int64_t lda,
-                      const float* B, int64_t ldb, float* D, int64_t ldd, float beta);
+void gemm_f32_or_bf16(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A,
+                      int64_t lda, const float* B, int64_t ldb, float* D, int64_t ldd, float beta);
 
 inline unsigned blocks_for(int64_t n, int threads) {
   int64_t b = (n + threads - 1) / threads;

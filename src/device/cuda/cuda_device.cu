@@ -115,8 +115,8 @@ std::string describe() {
   for (int i = 0; i < n; ++i) {
     cudaDeviceProp p{};
     if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
-    out += str_cat("  cuda:", i, " ", p.name, ", ", p.totalGlobalMem / (1024 * 1024), " MiB, compute ", p.major,
-                   ".", p.minor, ", ", p.multiProcessorCount, " SMs\n");
+    out += str_cat("  cuda:", i, " ", p.name, ", ", p.totalGlobalMem / (1024 * 1024), " MiB, compute ",
+                   p.major, ".", p.minor, ", ", p.multiProcessorCount, " SMs\n");
   }
   return out;
 }

@@ -232,8 +232,8 @@ double cross_entropy(float* logits, const int32_t* targets, int64_t N, int64_t V
   cross_entropy_kernel<<<N, 512, 0, cuda_stream()>>>(loss.p, logits, targets, V, grad_scale, compute_grad);
   TITAN_CUDA_LAUNCH_CHECK();
   std::vector<double> host(N);
-  TITAN_CUDA_CHECK(cudaMemcpyAsync(host.data(), loss.p, N * sizeof(double), cudaMemcpyDeviceToHost,
-                                   cuda_stream()));
+  TITAN_CUDA_CHECK(
+      cudaMemcpyAsync(host.data(), loss.p, N * sizeof(double), cudaMemcpyDeviceToHost, cuda_stream()));
   TITAN_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
   double total = 0;  // summed in row order, as the CPU does
   for (double l : host) total += l;
@@ -243,9 +243,11 @@ double cross_entropy(float* logits, const int32_t* targets, int64_t N, int64_t V
 // ---- AdamW ---------------------------------------------------------------------------------------------
 // torch.optim.AdamW, the same f32 operations in the same order as the CPU reference; the bias corrections
 // are computed once on the host in double.
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float beta1, float beta2,
-                             float eps, float decay, float step_size, float bc2_sqrt, float grad_scale) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float beta1,
+                             float beta2, float eps, float decay, float step_size, float bc2_sqrt,
+                             float grad_scale) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
     const float gi = g[i] * grad_scale;
     float pi = p[i] * decay;
     float mi = m[i];
@@ -274,7 +276,8 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float l
 __global__ void sum_squares_kernel(double* out, const float* x, int64_t n) {
   __shared__ double red[32];
   double s = 0;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
     s += (double)x[i] * x[i];
   s = block_sum(s, red);
   if (threadIdx.x == 0) atomicAdd(out, s);

@@ -136,7 +136,8 @@ void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp
 
 // ---- bf16 ----------------------------------------------------------------------------------------------
 __global__ void to_bf16_kernel(__nv_bfloat16* out, const float* in, int64_t n) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
     out[i] = __float2bfloat16_rn(in[i]);
 }
 
@@ -167,13 +168,14 @@ void matmul_bf16_backward(float* dinp, float* dw, const float* dout, const float
 
 }  // namespace
 
-void gemm_f32_or_bf16(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A, int64_t lda,
-                      const float* B, int64_t ldb, float* D, int64_t ldd, float beta) {
+void gemm_f32_or_bf16(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A,
+                      int64_t lda, const float* B, int64_t ldb, float* D, int64_t ldd, float beta) {
   if (!bf16) return gemm(ta, tb, m, n, k, A, lda, B, ldb, D, ldd, beta, CUDA_R_32F);
   // A is (ta ? m : k) columns... its elements: lda * (ta ? m : k) with the last column short; convert the
   // span that is read.
   const int64_t a_cols = ta ? m : k, a_rows = ta ? k : m, b_cols = tb ? k : n, b_rows = tb ? n : k;
-  Bf16Copy a(A, a_cols == 0 ? 0 : lda * (a_cols - 1) + a_rows), b(B, b_cols == 0 ? 0 : ldb * (b_cols - 1) + b_rows);
+  Bf16Copy a(A, a_cols == 0 ? 0 : lda * (a_cols - 1) + a_rows),
+      b(B, b_cols == 0 ? 0 : ldb * (b_cols - 1) + b_rows);
   gemm(ta, tb, m, n, k, a.p, lda, b.p, ldb, D, ldd, beta, CUDA_R_16BF);
 }
 

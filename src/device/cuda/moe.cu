@@ -111,8 +111,8 @@ void moe_forward(float* out, const MoeExpertsBuffers& buf, const float* x, const
   const int64_t Nk = N * k;
   if (N == 0) return;
   const auto off = route(buf, idx, Nk, E);
-  float* xs = buf.scratch;      // (Nk, H)
-  float* y = xs + Nk * H;       // (Nk, H)
+  float* xs = buf.scratch;  // (Nk, H)
+  float* y = xs + Nk * H;   // (Nk, H)
   auto s = cuda_stream();
   gather_rows_kernel<<<Nk, 128, 0, s>>>(xs, x, buf.order, k, H);
   TITAN_CUDA_LAUNCH_CHECK();
@@ -142,18 +142,19 @@ void moe_backward(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeE
   auto s = cuda_stream();
   TITAN_CUDA_CHECK(cudaMemcpyAsync(off.data(), buf.offsets, (E + 1) * 4, cudaMemcpyDeviceToHost, s));
   TITAN_CUDA_CHECK(cudaStreamSynchronize(s));
-  float* xs = buf.scratch;      // (Nk, H)
-  float* dy = xs + Nk * H;      // (Nk, H), later dxs
-  float* g = dy + Nk * H;       // (Nk, I)
-  float* wact = g + Nk * I;     // (Nk, I)
-  float* dgu = wact + Nk * I;   // (Nk, 2I)
+  float* xs = buf.scratch;     // (Nk, H)
+  float* dy = xs + Nk * H;     // (Nk, H), later dxs
+  float* g = dy + Nk * H;      // (Nk, I)
+  float* wact = g + Nk * I;    // (Nk, I)
+  float* dgu = wact + Nk * I;  // (Nk, 2I)
   gather_rows_kernel<<<Nk, 128, 0, s>>>(xs, x, buf.order, k, H);
   TITAN_CUDA_LAUNCH_CHECK();
   gather_rows_kernel<<<Nk, 128, 0, s>>>(dy, dout, buf.order, k, H);
   TITAN_CUDA_LAUNCH_CHECK();
   for (int64_t e = 0; e < E; ++e) {  // g_e (c,I) = dy_e W_down_e
     const int64_t r0 = off[e], c = off[e + 1] - off[e];
-    gemm_f32_or_bf16(kBf16, false, false, I, c, H, w_down + e * H * I, I, dy + r0 * H, H, g + r0 * I, I, 0.0f);
+    gemm_f32_or_bf16(kBf16, false, false, I, c, H, w_down + e * H * I, I, dy + r0 * H, H, g + r0 * I, I,
+                     0.0f);
   }
   moe_backward_rows_kernel<<<Nk, 128, 0, s>>>(dw, wact, dgu, g, buf.act, buf.gu, w, buf.order, I);
   TITAN_CUDA_LAUNCH_CHECK();
