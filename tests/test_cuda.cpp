@@ -90,6 +90,18 @@ TEST(Cuda, EveryCudaOpHasACpuReference) {
   }
 }
 
+// Without a GPU (CI), CUDA memory is a clear titan::Error, not a crash.
+TEST(Cuda, NoGpuMeansAClearError) {
+  if (!device_available(DeviceType::CUDA)) GTEST_SKIP() << "titan was built without CUDA";
+  if (gpu().device_count() > 0) GTEST_SKIP() << "a GPU is present";
+  try {
+    gpu().allocator->allocate(16);
+    ADD_FAILURE() << "allocation on a machine without a GPU succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("finds no GPU"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Cuda, AllocatorAndCopies) {
   SKIP_WITHOUT_GPU();
   auto& stats = gpu().allocator->stats;
