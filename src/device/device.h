@@ -40,7 +40,7 @@ class Allocator {
 
 // What a device provides to the core. Versioned so an out-of-tree device can check compatibility.
 struct DeviceInterface {
-  static constexpr int kVersion = 1;
+  static constexpr int kVersion = 2;  // 2: device_count, describe, synchronize
   int version = kVersion;
   const char* name = "";
   Allocator* allocator = nullptr;
