@@ -241,12 +241,35 @@ FrozenBf16Base::~FrozenBf16Base() = default;
 
 Tensor FrozenBf16Base::gather_params(int group) {
   const auto& src = groups_[group];
-  Tensor t = Tensor::empty({static_cast<int64_t>(src.size())});
-  float* d = t.f32();
-  const int64_t n = t.numel();
+  const int64_t n = static_cast<int64_t>(src.size());
+  if (live_.size() < groups_.size()) live_.resize(groups_.size());
+  TITAN_CHECK(!live_[group].t.defined(), "frozen bf16 base: group ", group, " gathered twice");
+  // A free buffer that still holds this group, else one of the same size, else a new one.
+  auto pick = [&]() -> Buffer {
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t i = 0; i < free_.size(); ++i)
+        if (free_[i].t.numel() == n && (pass == 1 || free_[i].group == group)) {
+          Buffer b = free_[i];
+          free_.erase(free_.begin() + static_cast<long>(i));
+          return b;
+        }
+    return Buffer{Tensor::empty({n}), -1};
+  };
+  Buffer b = pick();
+  if (b.group != group) {
+    float* d = b.t.f32();
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(src[i]);
-  return t;
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(src[i]);
+    b.group = group;
+  }
+  live_[group] = b;
+  return b.t;
+}
+
+void FrozenBf16Base::release_params(int group) {
+  if (group >= static_cast<int>(live_.size()) || !live_[group].t.defined()) return;
+  free_.push_back(live_[group]);
+  live_[group] = Buffer{};
 }
 
 Tensor FrozenBf16Base::grad_buffer(int group) {

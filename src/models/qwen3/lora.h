@@ -135,7 +135,7 @@ class FrozenBf16Base : public ParamStreamer {
   FrozenBf16Base(Qwen3Model& model, const std::string& hf_dir, uint64_t seed = 0);
   ~FrozenBf16Base() override;
   Tensor gather_params(int group) override;
-  void release_params(int) override {}
+  void release_params(int group) override;
   Tensor grad_buffer(int group) override;
   void reduce_grads(int) override {}
   void zero_grads() override {}
@@ -144,6 +144,13 @@ class FrozenBf16Base : public ParamStreamer {
  private:
   Qwen3Model& model_;
   std::vector<std::vector<uint16_t>> groups_;
+  // f32 buffers handed out (per group) and given back: reused without page faults, and without
+  // re-converting when a buffer still holds the group asked for (the base never changes).
+  struct Buffer {
+    Tensor t;
+    int group = -1;
+  };
+  std::vector<Buffer> live_, free_;
 };
 
 }  // namespace titan
