@@ -304,3 +304,118 @@ TEST(Lora, UnsupportedPeftVariantsAreRefused) {
 
 }  // namespace
 }  // namespace titan
+
+namespace titan {
+namespace {
+
+// `titan train` with [lora]: a small text run; returns the per-step losses of metrics.jsonl.
+std::string lora_train_args(const TempDir& tmp, const std::string& extra) {
+  {
+    std::ofstream f(tmp / "corpus.txt");
+    for (int i = 0; i < 200; ++i) f << "the quick brown fox " << i << " jumps over the lazy dog.\n%\n";
+  }
+  return " --training.dataset=" + (tmp / "corpus.txt") +
+         " --model.tokenizer_path=" + source_path("tests/golden/tokenizer/small") +
+         " --model.vocab_size=1024 --training.seq_len=32 --training.steps=4 --training.sample_tokens=0"
+         " --lr_scheduler.warmup_steps=2 --metrics.peak_tflops=1 --optimizer.lr=1e-2"
+         " --lora.enable=true --lora.rank=4 --lora.alpha=8 " +
+         extra;
+}
+
+// Only the adapter gradients are reduced: DDP and FSDP over 2 ranks give the 1-rank losses, and the final
+// checkpoint is a PEFT adapter directory that resumes and loads.
+TEST(LoraTrainer, DataParallelMatchesOneRankAndCheckpointsArePeftDirs) {
+  TempDir tmp;
+  const std::string common =
+      lora_train_args(tmp, "--lora.base_dtype=float32 --activation_checkpoint.mode=full");
+  std::string out;
+  ASSERT_EQ(testing::run_titan("train" + common +
+                                   " --training.local_batch_size=4 --checkpoint.enable=true"
+                                   " --checkpoint.interval=2 --job.dump_folder=" +
+                                   (tmp / "one"),
+                               &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("LoRA adapter (PEFT format)"), std::string::npos) << out;
+  const auto ref = testing::jsonl_losses(tmp / "one/metrics.jsonl");
+  ASSERT_EQ(ref.size(), 4u);
+  EXPECT_LT(ref.back(), ref.front());
+  for (auto [name, replicate] : {std::pair<const char*, int>{"ddp2", 2}, {"fsdp2", 1}}) {
+    const std::string cmd =
+        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 timeout 300 "
+        "mpirun --oversubscribe --bind-to none -np 2 " +
+        std::string(TITAN_BINARY) + " train" + common +
+        " --training.local_batch_size=2 --parallelism.data_parallel_replicate_degree=" +
+        std::to_string(replicate) + " --job.dump_folder=" + (tmp / name) + " > " + (tmp / name) + ".log 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << name;
+    const auto got = testing::jsonl_losses(tmp / (std::string(name) + "/metrics.jsonl"));
+    ASSERT_EQ(got.size(), ref.size()) << name;
+    for (size_t i = 0; i < ref.size(); ++i)
+      EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << name << " step " << i + 1;
+  }
+  // Every checkpoint directory is a PEFT adapter dir of the trained adapters.
+  const Qwen3Config cfg = Qwen3Config::flavor("debug");
+  for (const char* step : {"step-2", "step-4"}) {
+    const std::string dir = tmp / ("one/checkpoint/" + std::string(step));
+    const LoraConfig lc = LoraConfig::from_peft_file(dir + "/adapter_config.json");
+    EXPECT_EQ(lc.rank, 4);
+    EXPECT_EQ(lc.alpha, 8);
+    SafetensorsFile st(dir + "/adapter_model.safetensors");
+    EXPECT_TRUE(st.contains("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight")) << dir;
+  }
+  // Resume from step 2 reproduces steps 3 and 4.
+  fs::remove_all(tmp / "one/checkpoint/step-4");
+  ASSERT_EQ(testing::run_titan("train" + common +
+                                   " --training.local_batch_size=4 --checkpoint.enable=true"
+                                   " --checkpoint.interval=2 --job.dump_folder=" +
+                                   (tmp / "one"),
+                               &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("resuming from"), std::string::npos) << out;
+  const auto resumed = testing::jsonl_losses(tmp / "one/metrics.jsonl");
+  ASSERT_GE(resumed.size(), 2u);
+  EXPECT_NEAR(resumed[resumed.size() - 1], ref[3], 1e-6 * ref[3]);
+  EXPECT_NEAR(resumed[resumed.size() - 2], ref[2], 1e-6 * ref[2]);
+}
+
+// The default frozen base (bf16) trains from an HF directory and the adapter merges back into it.
+TEST(LoraTrainer, Bf16BaseFromHfDirTrainsAndMerges) {
+  TempDir tmp;
+  Qwen3Config c = Qwen3Config::flavor("debug");
+  c.vocab_size = 1024;
+  c.num_hidden_layers = 2;
+  Qwen3Model m(c);
+  m.init_weights(3);
+  m.save_hf(tmp / "hf", DType::BF16);
+  std::string out;
+  ASSERT_EQ(testing::run_titan(
+                "train" + lora_train_args(
+                              tmp, "--checkpoint.initial_load_path=" + (tmp / "hf") +
+                                       " --model.hf_assets_path=" + (tmp / "hf") +
+                                       " --training.local_batch_size=2 --job.dump_folder=" + (tmp / "run")),
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("frozen base " + (tmp / "hf") + " (bfloat16)"), std::string::npos) << out;
+  const auto losses = testing::jsonl_losses(tmp / "run/metrics.jsonl");
+  ASSERT_EQ(losses.size(), 4u);
+  EXPECT_LT(losses.back(), losses.front());
+  ASSERT_EQ(testing::run_titan("convert --input " + (tmp / "hf") + " --output " + (tmp / "merged") +
+                                   " --merge-lora " + (tmp / "run/checkpoint/step-4"),
+                               &out),
+            0)
+      << out;
+  Qwen3Model merged(Qwen3Config::from_hf_file(tmp / "merged/config.json"));
+  merged.load_hf(tmp / "merged");
+  // The adapters moved the adapted weights and nothing else.
+  EXPECT_GT(rel_error(merged.param("model.layers.0.self_attn.q_proj.weight").value,
+                      m.param("model.layers.0.self_attn.q_proj.weight").value),
+            0.0);
+  EXPECT_EQ(rel_error(merged.param("model.layers.0.input_layernorm.weight").value,
+                      m.param("model.layers.0.input_layernorm.weight").value),
+            0.0);
+}
+
+}  // namespace
+}  // namespace titan

@@ -11,6 +11,7 @@
 #include "dist/data_parallel_plan.h"
 #include "dist/expert_parallel.h"
 #include "dist/runtime.h"
+#include "models/qwen3/lora.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 #include "train/metrics.h"
@@ -74,6 +75,7 @@ void Trainer::build_data() {
 
 void Trainer::build_model() {
   validate_kernel_choice(cfg_.kernels);
+  if (cfg_.lora.enable) return build_lora_model();
   // Expert parallel: groups of expert_parallel_degree consecutive ranks split every sparse layer's experts.
   ep_group_ = dist::make_expert_group(*pg_, static_cast<int>(plan_.expert_parallel));
   model_ = std::make_unique<Qwen3Model>(mc_, cfg_.kernels, ep_group_.get());
@@ -90,6 +92,7 @@ void Trainer::build_model() {
 // (ZeRO-3): every rank keeps 1/S of the parameters, gradients and optimizer state; a layer group is
 // gathered just before its forward/backward and freed after.
 void Trainer::build_parallelism() {
+  if (lora_) return build_lora_parallelism();
   bf16_ = cfg_.training.mixed_precision_param == "bfloat16";
   stream_ = plan_.dp_shard > 1;
   if (bf16_ && !stream_) build_mixed_precision_master();
