@@ -54,6 +54,16 @@ void Trainer::build_process_group_and_plan() {
   plan_ = make_plan(mc_, world_, par.data_parallel_replicate_degree, dp_shard, cfg_.training.local_batch_size,
                     cfg_.training.global_batch_size, cfg_.training.seq_len, cfg_.activation_checkpoint.mode,
                     par.expert_parallel_degree);
+  if (cfg_.lora.enable) {
+    // LoRA: the frozen base (bf16 or f32) without gradients or optimizer state; the adapters train.
+    LoraConfig lc;
+    lc.rank = cfg_.lora.rank;
+    lc.target_modules = cfg_.lora.target_modules;
+    const int64_t adapters = lora_num_params(mc_, lc);
+    plan_.param_bytes = plan_.params * (cfg_.lora.base_dtype == "bfloat16" ? 2 : 4) + adapters * 4;
+    plan_.grad_bytes = adapters * 4;
+    plan_.optimizer_bytes = adapters * 8;
+  }
   if (cfg_.job.print_config && lead_)
     std::printf("# titan train: resolved config\n%s", cfg_.to_toml().c_str());
   if (lead_) std::printf("# plan\n%s\n", plan_.describe().c_str());

@@ -59,43 +59,51 @@ inline float hash_uniform(uint64_t key) {
 }
 }  // namespace
 
-LoraAdapters::LoraAdapters(const Qwen3Config& model, const LoraConfig& lora) : model_(model), cfg_(lora) {
-  cfg_.validate("[lora]");
-  const auto& c = model_;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, L = c.num_hidden_layers, r = cfg_.rank;
-  slot_of_.assign(L * kLoraProjs, -1);
-  int64_t total = 0;
-  for (int64_t l = 0; l < L; ++l)
+namespace {
+struct Adapted {
+  int64_t layer;
+  LoraProj proj;
+  int64_t in, out;
+};
+// Every adapted projection (layer, projection, in, out features), in layer then projection order.
+std::vector<Adapted> adapted_projections(const Qwen3Config& c, const LoraConfig& cfg) {
+  std::vector<Adapted> out;
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
     for (int pi = 0; pi < kLoraProjs; ++pi) {
       const LoraProj p = static_cast<LoraProj>(pi);
-      if (!targets(cfg_, p)) continue;
+      if (!targets(cfg, p)) continue;
       // Sparse layers: the routed experts are not nn.Linear modules in HF (fused); no adapter there.
       if (pi >= static_cast<int>(LoraProj::Gate) && c.is_moe_layer(l)) continue;
-      int64_t in = H, out = H;
-      switch (p) {
-        case LoraProj::Q:
-          out = c.q_dim();
-          break;
-        case LoraProj::K:
-        case LoraProj::V:
-          out = c.kv_dim();
-          break;
-        case LoraProj::O:
-          in = c.q_dim();
-          break;
-        case LoraProj::Gate:
-        case LoraProj::Up:
-          out = I;
-          break;
-        case LoraProj::Down:
-          in = I;
-          break;
-      }
-      Slot s{l, p, in, out, total, total + r * in, {}};
-      total += r * in + out * r;
-      slot_of_[l * kLoraProjs + pi] = static_cast<int>(slots_.size());
-      slots_.push_back(std::move(s));
+      const bool attn_out = p == LoraProj::O, down = p == LoraProj::Down;
+      const int64_t in = attn_out ? c.q_dim() : down ? I : H;
+      const int64_t o = p == LoraProj::Q                           ? c.q_dim()
+                        : p == LoraProj::K || p == LoraProj::V     ? c.kv_dim()
+                        : p == LoraProj::Gate || p == LoraProj::Up ? I
+                                                                   : H;
+      out.push_back({l, p, in, o});
     }
+  return out;
+}
+}  // namespace
+
+int64_t lora_num_params(const Qwen3Config& model, const LoraConfig& lora) {
+  int64_t n = 0;
+  for (auto& a : adapted_projections(model, lora)) n += lora.rank * (a.in + a.out);
+  return n;
+}
+
+LoraAdapters::LoraAdapters(const Qwen3Config& model, const LoraConfig& lora) : model_(model), cfg_(lora) {
+  cfg_.validate("[lora]");
+  const int64_t r = cfg_.rank;
+  slot_of_.assign(model_.num_hidden_layers * kLoraProjs, -1);
+  int64_t total = 0;
+  for (auto& a : adapted_projections(model_, cfg_)) {
+    Slot s{a.layer, a.proj, a.in, a.out, total, total + r * a.in, {}};
+    total += r * a.in + a.out * r;
+    slot_of_[a.layer * kLoraProjs + static_cast<int>(a.proj)] = static_cast<int>(slots_.size());
+    slots_.push_back(std::move(s));
+  }
   TITAN_CHECK(!slots_.empty(), "[lora]: target_modules match no projection of this model");
   flat_params_ = {Tensor::zeros({total})};
   flat_grads_ = {Tensor::zeros({total})};

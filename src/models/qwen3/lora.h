@@ -57,6 +57,10 @@ enum class LoraProj : int { Q = 0, K, V, O, Gate, Up, Down };
 constexpr int kLoraProjs = 7;
 const char* lora_proj_name(LoraProj p);  // "q_proj", ...
 
+// Number of adapter parameters (A and B of every adapted projection) for a model and LoRA config, without
+// allocating anything (planning).
+int64_t lora_num_params(const Qwen3Config& model, const LoraConfig& lora);
+
 class LoraAdapters {
  public:
   LoraAdapters(const Qwen3Config& model, const LoraConfig& lora);
