@@ -161,6 +161,11 @@ void Trainer::print_state_per_rank() const {
   for (auto& t : model_->flat_params()) param_bytes += t.defined() ? t.nbytes() : 0;
   for (auto& t : model_->flat_grads()) grad_bytes += t.defined() ? t.nbytes() : 0;
   for (auto& t : master_) param_bytes += t.nbytes();
+  if (lora_) {  // the frozen base (no gradient, no optimizer state) and the adapters
+    if (frozen_base_) param_bytes += frozen_base_->bytes();
+    param_bytes += lora_->flat_params()[0].nbytes();
+    grad_bytes += lora_->flat_grads()[0].nbytes();
+  }
   if (stream_ || dp_->shard_degree() > 1) {
     for (auto& t : dp_->optimizer_params()) param_bytes += t.nbytes();
     for (auto& t : dp_->optimizer_grads()) grad_bytes += t.nbytes();
