@@ -2,7 +2,8 @@
 // prints one JSON line per measured step and a summary with the peak resident set (VmHWM), in the same
 // shape as bench/peft_lora_step.py prints for PEFT + transformers.
 //   bench_lora_step [--flavor 4B] [--layers N] [--seq 1024 --batch 1 --rank 16 --alpha 32 --steps 3
-//                   --warmup 1 --ac 1 --bf16-base 1] [--hf-dir DIR]
+//                   --warmup 1 --ac 1 --bf16-base 1 --bf16-compute 0] [--hf-dir DIR]
+// --bf16-compute 1: the base GEMMs on bf16 operands (the matmul_bf16 engine, as PEFT on a bf16 base).
 // --bf16-base 1: the frozen base held in bf16 (FrozenBf16Base, up-converted per layer); 0: f32 base.
 // --hf-dir: load the base from an HF directory instead of drawing a random one (shape from its config).
 #include <algorithm>
@@ -34,7 +35,7 @@ double now() {
 
 int main(int argc, char** argv) {
   std::string flavor = "4B", hf_dir;
-  int64_t layers = 0, seq = 1024, batch = 1, rank = 16, steps = 3, warmup = 1, ac = 1, bf16_base = 1;
+  int64_t layers = 0, seq = 1024, batch = 1, rank = 16, steps = 3, warmup = 1, ac = 1, bf16_base = 1, bf16_compute = 0;
   double alpha = 32;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -58,6 +59,8 @@ int main(int argc, char** argv) {
       warmup = std::atoll(v.c_str());
     else if (k == "--ac")
       ac = std::atoll(v.c_str());
+    else if (k == "--bf16-compute")
+      bf16_compute = std::atoll(v.c_str());
     else if (k == "--bf16-base")
       bf16_base = std::atoll(v.c_str());
     else {
@@ -81,6 +84,7 @@ int main(int argc, char** argv) {
     else if (!hf_dir.empty())
       model.load_hf(hf_dir);
     model.set_activation_checkpointing(ac != 0);
+    if (bf16_compute) model.set_bf16_compute(true);  // base GEMMs on the bf16 engine; adapters stay f32
     titan::AdamW opt(lora.flat_params(), lora.flat_grads(),
                      titan::AdamWConfig{1e-4f, 0.9f, 0.999f, 1e-8f, 0.0f});
     std::mt19937 rng(0);
@@ -106,11 +110,11 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"summary\":true,\"framework\":\"titan\",\"layers\":%lld,\"hidden\":%lld,\"params\":%lld,\"lora_"
         "params\":%lld,"
-        "\"rank\":%lld,\"seq\":%lld,\"batch\":%lld,\"ac\":%lld,\"base\":\"%s\",\"median_step_s\":%.3f,"
+        "\"rank\":%lld,\"seq\":%lld,\"batch\":%lld,\"ac\":%lld,\"base\":\"%s\",\"bf16_compute\":%lld,\"median_step_s\":%.3f,"
         "\"median_tokens_per_s\":%.1f,\"rss_after_load_gib\":%.3f,\"peak_rss_gib\":%.3f}\n",
         (long long)c.num_hidden_layers, (long long)c.hidden_size, (long long)model.num_params(),
         (long long)lora.num_params(), (long long)rank, (long long)seq, (long long)batch, (long long)ac,
-        bf16_base ? "bf16" : "f32", med, med > 0 ? batch * seq / med : 0.0, rss_after_load / (1 << 30),
+        bf16_base ? "bf16" : "f32", (long long)bf16_compute, med, med > 0 ? batch * seq / med : 0.0, rss_after_load / (1 << 30),
         status_bytes("VmHWM:") / (1 << 30));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
