@@ -86,6 +86,8 @@ void Qwen3Model::drop_bf16_image(int g) {
   if (g >= static_cast<int>(bf16_image_base_.size()) || !bf16_image_base_[g]) return;
   unregister_bf16_image(bf16_image_base_[g]);
   bf16_image_base_[g] = nullptr;
+  // A streamed frozen base (LoRA) keeps no image between uses: it would duplicate the base's bf16 storage.
+  if (streamer_ && frozen_) std::vector<uint16_t>().swap(bf16_image_[g]);
 }
 
 Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
