@@ -35,7 +35,8 @@ double now() {
 
 int main(int argc, char** argv) {
   std::string flavor = "4B", hf_dir;
-  int64_t layers = 0, seq = 1024, batch = 1, rank = 16, steps = 3, warmup = 1, ac = 1, bf16_base = 1, bf16_compute = 0;
+  int64_t layers = 0, seq = 1024, batch = 1, rank = 16, steps = 3, warmup = 1, ac = 1, bf16_base = 1,
+          bf16_compute = 0;
   double alpha = 32;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -110,12 +111,13 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"summary\":true,\"framework\":\"titan\",\"layers\":%lld,\"hidden\":%lld,\"params\":%lld,\"lora_"
         "params\":%lld,"
-        "\"rank\":%lld,\"seq\":%lld,\"batch\":%lld,\"ac\":%lld,\"base\":\"%s\",\"bf16_compute\":%lld,\"median_step_s\":%.3f,"
+        "\"rank\":%lld,\"seq\":%lld,\"batch\":%lld,\"ac\":%lld,\"base\":\"%s\",\"bf16_compute\":%lld,"
+        "\"median_step_s\":%.3f,"
         "\"median_tokens_per_s\":%.1f,\"rss_after_load_gib\":%.3f,\"peak_rss_gib\":%.3f}\n",
         (long long)c.num_hidden_layers, (long long)c.hidden_size, (long long)model.num_params(),
         (long long)lora.num_params(), (long long)rank, (long long)seq, (long long)batch, (long long)ac,
-        bf16_base ? "bf16" : "f32", (long long)bf16_compute, med, med > 0 ? batch * seq / med : 0.0, rss_after_load / (1 << 30),
-        status_bytes("VmHWM:") / (1 << 30));
+        bf16_base ? "bf16" : "f32", (long long)bf16_compute, med, med > 0 ? batch * seq / med : 0.0,
+        rss_after_load / (1 << 30), status_bytes("VmHWM:") / (1 << 30));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
