@@ -8,7 +8,6 @@
 #include <fstream>
 #include <functional>
 #include <optional>
-#include <random>
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
@@ -17,6 +16,7 @@
 #include "dist/data_parallel_plan.h"
 #include "dist/expert_parallel.h"
 #include "dist/runtime.h"
+#include "generate/generator.h"
 #include "kernels/registry.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
@@ -118,35 +118,18 @@ std::string resolve_tokenizer(const TrainConfig& cfg, const std::vector<std::str
   return path.string();
 }
 
-// Samples `n` tokens after `prompt` (temperature 0.8, top-k 40, seeded), recomputing the full
-// context each token (no KV cache: fine for a short sample of a small model).
-std::vector<int32_t> generate(Qwen3Model& model, std::vector<int32_t> ids, int64_t n, int64_t max_context,
-                              uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  const int64_t V = model.config().vocab_size;
-  const int64_t start = static_cast<int64_t>(ids.size());
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t T = std::min<int64_t>(static_cast<int64_t>(ids.size()), max_context);
-    std::vector<int32_t> ctx(ids.end() - T, ids.end()), labels(T, -100);
-    ForwardOptions fo;
-    fo.compute_grad = false;
-    fo.keep_logits = true;
-    model.forward(ctx.data(), labels.data(), 1, T, fo);
-    const float* last = model.logits().f32() + (T - 1) * V;
-    std::vector<std::pair<float, int32_t>> top(V);
-    for (int64_t v = 0; v < V; ++v) top[v] = {last[v], static_cast<int32_t>(v)};
-    const int64_t k = std::min<int64_t>(40, V);
-    std::partial_sort(top.begin(), top.begin() + k, top.end(), std::greater<>());
-    std::vector<double> w(k);
-    for (int64_t j = 0; j < k; ++j) w[j] = std::exp((top[j].first - top[0].first) / 0.8);
-    double total = 0;
-    for (double x : w) total += x;
-    double r = (rng() >> 11) * 0x1.0p-53 * total;
-    int64_t pick = 0;
-    while (pick + 1 < k && r >= w[pick]) r -= w[pick++];
-    ids.push_back(top[pick].second);
-  }
-  return std::vector<int32_t>(ids.begin() + start, ids.end());
+// Samples `n` tokens after `prompt` (temperature 0.8, top-k 40, seeded) with the KV-cache generator; the
+// prompt keeps its last max_context - n tokens when prompt + sample would exceed max_context positions.
+std::vector<int32_t> sample_tokens(Qwen3Model& model, std::vector<int32_t> ids, int64_t n,
+                                   int64_t max_context, uint64_t seed) {
+  const int64_t ctx = std::min<int64_t>(max_context, model.config().max_position_embeddings);
+  const int64_t keep = std::max<int64_t>(ctx - n, 1);
+  if (static_cast<int64_t>(ids.size()) > keep) ids.erase(ids.begin(), ids.end() - keep);
+  KVCacheModel kv(model, static_cast<int64_t>(ids.size()) + n);
+  GenerateOptions go;
+  go.max_new_tokens = n;
+  go.sampling = SamplingOptions{true, 0.8, 40, 1.0, seed};
+  return generate(kv, ids, go);
 }
 
 // Every [kernels] entry names a registered op and one of its implementations.
@@ -518,8 +501,8 @@ TrainResult run_training(const TrainConfig& cfg) {
     std::vector<int32_t> prompt = tok.encode(cfg.training.sample_prompt);
     if (prompt.empty()) prompt.push_back(loader.eos_id() >= 0 ? loader.eos_id() : 0);
     if (bf16) export_model->set_bf16_compute(true);
-    auto ids =
-        generate(*export_model, prompt, cfg.training.sample_tokens, cfg.training.seq_len, cfg.training.seed);
+    auto ids = sample_tokens(*export_model, prompt, cfg.training.sample_tokens, cfg.training.seq_len,
+                             cfg.training.seed);
     result.sample = cfg.training.sample_prompt + tok.decode(ids, true);
     std::ofstream(fs::path(cfg.job.dump_folder) / "sample.txt") << result.sample << "\n";
     std::printf("sample:\n%s\n", result.sample.c_str());
