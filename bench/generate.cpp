@@ -1,7 +1,7 @@
 // Greedy generation speed of titan's KV-cache generator on an HF model directory: one prefill of the prompt,
 // then --new tokens one at a time (eos ignored). Prints one JSON line per repeat (bench/compare_generate.py
 // reads it): prefill seconds, decode tokens/s, the ids.
-//   bench_generate --model DIR --prompt-ids 1,2,3 [--new 64 --repeats 3 --dtype f32|bf16]
+//   bench_generate --model DIR --prompt-ids 1,2,3 [--new 64 --repeats 3 --dtype f32|bf16 --kernel op=impl]
 #include <chrono>
 #include <cstdio>
 #include <sstream>
@@ -12,6 +12,7 @@
 
 int main(int argc, char** argv) {
   std::string dir, ids_arg, dtype = "f32";
+  titan::KernelChoice kernels;
   int64_t new_tokens = 64, repeats = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
@@ -29,8 +30,10 @@ int main(int argc, char** argv) {
   std::vector<int32_t> prompt;
   std::stringstream in(ids_arg);
   for (std::string s; std::getline(in, s, ',');) prompt.push_back(std::stoi(s));
-  auto model = titan::load_model_dir(dir, dtype == "bf16");
-  titan::KVCacheModel kv(*model, static_cast<int64_t>(prompt.size()) + new_tokens);
+  titan::KernelChoice model_kernels = kernels;
+  model_kernels.erase("attention_kv");
+  auto model = titan::load_model_dir(dir, dtype == "bf16", model_kernels);
+  titan::KVCacheModel kv(*model, static_cast<int64_t>(prompt.size()) + new_tokens, kernels);
   titan::GenerateOptions go;
   go.max_new_tokens = new_tokens;
   using Clock = std::chrono::steady_clock;

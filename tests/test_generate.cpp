@@ -56,10 +56,14 @@ void check_kv_against_full(const std::string& c, bool bf16, const KernelChoice& 
   }
   ASSERT_EQ(p, T);
   EXPECT_LE(worst, tol) << c << (bf16 ? " bf16" : " f32");
-  // The last-token form returns the same row.
+  // The last-token form returns the same row; so does re-running a tail after truncating the cache.
   kv.reset();
   const float* last = kv.forward(ids.data(), T);
   EXPECT_LE(row_rel(last, full.data() + (T - 1) * V, V), tol);
+  kv.truncate(25);
+  last = kv.forward(ids.data() + 25, T - 25);
+  EXPECT_LE(row_rel(last, full.data() + (T - 1) * V, V), tol);
+  EXPECT_THROW(kv.forward(ids.data(), 1), Error);  // full
 }
 
 TEST(Generate, KVCacheForwardEqualsFullForwardDense) {

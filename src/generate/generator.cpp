@@ -81,6 +81,9 @@ std::unique_ptr<Qwen3Model> load_model_dir(const std::string& dir, bool bf16, co
   auto model = std::make_unique<Qwen3Model>(Qwen3Config::from_hf_file(cfg), kernels);
   model->load_hf(dir);
   if (bf16) model->set_bf16_compute(true);
+  // Inference never differentiates: drop the gradient buffers (as large as the weights).
+  for (auto& p : model->params()) p.grad = Tensor();
+  for (auto& g : model->flat_grads()) g = Tensor();
   return model;
 }
 

@@ -37,7 +37,8 @@ struct GenerationDefaults {
 GenerationDefaults read_generation_defaults(const std::string& model_dir);
 
 // A model directory (config.json + safetensors) loaded for inference; bf16: weights rounded to bf16 and
-// the bf16 GEMM engines (Qwen3Model::set_bf16_compute). Errors name the directory.
+// the bf16 GEMM engines (Qwen3Model::set_bf16_compute). Inference only: the gradient buffers are dropped
+// (forward with compute_grad = false; no backward). Errors name the directory.
 std::unique_ptr<Qwen3Model> load_model_dir(const std::string& dir, bool bf16,
                                            const KernelChoice& kernels = {});
 
