@@ -13,13 +13,17 @@
 namespace titan {
 
 namespace {
+// Element-wise loops: threads only where the work outweighs a fork/join (a decode step's rows are short, and
+// a barrier on a busy machine can cost more than the loop).
+constexpr int64_t kParallelMin = int64_t(1) << 16;
+
 void round_bf16(float* x, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
 }
 
 void add_into(float* out, const float* x, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] += x[i];
 }
 

@@ -43,7 +43,8 @@ void fast_forward(float* out, const float* q, const float* k, const float* v, in
                   int64_t nH, int64_t nKV, int64_t hd) {
   const int64_t rep = nH / nKV;
   const float scale = 1.0f / std::sqrt((float)hd);
-#pragma omp parallel
+  // threads only when the work outweighs a fork/join (short decode steps run inline)
+#pragma omp parallel if (n * nH * (p + n) * hd >= (int64_t(1) << 16))
   {
     std::vector<float> s(p + n);
     std::vector<double> acc(hd);
