@@ -161,7 +161,8 @@ std::string train_args(const TempDir& tmp, const std::string& dump, int64_t loca
          std::to_string(local_batch) +
          " --training.steps=20 --training.sample_tokens=0 --lr_scheduler.warmup_steps=2 "
          "--metrics.peak_tflops=1"
-         " --job.print_config=false --checkpoint.enable=true --checkpoint.interval=10";
+         " --job.print_config=false --checkpoint.enable=true --checkpoint.interval=10"
+         " --training.val_fraction=0 --validation.enable=false";
 }
 
 // step -> loss (full precision) from metrics.jsonl; every step at most once.

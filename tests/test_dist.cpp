@@ -422,7 +422,8 @@ TEST(DistExpertParallel, TrainMatchesOneRank) {
                              testing::source_path("tests/golden/tokenizer/small") +
                              " --model.flavor=debug_moe --model.vocab_size=1024 --training.seq_len=32"
                              " --training.steps=10 --training.sample_tokens=0 --lr_scheduler.warmup_steps=2"
-                             " --metrics.peak_tflops=1 --training.global_batch_size=4";
+                             " --metrics.peak_tflops=1 --training.global_batch_size=4"
+                             " --training.val_fraction=0 --validation.enable=false";
   const std::string aux = " --model.moe_aux_loss=on";
   for (auto [name, args] : {std::pair<std::string, std::string>{"one", " --training.local_batch_size=4"},
                             {"one_aux", " --training.local_batch_size=1" + aux}}) {

@@ -1,13 +1,20 @@
 // The trainer: config parsing and errors, the embedded default run end to end (CI-sized),
-// deterministic replay, gradient accumulation, NaN handling and the shipped configs' dry runs.
+// deterministic replay, gradient accumulation, NaN handling, the shipped configs' dry runs, and
+// validation (against `titan forward`, across ranks, leaving training untouched).
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "data/loader.h"
+#include "io/safetensors.h"
 #include "models/qwen3/model.h"
 #include "support/testing.h"
 #include "train/config.h"
+#include "train/forward_tool.h"
 #include "train/trainer.h"
 
 namespace titan {
@@ -59,16 +66,21 @@ TEST(TrainConfig, OverridesApplyAfterTheFileAndRoundTripThroughToml) {
 std::vector<std::string> small_run_args(const TempDir& tmp, int64_t steps) {
   std::ofstream f(tmp / "corpus.txt");
   for (int i = 0; i < 200; ++i) f << "the quick brown fox " << i << " jumps over the lazy dog.\n%\n";
-  return {"--job.dump_folder=" + (tmp / "out"),
-          "--training.dataset=" + (tmp / "corpus.txt"),
-          "--model.tokenizer_path=" + testing::source_path("tests/golden/tokenizer/small"),
-          "--model.vocab_size=1024",
-          "--training.seq_len=32",
-          "--training.local_batch_size=2",
-          "--training.steps=" + std::to_string(steps),
-          "--training.sample_tokens=0",
-          "--lr_scheduler.warmup_steps=2",
-          "--metrics.peak_tflops=1"};
+  return {
+      "--job.dump_folder=" + (tmp / "out"),
+      "--training.dataset=" + (tmp / "corpus.txt"),
+      "--model.tokenizer_path=" + testing::source_path("tests/golden/tokenizer/small"),
+      "--model.vocab_size=1024",
+      "--training.seq_len=32",
+      "--training.local_batch_size=2",
+      "--training.steps=" + std::to_string(steps),
+      "--training.sample_tokens=0",
+      "--lr_scheduler.warmup_steps=2",
+      "--metrics.peak_tflops=1",
+      // No held-out split, no validation (the validation tests turn it on).
+      "--training.val_fraction=0",
+      "--validation.enable=false",
+  };
 }
 
 TEST(Trainer, SameSeedGivesBitIdenticalLosses) {
@@ -172,6 +184,10 @@ TEST(Trainer, EmbeddedDefaultRunEndToEnd) {
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("step:   24"), std::string::npos) << out;
   EXPECT_NE(out.find("mfu:"), std::string::npos) << out;
+  // Validation is on by default: the held-out split, after the last step (and every 100 steps).
+  EXPECT_NE(out.find("validation: the held-out split of training.dataset"), std::string::npos) << out;
+  EXPECT_NE(out.find("val_loss:"), std::string::npos) << out;
+  EXPECT_NE(out.find("val_ppl:"), std::string::npos) << out;
   // metrics.jsonl: one object per step with the documented keys; the loss falls.
   std::ifstream f(tmp / "run/metrics.jsonl");
   std::string line;
@@ -181,6 +197,14 @@ TEST(Trainer, EmbeddedDefaultRunEndToEnd) {
     for (auto k : {"step", "loss", "grad_norm", "lr", "tokens", "tps", "tflops", "mfu", "mem_gib", "time_s"})
       EXPECT_TRUE(j.contains(k)) << k;
     losses.push_back(j["loss"].get<double>());
+    if (j["step"] == 24) {
+      ASSERT_TRUE(j.contains("val_loss") && j.contains("val_ppl")) << line;
+      EXPECT_NEAR(j["val_ppl"].get<double>(), std::exp(j["val_loss"].get<double>()),
+                  1e-9 * j["val_ppl"].get<double>());
+      EXPECT_LT(j["val_loss"].get<double>(), losses[0]) << "the held-out loss did not fall";
+    } else {
+      EXPECT_FALSE(j.contains("val_loss")) << line;
+    }
   }
   ASSERT_EQ(losses.size(), 24u);
   double first = (losses[0] + losses[1] + losses[2]) / 3, last = (losses[21] + losses[22] + losses[23]) / 3;
@@ -191,6 +215,11 @@ TEST(Trainer, EmbeddedDefaultRunEndToEnd) {
   EXPECT_NO_THROW(m.load_hf(ckpt));
   EXPECT_TRUE(fs::exists(ckpt + "/tokenizer.json"));
   EXPECT_GT(fs::file_size(tmp / "run/loss.svg"), 500u);
+  {
+    std::ifstream svg(tmp / "run/loss.svg");
+    const std::string text((std::istreambuf_iterator<char>(svg)), {});
+    EXPECT_NE(text.find("validation loss"), std::string::npos);  // the validation curve's legend
+  }
   EXPECT_TRUE(fs::exists(tmp / "run/sample.txt"));
   EXPECT_TRUE(fs::exists(tmp / "run/config.toml"));
 }
@@ -249,13 +278,162 @@ TEST(Trainer, HfConfigTrainsWhenScaledDown) {
                                   " --checkpoint.initial_load_path=" + (tmp / "hf") +
                                   " --training.dataset=" + (tmp / "corpus.txt") +
                                   " --training.seq_len=32 --training.global_batch_size=4 --training.steps=2"
-                                  " --training.sample_tokens=4 --metrics.peak_tflops=1",
+                                  " --training.sample_tokens=4 --metrics.peak_tflops=1"
+                                  " --training.val_fraction=0 --validation.enable=false",
                               &out);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("gradient accumulation 4 steps"), std::string::npos) << out;
   EXPECT_NE(out.find("loading HF weights"), std::string::npos) << out;
   Qwen3Model back(Qwen3Config::from_hf_file(tmp / "run/checkpoint/step-2/config.json"));
   EXPECT_NO_THROW(back.load_hf(tmp / "run/checkpoint/step-2"));
+}
+
+// ---- validation ----
+
+// small_run_args with validation on the 20% held-out split of the corpus.
+std::vector<std::string> validation_args(const TempDir& tmp, int64_t steps, int64_t freq) {
+  auto args = small_run_args(tmp, steps);
+  for (const std::string a : {"--validation.enable=true", "--training.val_fraction=0.2"}) args.push_back(a);
+  args.push_back("--validation.freq=" + std::to_string(freq));
+  return args;
+}
+
+// step -> val_loss of the records of metrics.jsonl that have one.
+std::map<int64_t, double> jsonl_val_losses(const std::string& path) {
+  std::map<int64_t, double> out;
+  std::ifstream f(path);
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("val_loss")) out[j["step"].get<int64_t>()] = j["val_loss"].get<double>();
+  }
+  return out;
+}
+
+TEST(Validation, LossEqualsTheForwardToolMeanOverTheSameWindows) {
+  // 3 steps, validation after the last; then `titan forward` on the exported model over the windows of
+  // the held-out split, read by a loader of our own (each window of seq_len + 1 tokens as one row: its
+  // seq_len targets are the window's next tokens, as in training).
+  TempDir tmp;
+  const auto r = run_training(parse_train_args(validation_args(tmp, 3, 100)));
+  ASSERT_EQ(r.val_losses.size(), 1u);
+  EXPECT_EQ(r.val_losses[0].first, 3);
+  const double val = r.val_losses[0].second;
+  EXPECT_EQ(jsonl_val_losses(tmp / "out/metrics.jsonl"), (std::map<int64_t, double>{{3, val}}));
+
+  data::DataConfig dc;
+  dc.sources = {tmp / "corpus.txt"};
+  dc.delimiter = data::DocDelimiter::Percent;
+  dc.tokenizer = testing::source_path("tests/golden/tokenizer/small");
+  dc.seq_len = 32;
+  dc.batch_size = 2;
+  dc.seed = 42;
+  dc.val_fraction = 0.2;
+  dc.split = data::Split::Validation;
+  dc.max_epochs = 1;
+  data::DataLoader loader(dc);
+  nlohmann::json rows = nlohmann::json::array();
+  for (data::Batch b; loader.next_batch(b);)
+    for (int64_t i = 0; i < b.batch_size; ++i) {
+      std::vector<int32_t> w(b.input_ids.begin() + i * 32, b.input_ids.begin() + (i + 1) * 32);
+      w.push_back(b.labels[i * 32 + 31]);
+      rows.push_back(w);
+    }
+  ASSERT_GE(rows.size(), 4u);
+  std::ofstream(tmp / "windows.json") << nlohmann::json{{"input_ids", rows}}.dump();
+  ForwardToolOptions fo;
+  fo.model_dir = tmp / "out/checkpoint/step-3";
+  fo.input_path = tmp / "windows.json";
+  fo.output_path = tmp / "forward.safetensors";
+  run_forward_tool(fo);
+  const double forward = SafetensorsFile(fo.output_path).load("loss").f32()[0];
+  // Within the float32 rounding of the tool's stored loss (half an ulp is 5e-8 relative).
+  EXPECT_NEAR(val, forward, 1e-7 * forward) << rows.size() << " windows";
+}
+
+TEST(Validation, TouchesNoGradientAndNoTrainingState) {
+  TempDir tmp;  // one corpus path: the held-out split depends on it
+  // A validation after every step changes nothing in training: the same losses bit for bit as one
+  // validation at the end, and the same final validation loss.
+  auto run = [&](int64_t freq, const std::string& dump) {
+    auto args = validation_args(tmp, 4, freq);
+    args.push_back("--job.dump_folder=" + (tmp / dump));
+    return run_training(parse_train_args(args));
+  };
+  const auto every = run(1, "every"), end = run(100, "end");
+  EXPECT_EQ(every.losses, end.losses);
+  ASSERT_EQ(every.val_losses.size(), 4u);
+  ASSERT_EQ(end.val_losses.size(), 1u);
+  EXPECT_EQ(every.val_losses.back(), end.val_losses.back());
+  EXPECT_LT(every.val_losses.back().second, every.val_losses.front().second);
+  // Directly: after a step's backward, validate() leaves every gradient as it was; it rewinds its loader
+  // (the same value twice); validation.steps = 1 evaluates one batch per rank.
+  auto args = validation_args(tmp, 4, 100);
+  args.push_back("--validation.steps=1");
+  Trainer t(parse_train_args(args));
+  t.train_step(1);
+  std::vector<Tensor> grads;
+  for (auto& g : t.model().flat_grads()) grads.push_back(g.clone());
+  const EvalResult v1 = t.validate(), v2 = t.validate();
+  EXPECT_EQ(v1.batches, 1);
+  EXPECT_EQ(v1.targets, 2 * 32);
+  EXPECT_EQ(v1.loss(), v2.loss());
+  for (size_t i = 0; i < grads.size(); ++i)
+    EXPECT_EQ(std::memcmp(grads[i].f32(), t.model().flat_grads()[i].f32(), grads[i].nbytes()), 0) << i;
+}
+
+TEST(Validation, TwoRanksGiveTheOneRankValue) {
+  // Same global batch (4 windows per validation batch), a learning rate too small to move the weights
+  // visibly, so the comparison is of the validation's own sums: FSDP and DDP over 2 ranks.
+  TempDir tmp;
+  std::string common;
+  for (auto& a : validation_args(tmp, 2, 1))
+    if (!a.starts_with("--job.dump_folder") && !a.starts_with("--training.local_batch_size"))
+      common += " " + a;
+  common += " --optimizer.lr=1e-9";
+  std::string out;
+  ASSERT_EQ(testing::run_titan(
+                "train" + common + " --training.local_batch_size=4 --job.dump_folder=" + (tmp / "one"), &out),
+            0)
+      << out;
+  const auto ref = jsonl_val_losses(tmp / "one/metrics.jsonl");
+  ASSERT_EQ(ref.size(), 2u);
+  for (auto [name, replicate] : {std::pair<std::string, int>{"fsdp2", 1}, {"ddp2", 2}}) {
+    const auto r = testing::run_shell_command(
+        "timeout 300 mpirun --oversubscribe --bind-to none -np 2 " + std::string(TITAN_BINARY) + " train" +
+        common + " --training.local_batch_size=2 --parallelism.data_parallel_replicate_degree=" +
+        std::to_string(replicate) + " --job.dump_folder=" + (tmp / name));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    const auto got = jsonl_val_losses(tmp / (name + "/metrics.jsonl"));
+    ASSERT_EQ(got.size(), ref.size()) << name;
+    for (auto& [step, loss] : ref) EXPECT_NEAR(got.at(step), loss, 1e-6 * loss) << name << " step " << step;
+  }
+}
+
+TEST(Validation, OwnDatasetAndBadSettingsNameTheField) {
+  TempDir tmp;
+  {
+    std::ofstream f(tmp / "val.txt");
+    for (int i = 0; i < 20; ++i) f << "a lazy dog " << i << " sleeps under the quick brown fox.\n%\n";
+  }
+  auto args = small_run_args(tmp, 2);
+  for (std::string a : {std::string("--validation.enable=true"), "--validation.dataset=" + (tmp / "val.txt")})
+    args.push_back(a);
+  const auto r = run_training(parse_train_args(args));
+  ASSERT_EQ(r.val_losses.size(), 1u);
+  EXPECT_TRUE(std::isfinite(r.val_losses[0].second));
+  auto e = error_of([&] { parse_train_args({"--training.val_fraction=0"}); });  // validation on by default
+  EXPECT_NE(e.find("validation.dataset"), std::string::npos) << e;
+  EXPECT_NE(e.find("training.val_fraction"), std::string::npos) << e;
+  e = error_of([&] { parse_train_args({"--validation.freq=0"}); });
+  EXPECT_NE(e.find("validation.freq must be positive"), std::string::npos) << e;
+  e = error_of([&] { parse_train_args({"--validation.steps=0"}); });
+  EXPECT_NE(e.find("validation.steps must be -1"), std::string::npos) << e;
+  // A held-out split too small for one batch: an error before the first step, naming the settings.
+  args = small_run_args(tmp, 2);
+  for (std::string a : {"--validation.enable=true", "--training.val_fraction=0.001"}) args.push_back(a);
+  e = error_of([&] { run_training(parse_train_args(args)); });
+  EXPECT_NE(e.find("validation"), std::string::npos) << e;
+  EXPECT_NE(e.find("training.val_fraction"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -44,15 +44,16 @@ int eval_main(int argc, char** argv) {
   auto model = titan::load_model_dir(model_dir, dtype == "bf16");
   if (!lora_dir.empty()) titan::apply_lora_dir(*model, lora_dir);
   const auto t0 = std::chrono::steady_clock::now();
-  const titan::EvalResult r = titan::evaluate(*model, cfg, batch);
+  const titan::EvalResult r = titan::evaluate_dataset(*model, cfg, batch);
+  const long long windows = r.targets / seq_len;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (json) {
-    nlohmann::ordered_json j = {{"loss", r.loss},       {"perplexity", r.perplexity}, {"tokens", r.tokens},
-                                {"windows", r.windows}, {"seq_len", seq_len},         {"seconds", s}};
+    nlohmann::ordered_json j = {{"loss", r.loss()},   {"perplexity", r.perplexity()}, {"tokens", r.targets},
+                                {"windows", windows}, {"seq_len", seq_len},           {"seconds", s}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("loss %.6f  perplexity %.4f  (%lld tokens in %lld windows of %lld, %.2f s)\n", r.loss,
-                r.perplexity, (long long)r.tokens, (long long)r.windows, (long long)seq_len, s);
+    std::printf("loss %.6f  perplexity %.4f  (%lld tokens in %lld windows of %lld, %.2f s)\n", r.loss(),
+                r.perplexity(), (long long)r.targets, windows, (long long)seq_len, s);
   }
   return 0;
 }

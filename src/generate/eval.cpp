@@ -23,7 +23,7 @@ data::DataConfig eval_data_config(const std::vector<std::string>& sources, const
   return cfg;
 }
 
-EvalResult evaluate(Qwen3Model& model, const data::DataConfig& cfg, int64_t batch) {
+EvalResult evaluate_dataset(Qwen3Model& model, const data::DataConfig& cfg, int64_t batch) {
   TITAN_CHECK(batch > 0, "eval: batch must be > 0, got ", batch);
   data::DataLoader loader(cfg);
   TITAN_CHECK(loader.vocab_size() <= model.config().vocab_size, "eval: the tokenizer has ",
@@ -33,15 +33,14 @@ EvalResult evaluate(Qwen3Model& model, const data::DataConfig& cfg, int64_t batc
   ForwardOptions fo;
   fo.compute_grad = false;
   fo.labels_shifted = true;  // the loader's labels are the next tokens already
-  double loss_sum = 0;
   EvalResult r;
   auto run = [&] {
     const int64_t B = static_cast<int64_t>(ids.size()) / T;
     if (B == 0) return;
     const ForwardResult f = model.forward(ids.data(), labels.data(), B, T, fo);
-    loss_sum += f.loss_sum;
-    r.tokens += f.num_valid;
-    r.windows += B;
+    r.loss_sum += f.loss_sum;
+    r.targets += f.num_valid;
+    ++r.batches;
     ids.clear(), labels.clear();
   };
   data::Batch b;
@@ -51,10 +50,8 @@ EvalResult evaluate(Qwen3Model& model, const data::DataConfig& cfg, int64_t batc
     if (static_cast<int64_t>(ids.size()) == batch * T) run();
   }
   run();
-  TITAN_CHECK(r.windows > 0, "eval: the data holds no whole window of seq_len + 1 = ", T + 1,
+  TITAN_CHECK(r.batches > 0, "eval: the data holds no whole window of seq_len + 1 = ", T + 1,
               " tokens (use a smaller --seq-len)");
-  r.loss = loss_sum / static_cast<double>(r.tokens);
-  r.perplexity = std::exp(r.loss);
   return r;
 }
 

@@ -60,6 +60,10 @@ std::vector<Field> fields(TrainConfig& c) {
       {"training", "skip_nan_inf", &c.training.skip_nan_inf},
       {"training", "sample_tokens", &c.training.sample_tokens},
       {"training", "sample_prompt", &c.training.sample_prompt},
+      {"validation", "enable", &c.validation.enable},
+      {"validation", "dataset", &c.validation.dataset},
+      {"validation", "freq", &c.validation.freq},
+      {"validation", "steps", &c.validation.steps},
       {"parallelism", "data_parallel_replicate_degree", &c.parallelism.data_parallel_replicate_degree},
       {"parallelism", "data_parallel_shard_degree", &c.parallelism.data_parallel_shard_degree},
       {"parallelism", "expert_parallel_degree", &c.parallelism.expert_parallel_degree},
@@ -83,8 +87,8 @@ std::vector<Field> fields(TrainConfig& c) {
 
 const std::vector<std::string>& section_names() {
   static const std::vector<std::string> names = {
-      "job",     "model",   "optimizer", "lr_scheduler",         "training", "parallelism", "checkpoint",
-      "metrics", "compile", "kernels",   "activation_checkpoint"};
+      "job",         "model",      "optimizer", "lr_scheduler", "training", "validation",
+      "parallelism", "checkpoint", "metrics",   "compile",      "kernels",  "activation_checkpoint"};
   return names;
 }
 
@@ -297,6 +301,13 @@ void TrainConfig::validate() const {
               "lr_scheduler.min_lr_factor must be in [0, 1]");
   TITAN_CHECK(training.val_fraction >= 0 && training.val_fraction < 1,
               "training.val_fraction must be in [0, 1)");
+  TITAN_CHECK(
+      !validation.enable || !validation.dataset.empty() || training.val_fraction > 0,
+      "validation.enable = true needs validation data: set validation.dataset, or hold out a share of "
+      "training.dataset with training.val_fraction > 0 (or set validation.enable = false)");
+  TITAN_CHECK(validation.freq > 0, "validation.freq must be positive, got ", validation.freq);
+  TITAN_CHECK(validation.steps == -1 || validation.steps > 0,
+              "validation.steps must be -1 (the whole set) or positive, got ", validation.steps);
   TITAN_CHECK(training.global_batch_size == -1 || training.global_batch_size > 0,
               "training.global_batch_size must be -1 or positive");
   TITAN_CHECK(!training.dataset.empty(), "training.dataset needs at least one source");

@@ -1,6 +1,7 @@
 // The trainer's configuration: TOML files whose sections follow torchtitan (job, model, optimizer,
-// lr_scheduler, training, parallelism, checkpoint, metrics, compile, kernels, activation_checkpoint),
-// command-line overrides `--section.key=value`, validation that lists the valid keys, and dumping.
+// lr_scheduler, training, validation, parallelism, checkpoint, metrics, compile, kernels,
+// activation_checkpoint), command-line overrides `--section.key=value`, validation that lists the valid keys,
+// and dumping.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -49,7 +50,8 @@ struct TrainingConfig {
   std::string dataset_format = "auto";              // auto | text | jsonl | tokens
   std::string dataset_delimiter = "percent";        // text: file | percent | blank
   std::string text_field = "text";
-  double val_fraction = 0.0;
+  // Share of the documents held out of training (the validation split when validation.dataset is empty).
+  double val_fraction = 0.01;
   int64_t local_batch_size = 8;
   int64_t global_batch_size = -1;  // -1: local_batch_size * data-parallel degree
   int64_t seq_len = 256;
@@ -60,6 +62,15 @@ struct TrainingConfig {
   bool skip_nan_inf = false;                      // skip a step whose loss is NaN/Inf instead of stopping
   int64_t sample_tokens = 48;                     // tokens generated at the end (0: none)
   std::string sample_prompt = "";
+};
+
+// Validation (torchtitan [validation]): forward-only mean loss over held-out windows, every `freq` steps
+// and after the last step.
+struct ValidationConfig {
+  bool enable = true;
+  std::vector<std::string> dataset;  // sources; empty: the training.val_fraction split of training.dataset
+  int64_t freq = 100;                // validate after every freq-th step (and the last)
+  int64_t steps = -1;                // batches per rank per validation; -1: the whole set
 };
 
 struct ParallelismConfig {
@@ -101,6 +112,7 @@ struct TrainConfig {
   OptimizerConfig optimizer;
   LRSchedulerConfig lr_scheduler;
   TrainingConfig training;
+  ValidationConfig validation;
   ParallelismConfig parallelism;
   CheckpointConfig checkpoint;
   MetricsConfig metrics;

@@ -39,30 +39,37 @@ MetricsLogger::~MetricsLogger() {
 
 void MetricsLogger::log(const StepMetrics& m) {
   elapsed_ += m.time_s;
+  const bool validated = std::isfinite(m.val_loss);
   if (jsonl_) {
     std::fprintf(jsonl_,
                  "{\"step\": %lld, \"loss\": %.17g, \"grad_norm\": %.6f, \"lr\": %.8g, \"tokens\": %lld, "
                  "\"tps\": %.2f, "
-                 "\"tflops\": %.4f, \"mfu\": %.3f, \"mem_gib\": %.4f, \"time_s\": %.4f}\n",
+                 "\"tflops\": %.4f, \"mfu\": %.3f, \"mem_gib\": %.4f, \"time_s\": %.4f",
                  (long long)m.step, m.loss, m.grad_norm, m.lr, (long long)m.tokens, m.tps, m.tflops, m.mfu,
                  m.mem_gib, m.time_s);
+    if (validated) std::fprintf(jsonl_, ", \"val_loss\": %.17g, \"val_ppl\": %.17g", m.val_loss, m.val_ppl);
+    std::fprintf(jsonl_, "}\n");
     std::fflush(jsonl_);
   }
   if (!print_) return;
   if (progress_) std::printf("\r\033[K");
   std::printf(
       "step: %4lld  loss: %7.4f  grad_norm: %7.4f  lr: %.3e  memory: %.2fGiB(%.2f%%)  tps: %.0f  "
-      "tflops: %.3f  mfu: %.2f%%\n",
+      "tflops: %.3f  mfu: %.2f%%",
       (long long)m.step, m.loss, m.grad_norm, m.lr, m.mem_gib, m.mem_pct, m.tps, m.tflops, m.mfu);
-  if (progress_) {
-    const double frac = std::min(1.0, double(m.step) / double(total_steps_));
-    const int width = 30, filled = static_cast<int>(frac * width);
-    const double eta = m.step > 0 ? elapsed_ / m.step * (total_steps_ - m.step) : 0;
-    std::printf("[%s%s] %3.0f%%  step %lld/%lld  ETA %dm%02ds", std::string(filled, '#').c_str(),
-                std::string(width - filled, ' ').c_str(), frac * 100, (long long)m.step,
-                (long long)total_steps_, static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
-  }
+  if (validated) std::printf("  val_loss: %7.4f  val_ppl: %.2f", m.val_loss, m.val_ppl);
+  std::printf("\n");
+  if (progress_) draw_progress(m.step);
   std::fflush(stdout);
+}
+
+void MetricsLogger::draw_progress(int64_t step) const {
+  const double frac = std::min(1.0, double(step) / double(total_steps_));
+  const int width = 30, filled = static_cast<int>(frac * width);
+  const double eta = step > 0 ? elapsed_ / step * (total_steps_ - step) : 0;
+  std::printf("[%s%s] %3.0f%%  step %lld/%lld  ETA %dm%02ds", std::string(filled, '#').c_str(),
+              std::string(width - filled, ' ').c_str(), frac * 100, (long long)step, (long long)total_steps_,
+              static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
 }
 
 void MetricsLogger::finish() {
@@ -93,18 +100,12 @@ int64_t physical_memory_bytes() {
   return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
 }
 
-void write_loss_svg(const std::string& path, const std::vector<double>& losses, const std::string& title) {
+namespace {
+
+// The chart's frame: title, axes, loss grid lines and step ticks (x maps a loss index, y a loss).
+template <class X, class Y>
+void svg_frame(std::ostringstream& os, const std::string& title, double lo, double hi, size_t n, X x, Y y) {
   const double W = 720, H = 420, L = 60, R = 20, T = 40, B = 50;
-  std::vector<double> finite;
-  for (double v : losses)
-    if (std::isfinite(v)) finite.push_back(v);
-  double lo = finite.empty() ? 0 : *std::min_element(finite.begin(), finite.end());
-  double hi = finite.empty() ? 1 : *std::max_element(finite.begin(), finite.end());
-  if (hi - lo < 1e-9) hi = lo + 1;
-  const size_t n = std::max<size_t>(losses.size(), 2);
-  auto x = [&](size_t i) { return L + (W - L - R) * double(i) / double(n - 1); };
-  auto y = [&](double v) { return T + (H - T - B) * (1.0 - (v - lo) / (hi - lo)); };
-  std::ostringstream os;
   os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
      << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
@@ -127,11 +128,44 @@ void write_loss_svg(const std::string& path, const std::vector<double>& losses, 
   }
   os << "<text x=\"" << W / 2 << "\" y=\"" << H - 10 << "\" text-anchor=\"middle\">step</text>\n"
      << "<text x=\"16\" y=\"" << H / 2 << "\" transform=\"rotate(-90 16 " << H / 2
-     << ")\" text-anchor=\"middle\">loss</text>\n"
-     << "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"";
+     << ")\" text-anchor=\"middle\">loss</text>\n";
+}
+
+}  // namespace
+
+void write_loss_svg(const std::string& path, const std::vector<double>& losses, const std::string& title,
+                    const std::vector<std::pair<int64_t, double>>& val) {
+  const double W = 720, H = 420, L = 60, R = 20, T = 40, B = 50;
+  std::vector<double> finite;
+  for (double v : losses)
+    if (std::isfinite(v)) finite.push_back(v);
+  for (auto& [i, v] : val)
+    if (std::isfinite(v)) finite.push_back(v);
+  double lo = finite.empty() ? 0 : *std::min_element(finite.begin(), finite.end());
+  double hi = finite.empty() ? 1 : *std::max_element(finite.begin(), finite.end());
+  if (hi - lo < 1e-9) hi = lo + 1;
+  const size_t n = std::max<size_t>(losses.size(), 2);
+  auto x = [&](size_t i) { return L + (W - L - R) * double(i) / double(n - 1); };
+  auto y = [&](double v) { return T + (H - T - B) * (1.0 - (v - lo) / (hi - lo)); };
+  std::ostringstream os;
+  svg_frame(os, title, lo, hi, n, x, y);
+  os << "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"";
   for (size_t i = 0; i < losses.size(); ++i)
     if (std::isfinite(losses[i])) os << x(i) << "," << y(losses[i]) << " ";
-  os << "\"/>\n</svg>\n";
+  os << "\"/>\n";
+  if (!val.empty()) {  // validation: an orange line with a dot per evaluation, and a legend
+    os << "<polyline fill=\"none\" stroke=\"#ff7f0e\" stroke-width=\"1.5\" points=\"";
+    for (auto& [i, v] : val)
+      if (std::isfinite(v)) os << x(size_t(i)) << "," << y(v) << " ";
+    os << "\"/>\n";
+    for (auto& [i, v] : val)
+      if (std::isfinite(v))
+        os << "<circle cx=\"" << x(size_t(i)) << "\" cy=\"" << y(v) << "\" r=\"3\" fill=\"#ff7f0e\"/>\n";
+    os << "<text x=\"" << W - R - 4 << "\" y=\"" << T + 12 << "\" text-anchor=\"end\" fill=\"#1f77b4\">"
+       << "training loss</text>\n<text x=\"" << W - R - 4 << "\" y=\"" << T + 28
+       << "\" text-anchor=\"end\" fill=\"#ff7f0e\">validation loss</text>\n";
+  }
+  os << "</svg>\n";
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp);

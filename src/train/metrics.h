@@ -1,9 +1,11 @@
 // Training metrics: one torchtitan-style console line per step, a progress bar with ETA on a
 // terminal, <dump_folder>/metrics.jsonl, the GEMM peak used for MFU, and the loss-curve picture.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -17,6 +19,8 @@ struct StepMetrics {
   double tps = 0;      // tokens per second per rank
   double tflops = 0, mfu = 0, mem_gib = 0, mem_pct = 0;
   double time_s = 0;  // wall time of the step
+  // Validation after this step (NaN when there was none): mean loss and perplexity.
+  double val_loss = std::nan(""), val_ppl = std::nan("");
 };
 
 class MetricsLogger {
@@ -30,6 +34,8 @@ class MetricsLogger {
   void finish();
 
  private:
+  void draw_progress(int64_t step) const;
+
   FILE* jsonl_ = nullptr;
   int64_t total_steps_;
   bool progress_, print_;
@@ -42,7 +48,9 @@ double measure_gemm_tflops(const MatmulKernels& engine);
 // Physical memory of this machine in bytes.
 int64_t physical_memory_bytes();
 
-// Writes an SVG line chart of `losses` (one per step) to `path`.
-void write_loss_svg(const std::string& path, const std::vector<double>& losses, const std::string& title);
+// Writes an SVG line chart of `losses` (one per step) to `path`, with the validation losses `val` as
+// (index into losses, loss) points on a second line when given.
+void write_loss_svg(const std::string& path, const std::vector<double>& losses, const std::string& title,
+                    const std::vector<std::pair<int64_t, double>>& val = {});
 
 }  // namespace titan

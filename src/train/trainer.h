@@ -1,14 +1,47 @@
-// The trainer loop: config -> model spec (flavor or HF dir) -> data -> forward/backward with
-// gradient accumulation -> clip -> AdamW -> metrics; HF export, loss curve and a sample at the end.
+// The trainer as components (torchtitan's Trainer): the constructor builds the pieces of a run from a
+// TrainConfig in order, each in a function of its own, and train() drives them:
+//
+//   build_process_group_and_plan   ranks, the run plan (parallel layout, batch shape, memory)
+//   build_data                     sources, tokenizer, training and validation loaders (train/dataset.h)
+//   build_model                    Qwen3Model, kernels, initial weights      (train/model_setup.h)
+//   build_parallelism              FSDP/HSDP/DDP plan, parameter streaming, bf16 master weights
+//   build_optimizer                AdamW over dp's parameters, LR schedule
+//   build_checkpointing            training-state resume                    (train/checkpointing.h)
+//   build_metrics                  MFU peak, console/jsonl logger           (train/metrics.h)
+//
+// train() runs train_step() per step (micro-batches, gradient reduce, clip, AdamW, metrics),
+// validate() every validation.freq steps (forward only, train/evaluate.h), save() at the checkpoint
+// interval, then finish() (HF export, loss curve, sample). Everything collective is
+// called by every rank; rank 0 ("lead") prints and writes the artifacts.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
 #include "models/qwen3/config.h"
 #include "train/config.h"
+#include "train/dataset.h"
+#include "train/evaluate.h"
+#include "train/model_setup.h"
+#include "train/plan.h"
 
 namespace titan {
+
+class Qwen3Model;
+class AdamW;
+class LRSchedule;
+class MetricsLogger;
+class PlanStreamer;
+namespace dist {
+class ProcessGroup;
+class DataParallelPlan;
+}  // namespace dist
+namespace ckpt {
+class Reader;
+}
 
 struct TrainResult {
   std::vector<double> losses;  // per step
@@ -17,16 +50,101 @@ struct TrainResult {
   int64_t first_step = 1;      // > 1 when the run resumed from a checkpoint
   std::string sample;          // text generated at the end ("" if none)
   bool dry_run = false;
+  std::vector<std::pair<int64_t, double>> val_losses;  // (step, validation loss) of every validation
+};
+
+// The outcome of one optimizer step (train_step).
+struct StepOutcome {
+  double loss = 0;  // global mean loss of the step (CE, + coef x aux for MoE with aux loss)
+  double grad_norm = 0, lr = 0;
+  bool skipped = false;                  // non-finite loss with training.skip_nan_inf: no update
+  std::optional<EvalResult> validation;  // set by train() when the step was followed by a validation
+};
+
+class Trainer {
+ public:
+  // Builds every component (with cfg.dry_run: validates and prints the plan, allocates nothing).
+  explicit Trainer(const TrainConfig& cfg);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Steps from the first (or resumed) step to training.steps, checkpoints on the interval, then
+  // finish(). Returns the run's result.
+  TrainResult train();
+  // One optimizer step `step` (1-based): grad_accum micro-batches forward/backward, loss all-reduce,
+  // gradient reduce, expert-bias update, clipping inside AdamW, the bf16 refresh. Collective.
+  StepOutcome train_step(int64_t step);
+  // The mean loss over the validation set (validation.steps batches per rank, -1: all), forward only,
+  // all-reduced over the data-parallel ranks; the loader is rewound first, so every call sees the same
+  // windows. Collective. Needs validation.enable.
+  EvalResult validate();
+  // Saves a training checkpoint after `step` (collective); with hf_export the final one also holds the
+  // HF export. Returns the checkpoint directory.
+  std::string save(int64_t step, bool hf_export);
+  // Loads the training state of the checkpoint found at construction (every rank its own slices).
+  void resume();
+  // After the last step: streamed parameters back, experts gathered, HF export, loss curve, sample.
+  void finish();
+
+  int64_t first_step() const { return first_step_; }
+  const RunPlan& plan() const { return plan_; }
+  Qwen3Model& model() { return *model_; }
+
+ private:
+  void build_process_group_and_plan();
+  void check_dry_run();
+  void build_data();
+  void build_model();
+  void build_parallelism();
+  void build_mixed_precision_master();
+  void build_optimizer();
+  void build_checkpointing();
+  void build_metrics();
+  void print_state_per_rank() const;
+
+  void find_resume_checkpoint();
+  void load_initial_weights();
+  void refresh_bf16_model();
+  void forward_backward(int64_t step, double totals[3]);
+  bool validation_due(int64_t step) const;
+  void log_step(int64_t step, const StepOutcome& s, double seconds);
+  void gather_final_model();
+  void export_hf(const std::string& dir);
+  void write_sample();
+
+  TrainConfig cfg_;
+  TrainResult result_;
+  dist::ProcessGroup* pg_ = nullptr;
+  int64_t world_ = 1, rank_ = 0;
+  bool lead_ = true;  // rank 0 prints and writes the artifacts
+  Qwen3Config mc_;
+  RunPlan plan_;
+
+  TrainData data_;  // loaders and the tokenizer of a text dataset
+
+  std::shared_ptr<dist::ProcessGroup> ep_group_;  // expert parallel group (null: none)
+  std::unique_ptr<Qwen3Model> model_;
+  bool bf16_ = false, stream_ = false;
+  std::vector<Tensor> master_;  // bf16 with full buffers: the f32 master weights
+  std::unique_ptr<dist::DataParallelPlan> dp_;
+  std::unique_ptr<PlanStreamer> streamer_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<LRSchedule> schedule_;
+
+  std::string ckpt_folder_, resume_dir_;
+  std::unique_ptr<ckpt::Reader> resume_;  // set when the found checkpoint holds training state
+  int64_t first_step_ = 1;
+
+  double peak_tflops_ = 0;
+  std::unique_ptr<MetricsLogger> metrics_;
+
+  Qwen3Model* export_model_ = nullptr;  // expert parallel: a full model gathered on rank 0 at the end
+  std::unique_ptr<Qwen3Model> gathered_;
+  bool finished_model_ = false;
 };
 
 // Runs `config` to completion (or validates and prints the plan with dry_run). Throws titan::Error.
 TrainResult run_training(const TrainConfig& config);
-
-// The model shape of a run: config.json of model.hf_assets_path when present, else model.flavor;
-// model.vocab_size overrides the vocabulary.
-Qwen3Config resolve_model_config(const TrainConfig& config);
-
-// The fortune(6) text files of the Debian `fortunes` packages (the embedded default corpus).
-std::vector<std::string> fortune_files();
 
 }  // namespace titan

@@ -1,0 +1,145 @@
+// The training loop: train() over the steps, train_step() = micro-batches forward/backward, loss and
+// gradient reduction, clipping, AdamW; validation every validation.freq steps; metrics per logged step.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "core/error.h"
+#include "device/device.h"
+#include "dist/data_parallel_plan.h"
+#include "dist/runtime.h"
+#include "models/qwen3/model.h"
+#include "optim/optimizer.h"
+#include "train/metrics.h"
+#include "train/trainer.h"
+
+namespace titan {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+TrainResult Trainer::train() {
+  if (result_.dry_run) return result_;
+  const int64_t last = cfg_.training.steps;
+  for (int64_t step = first_step_; step <= last; ++step) {
+    const double t0 = now_s();
+    StepOutcome s = train_step(step);
+    const double seconds = now_s() - t0;  // the step alone: tps and MFU leave validation out
+    result_.losses.push_back(s.loss);
+    if (s.skipped) continue;
+    if (validation_due(step)) {
+      s.validation = validate();
+      result_.val_losses.emplace_back(step, s.validation->loss());
+    }
+    if (step % cfg_.metrics.log_freq == 0 || step == last || s.validation) log_step(step, s, seconds);
+    if (step == last) gather_final_model();
+    if (cfg_.checkpoint.enable && (step % cfg_.checkpoint.interval == 0 || step == last)) {
+      const bool final_export = step == last && cfg_.checkpoint.last_save_in_hf;
+      result_.checkpoint_dir = save(step, final_export);
+      if (final_export) result_.export_dir = result_.checkpoint_dir;
+    }
+  }
+  metrics_->finish();
+  finish();
+  return result_;
+}
+
+// The micro-batches of one step: forward + backward of each, gradients accumulated. Fills totals with
+// this rank's {CE sum, targets, aux-loss sum}.
+void Trainer::forward_backward(int64_t step, double totals[3]) {
+  const int64_t tokens_per_micro = cfg_.training.local_batch_size * cfg_.training.seq_len;
+  model_->zero_grad();
+  totals[0] = totals[1] = totals[2] = 0;
+  data::Batch batch;
+  for (int64_t micro = 0; micro < plan_.grad_accum; ++micro) {
+    TITAN_CHECK(data_.train->next_batch(batch), "the dataset ran out of data at step ", step);
+    ForwardOptions fo;
+    // Mean over every target of the accumulation window (HF num_items_in_batch semantics).
+    fo.grad_scale = 1.0f / static_cast<float>(tokens_per_micro * plan_.grad_accum);
+    fo.labels_shifted = true;  // the loader's labels are the next tokens (torchtitan packing)
+    // MoE aux loss: its coefficient split over the micro-batches (each contributes its own aux).
+    fo.aux_loss_scale =
+        mc_.output_router_logits ? static_cast<float>(mc_.router_aux_loss_coef / plan_.grad_accum) : 0.0f;
+    ForwardResult r =
+        model_->forward(batch.input_ids.data(), batch.labels.data(), batch.batch_size, batch.seq_len, fo);
+    model_->backward();
+    totals[0] += r.loss_sum;
+    totals[1] += static_cast<double>(r.num_valid);
+    totals[2] += r.aux_loss;
+  }
+}
+
+StepOutcome Trainer::train_step(int64_t step) {
+  StepOutcome s;
+  double totals[3];
+  forward_backward(step, totals);
+  // Packed windows have no ignored targets (every position has its next token), so every rank's window
+  // mean above is the plain mean and the data-parallel average of the gradients is the gradient of the
+  // global mean.
+  if (world_ > 1) pg_->all_reduce(totals, 3, dist::ReduceOp::Sum);
+  s.loss = totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
+  // HF MoE loss: CE + router_aux_loss_coef x aux (aux averaged over micro-batches and ranks).
+  if (mc_.num_experts > 0 && mc_.output_router_logits)
+    s.loss += mc_.router_aux_loss_coef * totals[2] / static_cast<double>(plan_.grad_accum * world_);
+  if (!std::isfinite(s.loss)) {
+    TITAN_CHECK(cfg_.training.skip_nan_inf, "loss is ", s.loss, " at step ", step,
+                " (set training.skip_nan_inf = true to skip such steps)");
+    if (lead_)
+      std::printf("step %lld: loss is %f, step skipped (training.skip_nan_inf)\n", (long long)step, s.loss);
+    s.skipped = true;
+    return s;
+  }
+  dp_->reduce_grads();
+  if (mc_.num_experts > 0 && mc_.load_balance_coeff > 0) {
+    // Aux-loss-free balancing: global routed-token counts, then the expert-bias update.
+    if (world_ > 1) pg_->all_reduce(model_->expert_token_counts(), dist::ReduceOp::Sum);
+    model_->update_expert_bias();
+  }
+  // Clipping (torch's clip_grad_norm_) is applied inside the optimizer step: one pass fewer over the
+  // gradients.
+  s.grad_norm = dp_->grad_norm();
+  s.lr = cfg_.optimizer.lr * schedule_->factor(step - 1);
+  optimizer_->step(static_cast<float>(s.lr), clip_coefficient(s.grad_norm, cfg_.training.max_norm));
+  dp_->after_optimizer_step();
+  refresh_bf16_model();
+  return s;
+}
+
+bool Trainer::validation_due(int64_t step) const {
+  return data_.validation && (step % cfg_.validation.freq == 0 || step == cfg_.training.steps);
+}
+
+EvalResult Trainer::validate() {
+  TITAN_CHECK(data_.validation, "validate(): validation.enable is false, there is no validation data");
+  data_.validation->reset();
+  return evaluate_loss(*model_, *data_.validation, cfg_.validation.steps, pg_);
+}
+
+void Trainer::log_step(int64_t step, const StepOutcome& s, double seconds) {
+  static const double phys_gib = physical_memory_bytes() / double(int64_t(1) << 30);
+  const auto& mem = device_interface(DeviceType::CPU).allocator->stats;
+  StepMetrics m;
+  m.step = step;
+  m.loss = s.loss;
+  m.grad_norm = s.grad_norm;
+  m.lr = s.lr;
+  m.tokens = cfg_.training.local_batch_size * cfg_.training.seq_len * plan_.grad_accum;
+  m.tps = m.tokens / seconds;
+  m.tflops = plan_.flops_per_token * m.tps / 1e12;
+  m.mfu = 100.0 * m.tflops / peak_tflops_;
+  m.mem_gib = mem.peak.load() / double(int64_t(1) << 30);
+  m.mem_pct = 100.0 * m.mem_gib / phys_gib;
+  m.time_s = seconds;
+  if (s.validation) {
+    m.val_loss = s.validation->loss();
+    m.val_ppl = s.validation->perplexity();
+  }
+  metrics_->log(m);
+}
+
+}  // namespace titan

@@ -1,0 +1,75 @@
+// The end of a run: the final model in full buffers (experts gathered under expert parallel), the HF
+// export (+ tokenizer), the loss curve and a text sample.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/checkpoint.h"
+#include "models/qwen3/model.h"
+#include "tokenizer/tokenizer.h"
+#include "train/metrics.h"
+#include "train/sample.h"
+#include "train/trainer.h"
+
+namespace titan {
+
+namespace fs = std::filesystem;
+
+// Collective, once: streamed parameters back into full buffers; under expert parallel every expert
+// gathered into a full model on rank 0 (HF export, sample).
+void Trainer::gather_final_model() {
+  if (finished_model_) return;
+  finished_model_ = true;
+  if (model_->param_streamer()) model_->set_param_streamer(nullptr);
+  if (ep_group_ && (cfg_.checkpoint.last_save_in_hf || cfg_.training.sample_tokens > 0)) {
+    NamedTensors all = model_->gathered_state_dict();  // collective over the expert group
+    if (lead_) {
+      gathered_ = std::make_unique<Qwen3Model>(mc_, cfg_.kernels);
+      gathered_->load_state_dict(all);
+      gathered_->expert_bias().copy_from(model_->expert_bias());
+      export_model_ = gathered_.get();
+    }
+  }
+}
+
+// HF export (rank 0): config.json + safetensors (+ tokenizer.json) into `dir`.
+void Trainer::export_hf(const std::string& dir) {
+  export_model_->save_hf(dir, cfg_.checkpoint.export_dtype == "bfloat16" ? DType::BF16 : DType::F32);
+  const std::string& tok = data_.tokenizer_path;
+  if (tok.empty()) return;
+  const fs::path file = fs::is_directory(tok) ? fs::path(tok) / "tokenizer.json" : fs::path(tok);
+  fs::copy_file(file, fs::path(dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
+}
+
+void Trainer::finish() {
+  gather_final_model();
+  if (!lead_) return;
+  if (cfg_.checkpoint.last_save_in_hf && !cfg_.checkpoint.enable) {
+    const fs::path final_dir = fs::path(ckpt_folder_) / ("step-" + std::to_string(cfg_.training.steps));
+    ckpt::publish_directory(final_dir.string(), [this](const std::string& dir) { export_hf(dir); });
+    result_.export_dir = final_dir.string();
+  }
+  if (!result_.export_dir.empty()) std::printf("saved HF checkpoint: %s\n", result_.export_dir.c_str());
+  const std::string svg = (fs::path(cfg_.job.dump_folder) / "loss.svg").string();
+  std::vector<std::pair<int64_t, double>> val;  // at the index of their step in result_.losses
+  for (auto& [step, loss] : result_.val_losses) val.emplace_back(step - first_step_, loss);
+  write_loss_svg(svg, result_.losses,
+                 "titan train: " + mc_.to_hf_json().value("model_type", "qwen3") + " loss", val);
+  std::printf("loss curve: %s\n", svg.c_str());
+  if (cfg_.training.sample_tokens > 0 && !data_.tokenizer_path.empty()) write_sample();
+}
+
+// A sample of the trained model after training.sample_prompt (sample.txt, and on the console).
+void Trainer::write_sample() {
+  Tokenizer tok = Tokenizer::load(data_.tokenizer_path);
+  std::vector<int32_t> prompt = tok.encode(cfg_.training.sample_prompt);
+  if (prompt.empty()) prompt.push_back(data_.train->eos_id() >= 0 ? data_.train->eos_id() : 0);
+  if (bf16_) export_model_->set_bf16_compute(true);
+  auto ids = sample_tokens(*export_model_, prompt, cfg_.training.sample_tokens, cfg_.training.seq_len,
+                           cfg_.training.seed);
+  result_.sample = cfg_.training.sample_prompt + tok.decode(ids, true);
+  std::ofstream(fs::path(cfg_.job.dump_folder) / "sample.txt") << result_.sample << "\n";
+  std::printf("sample:\n%s\n", result_.sample.c_str());
+}
+
+}  // namespace titan
