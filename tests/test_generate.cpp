@@ -236,7 +236,9 @@ TEST(Eval, WindowsAreTheDataLayersAndLossEqualsHF) {
       }
       EXPECT_EQ(w, e["windows"].size());
       for (int64_t batch : {1, 4}) {
-        const EvalResult r = evaluate_dataset(*model, cfg, batch);
+        int64_t windows = -1;
+        const EvalResult r = evaluate_dataset(*model, cfg, batch, &windows);
+        EXPECT_EQ(windows, (int64_t)e["windows"].size());
         const double hf = e["loss"].get<double>();
         EXPECT_LE(std::fabs(r.loss() - hf) / hf, 1e-5) << c << " " << file << " batch " << batch;
         EXPECT_EQ(r.targets, e["num_tokens"].get<int64_t>());

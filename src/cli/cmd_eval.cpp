@@ -28,7 +28,10 @@ int eval_main(int argc, char** argv) {
   app.add_option("--seq-len", seq_len, "window length (tokens per row, as training's seq_len)")
       ->capture_default_str();
   app.add_option("--batch", batch, "windows per forward")->capture_default_str();
-  app.add_option("--format", format, "auto | text | jsonl | tokens")->capture_default_str();
+  app.add_option("--format", format,
+                 "auto | text | jsonl | tokens (| chat: conversations, loss on assistant tokens, when the "
+                 "chat data layer is built in)")
+      ->capture_default_str();
   app.add_option("--text-field", text_field, "JSON Lines: the field holding the text")->capture_default_str();
   app.add_option("--dtype", dtype, "f32 or bf16")->capture_default_str();
   app.add_flag("--json", json, "print one JSON object instead of text");
@@ -44,8 +47,8 @@ int eval_main(int argc, char** argv) {
   auto model = titan::load_model_dir(model_dir, dtype == "bf16");
   if (!lora_dir.empty()) titan::apply_lora_dir(*model, lora_dir);
   const auto t0 = std::chrono::steady_clock::now();
-  const titan::EvalResult r = titan::evaluate_dataset(*model, cfg, batch);
-  const long long windows = r.targets / seq_len;
+  int64_t windows = 0;
+  const titan::EvalResult r = titan::evaluate_dataset(*model, cfg, batch, &windows);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (json) {
     nlohmann::ordered_json j = {{"loss", r.loss()},   {"perplexity", r.perplexity()}, {"tokens", r.targets},
@@ -53,7 +56,7 @@ int eval_main(int argc, char** argv) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("loss %.6f  perplexity %.4f  (%lld tokens in %lld windows of %lld, %.2f s)\n", r.loss(),
-                r.perplexity(), (long long)r.targets, windows, (long long)seq_len, s);
+                r.perplexity(), (long long)r.targets, (long long)windows, (long long)seq_len, s);
   }
   return 0;
 }

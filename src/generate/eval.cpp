@@ -23,7 +23,7 @@ data::DataConfig eval_data_config(const std::vector<std::string>& sources, const
   return cfg;
 }
 
-EvalResult evaluate_dataset(Qwen3Model& model, const data::DataConfig& cfg, int64_t batch) {
+EvalResult evaluate_dataset(Qwen3Model& model, const data::DataConfig& cfg, int64_t batch, int64_t* windows) {
   TITAN_CHECK(batch > 0, "eval: batch must be > 0, got ", batch);
   data::DataLoader loader(cfg);
   TITAN_CHECK(loader.vocab_size() <= model.config().vocab_size, "eval: the tokenizer has ",
@@ -34,6 +34,7 @@ EvalResult evaluate_dataset(Qwen3Model& model, const data::DataConfig& cfg, int6
   fo.compute_grad = false;
   fo.labels_shifted = true;  // the loader's labels are the next tokens already
   EvalResult r;
+  if (windows) *windows = 0;
   auto run = [&] {
     const int64_t B = static_cast<int64_t>(ids.size()) / T;
     if (B == 0) return;
@@ -41,6 +42,7 @@ EvalResult evaluate_dataset(Qwen3Model& model, const data::DataConfig& cfg, int6
     r.loss_sum += f.loss_sum;
     r.targets += f.num_valid;
     ++r.batches;
+    if (windows) *windows += B;
     ids.clear(), labels.clear();
   };
   data::Batch b;

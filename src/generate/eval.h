@@ -24,7 +24,8 @@ data::DataConfig eval_data_config(const std::vector<std::string>& sources, const
 
 // Runs the model forward only over every window of `cfg` (a loader of batch 1, read to its end), `batch`
 // windows per forward (the last forward takes the rest: no window is dropped). result.batches counts the
-// forwards; every window has seq_len targets. Errors when there is no whole window.
-EvalResult evaluate_dataset(Qwen3Model& model, const data::DataConfig& cfg, int64_t batch = 1);
+// forwards; *windows (when given) the windows (rows). Errors when there is no whole window.
+EvalResult evaluate_dataset(Qwen3Model& model, const data::DataConfig& cfg, int64_t batch = 1,
+                            int64_t* windows = nullptr);
 
 }  // namespace titan
