@@ -281,6 +281,13 @@ TEST(GenerateCli, GreedyIdsAndTextAndEval) {
   for (auto& x : expected("moe")["greedy"][1]["output_ids"])
     want += (want.empty() ? "" : " ") + std::to_string(x.get<int>());
   EXPECT_NE(out.find("\n" + want + "\n"), std::string::npos) << out;
+  // bf16 weights: runs, streams, stops at max-new-tokens
+  ASSERT_EQ(testing::run_titan("generate --model " + kGolden + "moe --prompt-ids " + ids +
+                                   " --dtype bf16 --greedy --max-new-tokens 5 --print-ids",
+                               &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("5 new tokens"), std::string::npos) << out;
   // eval --json
   ASSERT_EQ(testing::run_titan("eval --model " + kGolden + "dense --data " + kGolden +
                                    "dense/eval.jsonl --seq-len 24 --batch 3 --json",
