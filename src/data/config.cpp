@@ -11,7 +11,8 @@ DataFormat parse_data_format(std::string_view name) {
   if (name == "text" || name == "txt") return DataFormat::Text;
   if (name == "jsonl" || name == "ndjson") return DataFormat::Jsonl;
   if (name == "tokens") return DataFormat::Tokens;
-  fail("unknown data format '", name, "' (expected auto, text, jsonl or tokens)");
+  if (name == "chat") return DataFormat::Chat;
+  fail("unknown data format '", name, "' (expected auto, text, jsonl, tokens or chat)");
 }
 
 std::string to_string(DataFormat f) {
@@ -24,6 +25,8 @@ std::string to_string(DataFormat f) {
       return "jsonl";
     case DataFormat::Tokens:
       return "tokens";
+    case DataFormat::Chat:
+      return "chat";
   }
   return "?";
 }
@@ -43,6 +46,8 @@ DataConfig data_config_from_json(const nlohmann::json& j, DataConfig c) {
         c.text_field = v.get<std::string>();
       else if (key == "tokenizer")
         c.tokenizer = v.get<std::string>();
+      else if (key == "chat_template")
+        c.chat_template = v.get<std::string>();
       else if (key == "eos_id")
         c.eos_id = v.is_null() ? std::nullopt : std::optional<int32_t>(v.get<int32_t>());
       else if (key == "seq_len")
@@ -87,6 +92,7 @@ nlohmann::json to_json(const DataConfig& c) {
           {"delimiter", to_string(c.delimiter)},
           {"text_field", c.text_field},
           {"tokenizer", c.tokenizer},
+          {"chat_template", c.chat_template},
           {"eos_id", c.eos_id ? nlohmann::json(*c.eos_id) : nlohmann::json()},
           {"seq_len", c.seq_len},
           {"batch_size", c.batch_size},
@@ -113,6 +119,7 @@ TextReaderOptions text_reader_options(const DataConfig& cfg) {
   TextReaderOptions o;
   o.delimiter = cfg.delimiter;
   o.text_field = cfg.text_field;
+  o.raw_jsonl = cfg.format == DataFormat::Chat;
   o.buffer_bytes = cfg.read_buffer_bytes;
   o.max_piece_bytes = cfg.max_piece_bytes;
   return o;

@@ -18,8 +18,9 @@ enum class DataFormat {
   Text,    // plain text files, split into documents by `delimiter`
   Jsonl,   // JSON Lines, one document per line in `text_field`
   Tokens,  // pre-tokenized shards written by `titan data prepare`
+  Chat,    // JSON Lines conversations for SFT ({"messages": [...]} or prompt / completion), one row each
 };
-DataFormat parse_data_format(std::string_view name);  // auto | text | jsonl | tokens
+DataFormat parse_data_format(std::string_view name);  // auto | text | jsonl | tokens | chat
 std::string to_string(DataFormat f);
 
 enum class Split { Train, Validation };
@@ -36,6 +37,9 @@ struct DataConfig {
   // (ids = UTF-8 bytes, EOS = 256) for tests and smoke runs.
   std::string tokenizer;
   std::optional<int32_t> eos_id;  // overrides the tokenizer's / the shards' end-of-text id
+  // Chat only: the tokenizer_config.json (or a directory holding one) whose chat_template renders
+  // the conversations; empty: the one beside `tokenizer`.
+  std::string chat_template;
 
   int64_t seq_len = 2048;  // tokens per row; windows hold seq_len + 1 tokens
   int64_t batch_size = 1;  // rows per batch on this rank
@@ -55,7 +59,7 @@ struct DataConfig {
 };
 
 // Reads the keys present in `j` over `base` (key names as the fields above; enums as strings:
-// format "auto|text|jsonl|tokens", delimiter "file|percent|blank", split "train|validation").
+// format "auto|text|jsonl|tokens|chat", delimiter "file|percent|blank", split "train|validation").
 // An unknown key is an error, so a typo in a config does not silently fall back to a default.
 DataConfig data_config_from_json(const nlohmann::json& j, DataConfig base = {});
 nlohmann::json to_json(const DataConfig& cfg);  // every field but on_warning

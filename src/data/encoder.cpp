@@ -1,8 +1,11 @@
 #include "data/encoder.h"
 
+#include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace titan::data {
@@ -31,6 +34,47 @@ TextEncoder make_text_encoder(const std::string& spec) {
   e.vocab_size = tokenizer->vocab_size();
   e.eos_id = tokenizer->eos_id().value_or(-1);
   e.name = spec;
+  return e;
+}
+
+TextEncoder make_chat_encoder(const std::string& spec, const std::string& template_spec) {
+  namespace fs = std::filesystem;
+  TITAN_CHECK(!spec.empty() && spec != kByteEncoderName,
+              "chat data needs the model's tokenizer (a tokenizer.json path or its directory, with the "
+              "tokenizer_config.json holding the chat template beside it)");
+  std::string where = template_spec;
+  if (where.empty()) where = fs::is_directory(spec) ? spec : fs::path(spec).parent_path().string();
+  auto tmpl = std::make_shared<ChatTemplate>(ChatTemplate::from_tokenizer_config(where));
+  auto tokenizer = std::make_shared<Tokenizer>(Tokenizer::load(spec));
+  TextEncoder e;
+  e.vocab_size = tokenizer->vocab_size();
+  e.eos_id = tokenizer->eos_id().value_or(-1);
+  e.name = spec;
+  e.encode = [tokenizer](std::string_view text, std::vector<int32_t>& ids) {
+    ids = tokenizer->encode(text, /*add_special_tokens=*/false);
+  };
+  e.encode_chat = [tokenizer, tmpl](std::string_view record, const std::string& at, std::vector<int32_t>& ids,
+                                    std::vector<int32_t>& labels) {
+    nlohmann::ordered_json j;
+    try {
+      j = nlohmann::ordered_json::parse(record);
+    } catch (const nlohmann::json::exception& ex) {
+      fail(at, ": malformed JSON: ", ex.what());
+    }
+    const Conversation c = conversation_from_record(j, at);
+    ChatOptions options;
+    options.skip_assistant_turns = c.prompt_assistant_turns;
+    if (!c.tools.is_null()) options.extra["tools"] = c.tools;
+    EncodedChat enc;
+    try {
+      enc = tmpl->encode(*tokenizer, c.messages, options);
+    } catch (const Error& ex) {
+      fail(at, ": ", ex.what());
+    }
+    ids = std::move(enc.ids);
+    labels = std::move(enc.labels);
+  };
+  e.chat_template = tmpl->name();
   return e;
 }
 

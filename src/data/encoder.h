@@ -15,6 +15,13 @@ struct TextEncoder {
   int32_t vocab_size = 0;
   int32_t eos_id = -1;  // -1: none
   std::string name;     // recorded in dataset metadata and loader state
+
+  // Chat data: one JSON Lines record (`where` = "file:line" for errors) -> the conversation's ids
+  // and labels (ids on assistant tokens, -100 elsewhere; not shifted). Unset for plain text.
+  std::function<void(std::string_view record, const std::string& where, std::vector<int32_t>& ids,
+                     std::vector<int32_t>& labels)>
+      encode_chat;
+  std::string chat_template;  // where the chat template came from (loader fingerprint)
 };
 
 inline constexpr const char* kByteEncoderName = "builtin:bytes";
@@ -24,5 +31,11 @@ TextEncoder byte_encoder();
 
 // `spec`: "builtin:bytes", or a tokenizer.json / a directory holding one (titan::Tokenizer).
 TextEncoder make_text_encoder(const std::string& spec);
+
+// A text encoder that also encodes chat records (tokenizer/chat_template.h): `spec` a
+// tokenizer.json or a directory holding one; `template_spec` a tokenizer_config.json or a
+// directory holding one (empty: the directory of `spec`). Records are rendered without a
+// generation prompt and with the template's default enable_thinking.
+TextEncoder make_chat_encoder(const std::string& spec, const std::string& template_spec);
 
 }  // namespace titan::data

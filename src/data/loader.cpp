@@ -41,7 +41,8 @@ struct DataLoader::Impl {
   // Cursor: the current document (or piece), and how much of it (EOS included) is consumed.
   uint64_t epoch = 0;
   nlohmann::json doc_position;
-  std::span<const int32_t> doc;
+  std::span<const int32_t> doc, doc_labels;  // doc_labels: chat data only
+  bool chat = false;
   bool doc_has_eos = true;
   uint64_t doc_len = 0, doc_offset = 0;
   bool epoch_from_start = true;  // false after a resume: the epoch's earlier documents were not seen
@@ -54,6 +55,7 @@ struct DataLoader::Impl {
   void init(const DataConfig& config, const TextEncoder& encoder) {
     check_config(config);
     cfg = config;
+    chat = cfg.format == DataFormat::Chat;
     source = open_document_source(cfg, encoder);
     eos = source->eos_id();
     vocab = source->vocab_size();
@@ -79,9 +81,11 @@ struct DataLoader::Impl {
       std::span<const int32_t> ids;
       bool ends = true;
       if (source->next(ids, ends)) {
-        const uint64_t len = ids.size() + (ends ? 1 : 0);
+        // Chat conversations end with the template's own end-of-turn token: no EOS appended.
+        const uint64_t len = ids.size() + (ends && !chat ? 1 : 0);
         if (len == 0) continue;
         doc = ids;
+        doc_labels = source->labels();
         doc_has_eos = ends;
         doc_len = len;
         doc_offset = 0;
@@ -123,6 +127,45 @@ struct DataLoader::Impl {
     return done;
   }
 
+  // Chat: the next conversation as one row (or skipped when row is null): input_ids its first
+  // seq_len tokens, then padding (EOS); labels[t] = its token t + 1 when that is an assistant
+  // token, else -100. Longer conversations are truncated to seq_len + 1 tokens.
+  bool take_row(int32_t* row_ids, int32_t* row_labels) {
+    if (doc_offset == doc_len && !load_next_doc()) return false;
+    const uint64_t L = static_cast<uint64_t>(cfg.seq_len), n = std::min<uint64_t>(doc.size(), L + 1);
+    if (row_ids) {
+      for (uint64_t t = 0; t < L; ++t) {
+        row_ids[t] = t < n ? doc[t] : eos;
+        row_labels[t] = t + 1 < n ? doc_labels[t + 1] : -100;
+      }
+    }
+    doc_offset = doc_len;
+    tokens += n;
+    return true;
+  }
+
+  bool next_chat_batch(Batch& batch) {
+    const uint64_t B = static_cast<uint64_t>(cfg.batch_size), L = static_cast<uint64_t>(cfg.seq_len);
+    const uint64_t N = static_cast<uint64_t>(cfg.dp_world), r = static_cast<uint64_t>(cfg.dp_rank);
+    for (uint64_t b = 0; b < B; ++b) {
+      // Global rows of this step, row b: N consecutive conversations, one per rank.
+      bool ok = true;
+      for (uint64_t k = 0; k < N && ok; ++k)
+        ok = take_row(k == r ? batch.input_ids.data() + b * L : nullptr, batch.labels.data() + b * L);
+      if (!ok) {
+        finished = true;
+        return false;
+      }
+      for (uint64_t t = 0; t < L; ++t) {
+        const int32_t id = batch.input_ids[b * L + t];
+        TITAN_CHECK(id >= 0 && id < vocab, "token id ", id, " outside the vocabulary of ", vocab, " in the ",
+                    describe(), " (wrong tokenizer?)");
+      }
+    }
+    batch.step = step++;
+    return true;
+  }
+
   bool next_batch(Batch& batch) {
     if (finished) return false;
     const uint64_t B = static_cast<uint64_t>(cfg.batch_size), L = static_cast<uint64_t>(cfg.seq_len);
@@ -132,6 +175,7 @@ struct DataLoader::Impl {
     batch.input_ids.resize(B * L);
     batch.labels.resize(B * L);
     batch.epoch = epoch;
+    if (chat) return next_chat_batch(batch);
     window.resize(W);
     for (uint64_t b = 0; b < B; ++b) {
       // Global windows of this step, row b: N consecutive windows, one per rank.
@@ -207,7 +251,10 @@ struct DataLoader::Impl {
 
 DataLoader::DataLoader(const DataConfig& cfg) : impl_(std::make_unique<Impl>()) {
   TextEncoder encoder;
-  if (!sources_are_tokens(cfg)) encoder = make_text_encoder(cfg.tokenizer);
+  if (cfg.format == DataFormat::Chat)
+    encoder = make_chat_encoder(cfg.tokenizer, cfg.chat_template);
+  else if (!sources_are_tokens(cfg))
+    encoder = make_text_encoder(cfg.tokenizer);
   impl_->init(cfg, encoder);
 }
 

@@ -7,6 +7,13 @@
 // disjoint windows that together are exactly the windows a single rank would see. Batch s of every
 // rank is drawn from global windows [s * B * dp_world, (s + 1) * B * dp_world).
 //
+// Chat data (DataFormat::Chat) is not packed: each row is one conversation, its first seq_len
+// tokens padded with EOS, labels[t] = token t + 1 where that is an assistant token and -100
+// elsewhere (padding included). Conversations longer than seq_len + 1 tokens are truncated;
+// causal attention keeps the padding after a conversation from affecting it, so no document mask
+// is needed. Global row k belongs to rank k % dp_world; the state is the position of the next
+// conversation, so resuming is exact as for packed data.
+//
 // Memory is constant in the corpus size: token shards are memory-mapped, text is streamed.
 #pragma once
 #include <cstdint>
@@ -26,6 +33,7 @@ struct Batch {
   int64_t seq_len = 0;
   std::vector<int32_t> input_ids;  // [batch_size, seq_len], row-major
   std::vector<int32_t> labels;     // [batch_size, seq_len]: labels[b][t] = input_ids[b][t + 1] in the stream
+                                   // (chat: -100 where that token is not the assistant's)
   uint64_t step = 0;               // index of this batch (same on every rank)
   uint64_t epoch = 0;              // epoch of the batch's first token
 };

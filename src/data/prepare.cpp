@@ -81,6 +81,9 @@ PrepareStats prepare_token_dataset(const PrepareOptions& options, const TextEnco
   const auto t0 = std::chrono::steady_clock::now();
   TITAN_CHECK(!options.output.empty(), "data prepare: no output directory given");
   TITAN_CHECK(options.format != DataFormat::Tokens, "data prepare: inputs must be text or jsonl, not tokens");
+  TITAN_CHECK(options.format != DataFormat::Chat,
+              "data prepare: chat data keeps per-token labels that token shards cannot hold; train on the "
+              "JSON Lines directly (training.dataset_format = \"chat\")");
   TITAN_CHECK(options.shard_tokens > 0, "data prepare: shard_tokens must be > 0");
   TITAN_CHECK(static_cast<bool>(encoder.encode) && encoder.vocab_size > 0, "data prepare: no tokenizer");
   const int32_t eos_id = options.eos_id.value_or(encoder.eos_id);

@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 namespace {
 
 FileFormat file_format(const fs::path& p, DataFormat format) {
-  if (format == DataFormat::Jsonl) return FileFormat::Jsonl;
+  if (format == DataFormat::Jsonl || format == DataFormat::Chat) return FileFormat::Jsonl;
   if (format == DataFormat::Text) return FileFormat::Text;
   const std::string ext = p.extension().string();
   return ext == ".jsonl" || ext == ".ndjson" ? FileFormat::Jsonl : FileFormat::Text;
@@ -112,6 +112,9 @@ class TextSource final : public DocumentSource {
         encoder_(std::move(encoder)),
         options_(text_reader_options(cfg)) {
     split_ = {cfg.val_fraction, cfg.split_seed, cfg.split};
+    chat_ = cfg.format == DataFormat::Chat;
+    TITAN_CHECK(!chat_ || static_cast<bool>(encoder_.encode_chat),
+                "chat data needs a chat encoder (the tokenizer and its chat template)");
     eos_id_ = cfg.eos_id.value_or(encoder_.eos_id);
     TITAN_CHECK(eos_id_ >= 0 && eos_id_ < encoder_.vocab_size, "tokenizer '", encoder_.name,
                 "' has no end-of-text token to separate documents; set the data eos_id");
@@ -170,6 +173,20 @@ class TextSource final : public DocumentSource {
       }
       ++pieces_in_file_;
       if (!split_.contains(hash_combine(file_hashes_[order_[file_pos_]], piece.ordinal))) continue;
+      if (chat_) {
+        const std::string where = str_cat(reader_->path(), ":", piece.line);
+        encoder_.encode_chat(piece.text, where, ids_, labels_);
+        if (!trainable()) {
+          if (first_report("untrainable:" + reader_->path()))
+            warn(cfg_.on_warning, str_cat(where, ": no assistant token within the first seq_len + 1 = ",
+                                          cfg_.seq_len + 1, " tokens; conversation skipped (further ones in ",
+                                          "this file are skipped silently)"));
+          continue;
+        }
+        ids = ids_;
+        ends_document = true;
+        return true;
+      }
       encoder_.encode(piece.text, ids_);
       ids = ids_;
       ends_document = piece.ends_document;
@@ -177,10 +194,21 @@ class TextSource final : public DocumentSource {
     }
   }
 
+  std::span<const int32_t> labels() const override {
+    return chat_ ? std::span<const int32_t>(labels_) : std::span<const int32_t>();
+  }
   int32_t vocab_size() const override { return encoder_.vocab_size; }
   int32_t eos_id() const override { return eos_id_; }
 
   nlohmann::json fingerprint() const override {
+    if (chat_)
+      return {{"kind", "chat"},
+              {"files", files_.size()},
+              {"paths_hash", paths_hash()},
+              {"bytes", bytes()},
+              {"tokenizer", encoder_.name},
+              {"chat_template", encoder_.chat_template},
+              {"vocab_size", encoder_.vocab_size}};
     uint64_t paths = 0, bytes = 0;
     for (const auto& f : files_) {
       paths = hash_combine(paths, hash_string(f.path));
@@ -205,6 +233,23 @@ class TextSource final : public DocumentSource {
     if (pieces_in_file_ == 0 && pending_.offset == 0 && first_report("nodocs:" + path))
       warn(cfg_.on_warning, path + ": no documents (only whitespace or delimiters), skipped");
   }
+  // A chat row holds the first seq_len + 1 tokens; label 0 is never a target (no token before it).
+  bool trainable() const {
+    const size_t n = std::min<size_t>(labels_.size(), static_cast<size_t>(cfg_.seq_len) + 1);
+    for (size_t t = 1; t < n; ++t)
+      if (labels_[t] != -100) return true;
+    return false;
+  }
+  uint64_t paths_hash() const {
+    uint64_t h = 0;
+    for (const auto& f : files_) h = hash_combine(h, hash_string(f.path));
+    return h;
+  }
+  uint64_t bytes() const {
+    uint64_t b = 0;
+    for (const auto& f : files_) b += f.size_bytes;
+    return b;
+  }
   void close_file() {
     reader_.reset();
     ++file_pos_;
@@ -224,7 +269,8 @@ class TextSource final : public DocumentSource {
   std::unique_ptr<TextFileReader> reader_;
   TextPosition pending_;  // where to start reading the file at file_pos_ when it is opened
   uint64_t pieces_in_file_ = 0;
-  std::vector<int32_t> ids_;
+  std::vector<int32_t> ids_, labels_;
+  bool chat_ = false;
 };
 
 // Token datasets, memory-mapped. Shuffling visits every document in a fresh pseudo-random order

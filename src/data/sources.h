@@ -52,13 +52,18 @@ class DocumentSource {
   // The next document (or piece of one) of this epoch and split: its ids (valid until the next
   // call) and whether the document ends with it. False at the end of the epoch.
   virtual bool next(std::span<const int32_t>& ids, bool& ends_document) = 0;
+  // Chat data: the labels of the document next() returned (ids on assistant tokens, -100
+  // elsewhere, not shifted; valid until the next call). Empty for other data.
+  virtual std::span<const int32_t> labels() const { return {}; }
   virtual int32_t vocab_size() const = 0;
   virtual int32_t eos_id() const = 0;
   // Identifies the data and options, so a saved loader state is not applied to other data.
   virtual nlohmann::json fingerprint() const = 0;
 };
 
-// Opens the sources of `cfg`. `encoder` is used for text and JSON Lines (ignored for tokens).
+// Opens the sources of `cfg`. `encoder` is used for text and JSON Lines (ignored for tokens); chat
+// data needs its encode_chat. A chat record whose assistant tokens all lie beyond the first
+// seq_len + 1 tokens carries no loss in its row and is skipped (with a warning).
 std::unique_ptr<DocumentSource> open_document_source(const DataConfig& cfg, const TextEncoder& encoder);
 
 }  // namespace titan::data

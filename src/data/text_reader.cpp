@@ -220,6 +220,13 @@ bool TextFileReader::next_jsonl(TextPiece& piece) {
     size_t replaced = 0;
     const std::string clean = sanitize_utf8(line, &replaced);
     invalid_utf8_ += replaced;
+    if (options_.raw_jsonl) {
+      piece.text = clean;
+      piece.ordinal = line_number;
+      piece.line = line_number;
+      piece.ends_document = true;
+      return true;
+    }
     nlohmann::json record;
     try {
       record = nlohmann::json::parse(clean);

@@ -22,6 +22,7 @@ std::string to_string(DocDelimiter d);
 struct TextReaderOptions {
   DocDelimiter delimiter = DocDelimiter::File;
   std::string text_field = "text";    // JSON Lines: the field holding the document
+  bool raw_jsonl = false;             // JSON Lines: hand out each non-blank line itself (chat records)
   size_t buffer_bytes = 1 << 20;      // read buffer
   size_t max_piece_bytes = 64 << 20;  // text documents larger than this arrive in pieces
   size_t max_line_bytes = 256 << 20;  // JSON Lines: longer lines are an error

@@ -456,8 +456,17 @@ std::string Decoder::apply(const std::vector<const std::string*>& tokens) const 
     }
     return out;
   }
+  std::string bytes = raw_bytes(tokens);
+  return is_valid_utf8(bytes) ? bytes : repair_utf8(bytes);
+}
+
+std::string Decoder::raw_bytes(const std::vector<const std::string*>& tokens) const {
   std::string bytes;
   for (const std::string* t : tokens) {
+    if (!byte_level_) {
+      bytes += *t;
+      continue;
+    }
     // A token whose characters are all in the byte alphabet becomes those bytes; any other
     // token (e.g. an added token with foreign characters) is copied as UTF-8.
     size_t mark = bytes.size();
@@ -472,7 +481,7 @@ std::string Decoder::apply(const std::vector<const std::string*>& tokens) const 
     }
     if (!ok) bytes.resize(mark), bytes += *t;
   }
-  return is_valid_utf8(bytes) ? bytes : repair_utf8(bytes);
+  return bytes;
 }
 
 }  // namespace titan::tok

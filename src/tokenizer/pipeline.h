@@ -89,6 +89,8 @@ class Decoder {
  public:
   void load(const nlohmann::json& j, const std::string& where);
   std::string apply(const std::vector<const std::string*>& tokens) const;
+  // Byte-level: the raw bytes of the tokens, not repaired to valid UTF-8 (apply() repairs them).
+  std::string raw_bytes(const std::vector<const std::string*>& tokens) const;
 
  private:
   bool byte_level_ = false;

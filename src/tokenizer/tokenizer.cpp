@@ -236,6 +236,14 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
   return im.decoder.apply(tokens);
 }
 
+std::string Tokenizer::token_bytes(int32_t id) const {
+  const Impl& im = *impl_;
+  auto it = im.added_by_id.find(id);
+  if (it != im.added_by_id.end()) return im.added[it->second].content;
+  const std::string* t = im.model.id_to_token(id);
+  return t ? im.decoder.raw_bytes({t}) : std::string();
+}
+
 int32_t Tokenizer::vocab_size() const {
   return impl_->vocab_size;
 }

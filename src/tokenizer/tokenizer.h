@@ -20,6 +20,10 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = false) const;
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
+  // The bytes token `id` stands for in decoded text (a byte-level token may hold part of a UTF-8
+  // character; an added token is its content); empty for an unknown id.
+  std::string token_bytes(int32_t id) const;
+
   // Number of ids (model vocab plus added tokens): max id + 1.
   int32_t vocab_size() const;
   std::optional<int32_t> token_to_id(std::string_view token) const;

@@ -276,7 +276,8 @@ void TrainConfig::validate() const {
   check_choice("optimizer.name", optimizer.name, {"AdamW"});
   check_choice("model.moe_aux_loss", model.moe_aux_loss, {"auto", "on", "off"});
   check_choice("lr_scheduler.decay_type", lr_scheduler.decay_type, {"linear", "sqrt", "cosine", "constant"});
-  check_choice("training.dataset_format", training.dataset_format, {"auto", "text", "jsonl", "tokens"});
+  check_choice("training.dataset_format", training.dataset_format,
+               {"auto", "text", "jsonl", "tokens", "chat"});
   check_choice("training.dataset_delimiter", training.dataset_delimiter, {"file", "percent", "blank"});
   check_choice("training.mixed_precision_param", training.mixed_precision_param, {"float32", "bfloat16"});
   check_choice("checkpoint.export_dtype", checkpoint.export_dtype, {"float32", "bfloat16"});

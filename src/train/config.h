@@ -47,7 +47,7 @@ struct LRSchedulerConfig {
 
 struct TrainingConfig {
   std::vector<std::string> dataset = {"fortunes"};  // files/dirs; "fortunes" = the fortune(6) corpus
-  std::string dataset_format = "auto";              // auto | text | jsonl | tokens
+  std::string dataset_format = "auto";              // auto | text | jsonl | tokens | chat (SFT)
   std::string dataset_delimiter = "percent";        // text: file | percent | blank
   std::string text_field = "text";
   // Share of the documents held out of training (the validation split when validation.dataset is empty).

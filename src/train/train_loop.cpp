@@ -1,5 +1,6 @@
 // The training loop: train() over the steps, train_step() = micro-batches forward/backward, loss and
 // gradient reduction, clipping, AdamW; validation every validation.freq steps; metrics per logged step.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -52,15 +53,15 @@ TrainResult Trainer::train() {
 // The micro-batches of one step: forward + backward of each, gradients accumulated. Fills totals with
 // this rank's {CE sum, targets, aux-loss sum}.
 void Trainer::forward_backward(int64_t step, double totals[3]) {
-  const int64_t tokens_per_micro = cfg_.training.local_batch_size * cfg_.training.seq_len;
   model_->zero_grad();
   totals[0] = totals[1] = totals[2] = 0;
-  data::Batch batch;
-  for (int64_t micro = 0; micro < plan_.grad_accum; ++micro) {
-    TITAN_CHECK(data_.train->next_batch(batch), "the dataset ran out of data at step ", step);
+  std::vector<data::Batch> micro(static_cast<size_t>(plan_.grad_accum));
+  for (data::Batch& b : micro)
+    TITAN_CHECK(data_.train->next_batch(b), "the dataset ran out of data at step ", step);
+  const float grad_scale = micro_batch_grad_scale(micro);
+  for (const data::Batch& batch : micro) {
     ForwardOptions fo;
-    // Mean over every target of the accumulation window (HF num_items_in_batch semantics).
-    fo.grad_scale = 1.0f / static_cast<float>(tokens_per_micro * plan_.grad_accum);
+    fo.grad_scale = grad_scale;
     fo.labels_shifted = true;  // the loader's labels are the next tokens (torchtitan packing)
     // MoE aux loss: its coefficient split over the micro-batches (each contributes its own aux).
     fo.aux_loss_scale =
@@ -72,6 +73,24 @@ void Trainer::forward_backward(int64_t step, double totals[3]) {
     totals[1] += static_cast<double>(r.num_valid);
     totals[2] += r.aux_loss;
   }
+}
+
+// d(step loss)/d(row loss): the step's loss is the mean over every target of the global batch (HF
+// num_items_in_batch). Packed text windows have a target at every position, so that is
+// 1 / (tokens x grad_accum) on every rank; chat rows carry -100 outside the assistant tokens, so their
+// targets are counted over the micro-batches and the ranks (the data-parallel average of the gradients
+// then makes world / targets the per-rank scale).
+float Trainer::micro_batch_grad_scale(const std::vector<data::Batch>& micro) const {
+  if (cfg_.training.dataset_format != "chat") {
+    const int64_t tokens_per_micro = cfg_.training.local_batch_size * cfg_.training.seq_len;
+    return 1.0f / static_cast<float>(tokens_per_micro * plan_.grad_accum);
+  }
+  double targets = 0;
+  for (const data::Batch& mb : micro)
+    targets += static_cast<double>(
+        std::count_if(mb.labels.begin(), mb.labels.end(), [](int32_t y) { return y != -100; }));
+  if (world_ > 1) pg_->all_reduce(&targets, 1, dist::ReduceOp::Sum);
+  return static_cast<float>(static_cast<double>(world_) / std::max(targets, 1.0));
 }
 
 StepOutcome Trainer::train_step(int64_t step) {

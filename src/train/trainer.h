@@ -107,6 +107,7 @@ class Trainer {
   void load_initial_weights();
   void refresh_bf16_model();
   void forward_backward(int64_t step, double totals[3]);
+  float micro_batch_grad_scale(const std::vector<data::Batch>& micro) const;
   bool validation_due(int64_t step) const;
   void log_step(int64_t step, const StepOutcome& s, double seconds);
   void gather_final_model();

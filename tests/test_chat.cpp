@@ -1,0 +1,517 @@
+// Chat templates and SFT data: the Jinja subset against jinja2 as HF configures it, the Qwen3
+// template against tokenizer.apply_chat_template (text, ids, assistant mask), HF's
+// return_assistant_tokens_mask for {% generation %} templates, chat data rows, resumable loader
+// state, bad input, and a tiny `titan train` with training.dataset_format = "chat".
+// Fixtures: tests/golden/chat (tools/golden/make_chat_golden.py).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "data/loader.h"
+#include "models/qwen3/model.h"
+#include "support/testing.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/jinja.h"
+#include "tokenizer/tokenizer.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace titan {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using testing::error_of;
+using testing::TempDir;
+namespace fs = std::filesystem;
+
+const std::string kGolden = TITAN_SOURCE_DIR "/tests/golden/chat";
+const std::string kQwen = TITAN_SOURCE_DIR "/../shared/assets/qwen3-tokenizer";
+
+std::vector<ojson> read_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << "missing fixture " << path;
+  std::vector<ojson> out;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(ojson::parse(line));
+  return out;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+const Tokenizer& qwen_tokenizer() {
+  static Tokenizer t = Tokenizer::load(kQwen);
+  return t;
+}
+
+ChatOptions options_of(const ojson& c) {
+  ChatOptions o;
+  o.add_generation_prompt = c.at("add_generation_prompt").get<bool>();
+  if (c.contains("enable_thinking")) o.enable_thinking = c["enable_thinking"].get<bool>();
+  if (c.contains("tools")) o.extra["tools"] = c["tools"];
+  return o;
+}
+
+// Every fixture case: rendered text, ids and assistant mask equal HF's.
+void check_cases(const ChatTemplate& tmpl, const std::vector<ojson>& cases, const std::string& what) {
+  ASSERT_GE(cases.size(), 40u) << what;
+  int reported = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const ojson& c = cases[i];
+    const ChatOptions o = options_of(c);
+    const std::string text = tmpl.render(c["messages"], o).text;
+    const EncodedChat enc = tmpl.encode(qwen_tokenizer(), c["messages"], o);
+    std::string mask;
+    for (size_t t = 0; t < enc.ids.size(); ++t) mask += enc.labels[t] == -100 ? '0' : '1';
+    const bool ok = text == c["text"] && enc.ids == c["ids"].get<std::vector<int32_t>>() && mask == c["mask"];
+    if (!ok && reported++ < 5)
+      ADD_FAILURE() << what << " case " << i << ": text ok " << (text == c["text"]) << ", ids ok "
+                    << (enc.ids == c["ids"].get<std::vector<int32_t>>()) << ", mask ok "
+                    << (mask == c["mask"]) << "\n got:  " << ojson(text).dump()
+                    << "\n want: " << c["text"].dump() << "\n mask: " << mask
+                    << "\n want: " << c["mask"].get<std::string>();
+    for (size_t t = 0; t < enc.ids.size(); ++t)
+      ASSERT_TRUE(enc.labels[t] == -100 || enc.labels[t] == enc.ids[t]) << what << " case " << i;
+  }
+}
+
+// ---- the Jinja subset ----
+
+TEST(Jinja, RendersLikeJinja2WithHfSettings) {
+  const auto cases = read_jsonl(kGolden + "/jinja.jsonl");
+  ASSERT_GE(cases.size(), 25u);
+  for (const ojson& c : cases) {
+    std::string got;
+    const std::string e = error_of([&] {
+      got = jinja::Template::parse(c["template"].get<std::string>(), "case").render(c["context"]).text;
+    });
+    EXPECT_EQ(e, "") << c["template"];
+    EXPECT_EQ(got, c["text"].get<std::string>()) << c["template"];
+  }
+}
+
+TEST(Jinja, UnsupportedConstructsNameTheTemplateLineAndConstruct) {
+  auto parse_error = [](const std::string& src) {
+    return error_of([&] { jinja::Template::parse(src, "t.jinja"); });
+  };
+  EXPECT_NE(parse_error("a\n{% macro m() %}{% endmacro %}").find("t.jinja:2: unsupported statement 'macro'"),
+            std::string::npos);
+  EXPECT_NE(parse_error("{% if x %}").find("missing {% endif %}"), std::string::npos);
+  EXPECT_NE(parse_error("{{ x ** 2 }}").find("unsupported operator '**'"), std::string::npos);
+  EXPECT_NE(parse_error("{{ 'abc }}").find("t.jinja:1: unclosed {{ tag"), std::string::npos);
+  auto render_error = [](const std::string& src, ojson ctx = ojson::object()) {
+    return error_of([&] { jinja::Template::parse(src, "t.jinja").render(ctx); });
+  };
+  EXPECT_NE(render_error("\n\n{{ x | wordwrap }}").find("t.jinja:3: unsupported filter 'wordwrap'"),
+            std::string::npos);
+  EXPECT_NE(render_error("{{ 'a'.zfill(3) }}").find("unsupported string method 'zfill'"), std::string::npos);
+  EXPECT_NE(render_error("{{ cycler() }}").find("unsupported function 'cycler'"), std::string::npos);
+  EXPECT_NE(render_error("{{ raise_exception('no tools') }}").find("the template raised an error: no tools"),
+            std::string::npos);
+  EXPECT_NE(render_error("{{ m.content + 'x' }}", {{"m", {{"content", nullptr}}}})
+                .find("unsupported operand types for +: none and string"),
+            std::string::npos);
+  EXPECT_NE(render_error("{{ a.b.c }}", {{"a", ojson::object()}}).find("attribute 'c' of an undefined value"),
+            std::string::npos);
+}
+
+// ---- the Qwen3 template against apply_chat_template ----
+
+TEST(ChatTemplate, Qwen3MatchesApplyChatTemplate) {
+  const ChatTemplate tmpl = ChatTemplate::from_tokenizer_config(kQwen);
+  EXPECT_FALSE(tmpl.has_generation_blocks());
+  EXPECT_EQ(tmpl.special_token("eos_token"), "<|im_end|>");
+  EXPECT_EQ(tmpl.special_token("bos_token"), "");
+  const auto cases = read_jsonl(kGolden + "/qwen3.jsonl");
+  ASSERT_GE(cases.size(), 50u);
+  check_cases(tmpl, cases, "qwen3");
+}
+
+TEST(ChatTemplate, GenerationBlocksMatchHfAssistantTokensMask) {
+  const ChatTemplate tmpl =
+      ChatTemplate::from_string(slurp(kGolden + "/tagged_template.jinja"), "tagged_template.jinja",
+                                {{"eos_token", "<|im_end|>"}, {"pad_token", "<|endoftext|>"}});
+  EXPECT_TRUE(tmpl.has_generation_blocks());
+  check_cases(tmpl, read_jsonl(kGolden + "/tagged.jsonl"), "tagged");
+}
+
+TEST(ChatTemplate, AssistantLabelsCoverContentThinkBlockAndImEnd) {
+  const ChatTemplate tmpl = ChatTemplate::from_tokenizer_config(kQwen);
+  const Tokenizer& tok = qwen_tokenizer();
+  const ojson msgs = ojson::parse(
+      R"([{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello!","reasoning_content":"greet"}])");
+  const EncodedChat enc = tmpl.encode(tok, msgs);
+  std::vector<int32_t> trained;
+  for (size_t t = 0; t < enc.ids.size(); ++t)
+    if (enc.labels[t] != -100) trained.push_back(enc.ids[t]);
+  EXPECT_EQ(tok.decode(trained), "<think>\ngreet\n</think>\n\nHello!<|im_end|>");
+  EXPECT_EQ(enc.num_assistant_tokens(), static_cast<int64_t>(trained.size()));
+  EXPECT_EQ(enc.ids.back(), *tok.token_to_id("\u010a"));  // the "\n" after <|im_end|>: no loss
+  EXPECT_EQ(enc.labels.back(), -100);
+}
+
+TEST(ChatTemplate, PromptCompletionTrainsOnlyTheCompletion) {
+  const ChatTemplate tmpl = ChatTemplate::from_tokenizer_config(kQwen);
+  const Tokenizer& tok = qwen_tokenizer();
+  auto trained_text = [&](const ojson& record) {
+    const Conversation c = conversation_from_record(record, "x.jsonl:1");
+    ChatOptions o;
+    o.skip_assistant_turns = c.prompt_assistant_turns;
+    const EncodedChat enc = tmpl.encode(tok, c.messages, o);
+    std::vector<int32_t> trained;
+    for (size_t t = 0; t < enc.ids.size(); ++t)
+      if (enc.labels[t] != -100) trained.push_back(enc.ids[t]);
+    return tok.decode(trained);
+  };
+  // Strings: a user turn and an assistant turn; the same as the equivalent messages.
+  const ojson pc = {{"prompt", "2+2?"}, {"completion", "4"}};
+  const ojson as_messages = ojson::parse(R"({"messages":[{"role":"user","content":"2+2?"},
+                                                         {"role":"assistant","content":"4"}]})");
+  EXPECT_EQ(trained_text(pc), "<think>\n\n</think>\n\n4<|im_end|>");
+  EXPECT_EQ(trained_text(pc), trained_text(as_messages));
+  // Message lists: the prompt's own assistant turns carry no loss.
+  const ojson multi =
+      ojson::parse(R"({"prompt":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},
+                                                 {"role":"user","content":"c"}],
+                                       "completion":[{"role":"assistant","content":"d"}]})");
+  EXPECT_EQ(trained_text(multi), "<think>\n\n</think>\n\nd<|im_end|>");
+}
+
+TEST(ChatTemplate, BadConversationsNameTheField) {
+  auto err = [](const std::string& line) {
+    return error_of([&] { conversation_from_record(ojson::parse(line), "data.jsonl:7"); });
+  };
+  EXPECT_NE(err(R"({"text":"x"})").find("data.jsonl:7: field 'messages' is missing"), std::string::npos);
+  EXPECT_NE(err(R"({"prompt":"x"})").find("data.jsonl:7: field 'completion' is missing"), std::string::npos);
+  EXPECT_NE(err(R"({"messages":[]})").find("data.jsonl:7: the list of messages is empty"), std::string::npos);
+  EXPECT_NE(
+      err(R"({"messages":[{"content":"x"}]})").find("data.jsonl:7: field 'messages[0].role' is missing"),
+      std::string::npos);
+  EXPECT_NE(err(R"({"messages":[{"role":"user","content":"x"},{"role":"assistant"}]})")
+                .find("data.jsonl:7: field 'messages[1].content' is missing"),
+            std::string::npos);
+  EXPECT_NE(
+      err(R"({"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]})")
+          .find(
+              "field 'messages[0].content': expected a string, got array (content parts are not supported)"),
+      std::string::npos);
+  EXPECT_NE(err(R"({"messages":{"role":"user"}})").find("expected a list of messages, got object"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"prompt":"x","completion":3})").find("field 'completion': expected a string or a list"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"messages":[{"role":"user","content":"x"}],"tools":{"name":"f"}})")
+                .find("data.jsonl:7: field 'tools': expected a list of function schemas, got object"),
+            std::string::npos);
+  // Per-record tools reach the template.
+  const Conversation c = conversation_from_record(
+      ojson::parse(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})"), "d:1");
+  ChatOptions o;
+  o.extra["tools"] = c.tools;
+  EXPECT_NE(ChatTemplate::from_tokenizer_config(kQwen)
+                .render(c.messages, o)
+                .text.find("<tools>\n{\"type\": \"function\"}"),
+            std::string::npos);
+}
+
+TEST(ChatTemplate, TemplatesItCannotHandleAreClearErrors) {
+  TempDir tmp;
+  std::ofstream(tmp / "tokenizer_config.json")
+      << R"({"chat_template": "{% for m in messages %}\n{% macro x() %}{% endmacro %}{% endfor %}"})";
+  const std::string e = error_of([&] { ChatTemplate::from_tokenizer_config(tmp.path.string()); });
+  EXPECT_NE(e.find(tmp / "tokenizer_config.json"), std::string::npos) << e;
+  EXPECT_NE(e.find(":2: unsupported statement 'macro'"), std::string::npos) << e;
+  std::ofstream(tmp / "tokenizer_config.json") << R"({"eos_token": "</s>"})";
+  EXPECT_NE(error_of([&] {
+              ChatTemplate::from_tokenizer_config(tmp.path.string());
+            }).find("field 'chat_template' is missing"),
+            std::string::npos);
+  // Not ChatML and no generation blocks: which tokens are the assistant's is unknown.
+  const ChatTemplate plain =
+      ChatTemplate::from_string("{% for m in messages %}{{ m.content }}{% endfor %}", "plain");
+  EXPECT_NE(error_of([&] {
+              plain.encode(qwen_tokenizer(), ojson::parse(R"([{"role":"user","content":"x"}])"));
+            }).find("cannot tell which tokens are the assistant's"),
+            std::string::npos);
+}
+
+// ---- chat data ----
+
+data::DataConfig chat_config(const std::string& file, int64_t seq_len, int64_t batch) {
+  data::DataConfig c;
+  c.sources = {file};
+  c.format = data::DataFormat::Chat;
+  c.tokenizer = kQwen;
+  c.seq_len = seq_len;
+  c.batch_size = batch;
+  c.seed = 3;
+  c.on_warning = [](const std::string&) {};
+  return c;
+}
+
+TEST(ChatData, RowsAreOneConversationPaddedWithLabelsOnAssistantTokens) {
+  TempDir tmp;
+  std::ofstream(tmp / "a.jsonl")
+      << R"({"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello there."}]})"
+      << "\n"
+      << R"({"prompt":"Bye","completion":"Goodbye."})"
+      << "\n";
+  data::DataConfig cfg = chat_config(tmp / "a.jsonl", 64, 2);
+  cfg.shuffle = false;
+  data::DataLoader loader(cfg);
+  data::Batch b;
+  ASSERT_TRUE(loader.next_batch(b));
+  const ChatTemplate tmpl = ChatTemplate::from_tokenizer_config(kQwen);
+  const EncodedChat first = tmpl.encode(qwen_tokenizer(), ojson::parse(R"([{"role":"user","content":"Hi"},
+                                                                            {"role":"assistant","content":"Hello there."}])"));
+  const size_t n = first.ids.size();
+  ASSERT_LT(n, 64u);
+  for (size_t t = 0; t < 64; ++t) {
+    EXPECT_EQ(b.input_ids[t], t < n ? first.ids[t] : loader.eos_id()) << t;
+    EXPECT_EQ(b.labels[t], t + 1 < n ? first.labels[t + 1] : -100) << t;
+  }
+  int64_t trained = 0;
+  for (int32_t y : b.labels) trained += y != -100;
+  EXPECT_GT(trained, 0);
+}
+
+TEST(ChatData, LongConversationsAreTruncatedAndUntrainableOnesSkipped) {
+  TempDir tmp;
+  const std::string long_user(400, 'x');
+  std::ofstream(tmp / "a.jsonl")
+      << R"({"messages":[{"role":"user","content":")" << long_user
+      << R"("},{"role":"assistant","content":"late"}]})"
+      << "\n"
+      << R"({"messages":[{"role":"user","content":"q"},{"role":"assistant","content":")"
+      << std::string(300, 'y') << R"("}]})"
+      << "\n";
+  std::vector<std::string> warnings;
+  data::DataConfig cfg = chat_config(tmp / "a.jsonl", 16, 1);
+  cfg.on_warning = [&](const std::string& w) { warnings.push_back(w); };
+  data::DataLoader loader(cfg);
+  data::Batch b;
+  ASSERT_TRUE(loader.next_batch(b));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("a.jsonl:1: no assistant token within the first seq_len + 1 = 17 tokens"),
+            std::string::npos)
+      << warnings[0];
+  // The second conversation, cut to 17 tokens: its assistant text runs past the cut.
+  EXPECT_NE(b.labels.back(), -100);
+  EXPECT_NE(b.input_ids.back(), loader.eos_id());
+}
+
+TEST(ChatData, ResumesExactlyFromItsState) {
+  data::DataConfig cfg = chat_config(kGolden + "/train.jsonl", 48, 2);
+  cfg.max_epochs = 0;
+  data::DataLoader ref(cfg);
+  std::vector<data::Batch> want(9);
+  nlohmann::json state;
+  for (int s = 0; s < 9; ++s) {
+    ASSERT_TRUE(ref.next_batch(want[s]));
+    if (s == 4) state = ref.state();
+  }
+  // Another layout (2 ranks x batch 1 each) from the same state continues with the same rows.
+  for (int rank = 0; rank < 2; ++rank) {
+    data::DataConfig c2 = cfg;
+    c2.batch_size = 1;
+    c2.dp_world = 2;
+    c2.dp_rank = rank;
+    data::DataLoader resumed(c2);
+    resumed.load_state(state);
+    for (int s = 5; s < 9; ++s) {
+      data::Batch b;
+      ASSERT_TRUE(resumed.next_batch(b));
+      const size_t L = 48;
+      EXPECT_TRUE(std::equal(b.input_ids.begin(), b.input_ids.end(), want[s].input_ids.begin() + rank * L));
+      EXPECT_TRUE(std::equal(b.labels.begin(), b.labels.end(), want[s].labels.begin() + rank * L));
+    }
+  }
+}
+
+TEST(ChatData, BadLinesNameFileLineAndField) {
+  TempDir tmp;
+  std::ofstream(tmp / "bad.jsonl")
+      << R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]})"
+      << "\n\n"
+      << R"({"text":"plain text"})"
+      << "\n";
+  data::DataConfig cfg = chat_config(tmp / "bad.jsonl", 32, 2);
+  cfg.shuffle = false;
+  const std::string e = error_of([&] {
+    data::DataLoader loader(cfg);
+    data::Batch b;
+    loader.next_batch(b);
+  });
+  EXPECT_NE(e.find(tmp / "bad.jsonl" + ":3: field 'messages' is missing"), std::string::npos) << e;
+  std::ofstream(tmp / "bad.jsonl")
+      << R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":7}]})";
+  const std::string e2 = error_of([&] { data::DataLoader loader(cfg); });
+  EXPECT_NE(e2.find(tmp / "bad.jsonl" + ":1: field 'messages[1].content': expected a string, got number"),
+            std::string::npos)
+      << e2;
+  // A tokenizer directory without tokenizer_config.json.
+  data::DataConfig c3 = cfg;
+  c3.tokenizer = testing::source_path("tests/golden/tokenizer/small");
+  EXPECT_NE(error_of([&] { data::DataLoader loader(c3); }).find("tokenizer_config.json: no such file"),
+            std::string::npos);
+}
+
+// ---- titan train with chat data ----
+
+std::vector<std::string> chat_train_args(const TempDir& tmp, int64_t steps) {
+  return {"--job.dump_folder=" + (tmp / "out"),
+          "--training.dataset=" + kGolden + "/train.jsonl",
+          "--training.dataset_format=chat",
+          "--model.tokenizer_path=" + kQwen,
+          "--model.vocab_size=151936",
+          "--training.seq_len=48",
+          "--training.local_batch_size=2",
+          "--training.steps=" + std::to_string(steps),
+          "--training.sample_tokens=0",
+          "--training.val_fraction=0",
+          "--validation.enable=false",
+          "--lr_scheduler.warmup_steps=1",
+          "--metrics.peak_tflops=1",
+          "--job.print_config=false"};
+}
+
+TEST(ChatTrain, TinyRunHasFiniteLossOnAssistantTokens) {
+  TempDir tmp;
+  TrainConfig c = parse_train_args(chat_train_args(tmp, 3));
+  const TrainResult r = run_training(c);
+  ASSERT_EQ(r.losses.size(), 3u);
+  for (double l : r.losses) {
+    EXPECT_TRUE(std::isfinite(l));
+    EXPECT_GT(l, 5.0);  // about ln(151936) = 11.9 at init: a mean over real targets, not diluted by padding
+  }
+}
+
+// The committed 1024-token tokenizer with the Qwen3 chat template beside it keeps the model small
+// (its ChatML markers are plain text to it, which the assistant-span rule does not mind).
+std::vector<std::string> small_chat_args(const TempDir& tmp, int64_t steps) {
+  fs::create_directories(tmp / "tok");
+  fs::copy_file(testing::source_path("tests/golden/tokenizer/small/tokenizer.json"),
+                tmp / "tok/tokenizer.json");
+  fs::copy_file(kQwen + "/tokenizer_config.json", tmp / "tok/tokenizer_config.json");
+  auto args = chat_train_args(tmp, steps);
+  args.push_back("--model.tokenizer_path=" + (tmp / "tok"));
+  args.push_back("--model.vocab_size=1024");
+  return args;
+}
+
+TEST(ChatTrain, GradientIsTheMeanOverAssistantTargets) {
+  // The step's gradient is HF's: CE averaged over the real (assistant) targets, not over all
+  // positions of the padded rows. Step 1's logged grad_norm equals the norm of the model's own
+  // HF-mean gradient (grad_scale 0) on the same rows from the same initialisation.
+  TempDir tmp;
+  const TrainConfig cfg = parse_train_args(small_chat_args(tmp, 1));
+  run_training(cfg);
+  std::ifstream metrics(tmp / "out/metrics.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(metrics, line));
+  const double logged = nlohmann::json::parse(line)["grad_norm"].get<double>();
+
+  data::DataConfig dc =
+      chat_config(kGolden + "/train.jsonl", cfg.training.seq_len, cfg.training.local_batch_size);
+  dc.tokenizer = tmp / "tok";
+  dc.seed = cfg.training.seed;
+  data::DataLoader loader(dc);
+  data::Batch b;
+  ASSERT_TRUE(loader.next_batch(b));
+  int64_t targets = 0;
+  for (int32_t y : b.labels) targets += y != -100;
+  ASSERT_LT(targets, b.batch_size * b.seq_len / 2);  // padding and prompts: far fewer targets than positions
+  Qwen3Model model(resolve_model_config(cfg), cfg.kernels);
+  model.init_weights(cfg.training.seed);
+  ForwardOptions fo;
+  fo.labels_shifted = true;  // grad_scale 0: HF's mean over valid targets
+  model.forward(b.input_ids.data(), b.labels.data(), b.batch_size, b.seq_len, fo);
+  model.backward();
+  double sq = 0;
+  for (Tensor& g : model.flat_grads())
+    for (int64_t i = 0; i < g.numel(); ++i) sq += double(g.f32()[i]) * g.f32()[i];
+  EXPECT_NEAR(logged, std::sqrt(sq), 1e-4 * std::sqrt(sq));
+}
+
+TEST(ChatTrain, GradientAccumulationEqualsTheLargerBatch) {
+  // local 2 x 2 accumulation steps == local 4 in one step: the same rows, and the loss and gradient
+  // are the mean over all the step's real targets (not a mean of per-micro-batch means).
+  TempDir a, b;
+  auto args_a = small_chat_args(a, 3);
+  args_a.push_back("--training.global_batch_size=4");
+  auto args_b = small_chat_args(b, 3);
+  args_b.push_back("--training.local_batch_size=4");
+  const auto ra = run_training(parse_train_args(args_a)), rb = run_training(parse_train_args(args_b));
+  ASSERT_EQ(ra.losses.size(), 3u);
+  ASSERT_EQ(rb.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(ra.losses[i], rb.losses[i], 1e-5 * rb.losses[i]) << i;
+}
+
+// step -> loss bits from metrics.jsonl.
+std::map<int64_t, double> step_losses(const std::string& path) {
+  std::map<int64_t, double> out;
+  std::ifstream f(path);
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return out;
+}
+
+TEST(ChatTrain, KilledAfterACheckpointAndResumedEqualsTheStraightRunBitForBit) {
+  TempDir tmp;
+  std::string args;
+  for (const auto& a : small_chat_args(tmp, 6)) args += " " + a;
+  args += " --checkpoint.enable=true --checkpoint.interval=3 --checkpoint.last_save_in_hf=false";
+  const std::string titan = std::string(TITAN_BINARY) + " train";
+  auto straight =
+      testing::run_shell_command("timeout 300 " + titan + args + " --job.dump_folder=" + (tmp / "a"));
+  ASSERT_EQ(straight.rc, 0) << straight.output;
+  auto r = testing::run_shell_command("TITAN_FAULT_INJECT=checkpoint:after-rename@3 timeout 300 " + titan +
+                                      args + " --job.dump_folder=" + (tmp / "b"));
+  ASSERT_NE(r.rc, 0) << r.output;
+  r = testing::run_shell_command("timeout 300 " + titan + args + " --job.dump_folder=" + (tmp / "b"));
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
+  const auto ref = step_losses(tmp / "a/metrics.jsonl"), got = step_losses(tmp / "b/metrics.jsonl");
+  ASSERT_EQ(ref.size(), 6u);
+  ASSERT_EQ(got.size(), 6u);
+  for (const auto& [step, loss] : ref)
+    EXPECT_EQ(std::memcmp(&got.at(step), &loss, sizeof loss), 0)
+        << "step " << step << ": " << got.at(step) << " vs " << loss;
+}
+
+TEST(ChatTrain, TwoDataParallelRanksMatchOneRank) {
+  // Rows dealt to 2 ranks, the target count summed over them: the same losses as one rank of 4.
+  TempDir tmp;
+  std::string common;
+  for (const auto& a : small_chat_args(tmp, 3))
+    if (!a.starts_with("--job.dump_folder") && !a.starts_with("--training.local_batch_size"))
+      common += " " + a;
+  auto one = testing::run_shell_command(std::string(TITAN_BINARY) + " train" + common +
+                                        " --training.local_batch_size=4 --job.dump_folder=" + (tmp / "one"));
+  ASSERT_EQ(one.rc, 0) << one.output;
+  auto two = testing::run_shell_command("timeout 300 mpirun --oversubscribe --bind-to none -np 2 " +
+                                        std::string(TITAN_BINARY) + " train" + common +
+                                        " --training.local_batch_size=2 --job.dump_folder=" + (tmp / "two"));
+  ASSERT_EQ(two.rc, 0) << two.output;
+  const auto ref = step_losses(tmp / "one/metrics.jsonl"), got = step_losses(tmp / "two/metrics.jsonl");
+  ASSERT_EQ(ref.size(), 3u);
+  ASSERT_EQ(got.size(), 3u);
+  for (const auto& [step, loss] : ref) EXPECT_NEAR(got.at(step), loss, 1e-5 * loss) << "step " << step;
+}
+
+}  // namespace
+}  // namespace titan
