@@ -6,6 +6,7 @@
 #include <map>
 
 #include "data/loader.h"
+#include "generate/chat.h"
 #include "generate/eval.h"
 #include "generate/generator.h"
 #include "io/json_file.h"
@@ -187,6 +188,7 @@ TEST(Sampler, TopK1AndTinyTopPAreGreedyAndSeedsReproduce) {
     kv.reset();
     GenerateOptions go;
     go.max_new_tokens = 20;
+    go.eos_ids = ids_of(expected("moe")["eos_token_id"]);
     go.sampling = s;
     return generate(kv, prompt, go);
   };
@@ -215,6 +217,43 @@ TEST(Generate, StreamerPrintsOnlyWholeCharacters) {
   out += st.finish();
   EXPECT_EQ(out, text);
   EXPECT_GT(held, 0) << "no character of the test text spans two tokens";
+}
+
+// Two chat turns: the rendered prompt equals HF apply_chat_template's ids and the reply equals HF greedy
+// generate on it; the second turn runs only what the first did not leave in the cache.
+TEST(Chat, TurnsEqualHFGreedy) {
+  for (std::string c : {"dense", "moe"}) {
+    auto model = load_model_dir(kGolden + c, false);
+    Tokenizer tok = Tokenizer::load(kGolden + c);
+    const auto chat = expected(c)["chat"];
+    GenerateOptions go;
+    go.max_new_tokens = chat["max_new_tokens"].get<int64_t>();
+    go.eos_ids = read_generation_defaults(kGolden + c).eos_ids;
+    ChatSession session(*model, tok, ChatTemplate::from_tokenizer_config(kGolden + c), go, 256);
+    for (const auto& turn : chat["turns"]) {
+      auto out = session.reply(turn["user"].get<std::string>());
+      EXPECT_EQ(session.last_prompt(), ids_of(turn["prompt_ids"])) << c;
+      EXPECT_EQ(out, ids_of(turn["output_ids"])) << c;
+      EXPECT_EQ(session.messages().back()["content"].get<std::string>(), turn["reply"].get<std::string>())
+          << c;
+    }
+    EXPECT_GT(session.last_reused(), 0) << c;
+    EXPECT_EQ(session.messages().size(), 4u);
+  }
+}
+
+TEST(GenerateCli, ChatReadsTurnsFromStdin) {
+  const auto chat = expected("moe")["chat"];
+  testing::TempDir tmp;
+  std::ofstream(tmp / "in.txt") << chat["turns"][0]["user"].get<std::string>() << "\n\n"
+                                << chat["turns"][1]["user"].get<std::string>() << "\n";
+  // stdout only (the stderr hint line dropped)
+  const auto r = testing::run_shell_command("sh -c '" + std::string(TITAN_BINARY) + " generate --model " +
+                                            kGolden + "moe --chat --greedy --max-new-tokens 8 < " +
+                                            (tmp / "in.txt") + " 2>/dev/null'");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_EQ(r.output, chat["turns"][0]["reply"].get<std::string>() + "\n" +
+                          chat["turns"][1]["reply"].get<std::string>() + "\n");
 }
 
 TEST(Eval, WindowsAreTheDataLayersAndLossEqualsHF) {

@@ -4,11 +4,16 @@ Two tiny, randomly initialised HF models (fp32, eager attention; the MoE one wit
 loop) are saved with the small byte-level BPE tokenizer of tests/golden/tokenizer/small:
 
   tests/golden/generate/<case>/
-    config.json, generation_config.json, model.safetensors, tokenizer.json   the model directory
+    config.json, generation_config.json, model.safetensors, tokenizer.json,
+    tokenizer_config.json (a ChatML chat_template, eos_token <|im_end|>)      the model directory
     expected.json
       greedy: [{text, prompt_ids, output_ids, min_margin}]
           HF model.generate(do_sample=False, max_new_tokens=MAX_NEW) per prompt (one prompt is long:
           > 150 tokens); min_margin = the smallest top-1 minus top-2 logit over the generated steps.
+      chat: {max_new_tokens, turns: [{user, prompt_ids, output_ids, reply, min_margin}]}
+          a two-turn conversation: per turn, HF tokenizer.apply_chat_template(messages,
+          add_generation_prompt=True) and greedy generate; the decoded reply (special tokens skipped)
+          becomes the assistant message of the next turn.
       eval: [{file, format, seq_len, windows, loss, num_tokens}]
           the training windows of the file (documents + EOS packed into one stream, cut into
           consecutive windows of seq_len + 1 tokens, file order, one pass, incomplete tail dropped: the
@@ -59,6 +64,11 @@ CASES = [
 ]
 
 EVAL_SEQ = 24
+
+CHAT_TEMPLATE = ("{%- for message in messages %}"
+                 "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+                 "{%- endfor %}"
+                 "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 
 
 def prompt_texts():
@@ -111,6 +121,35 @@ def greedy_cases(model, tok):
     return res
 
 
+CHAT_TURNS = ["Hello there", "Tell me more about it"]
+CHAT_NEW = 8
+
+
+def hf_tokenizer():
+    t = transformers.PreTrainedTokenizerFast(tokenizer_file=TOKENIZER, eos_token="<|im_end|>",
+                                             pad_token="<|endoftext|>")
+    t.chat_template = CHAT_TEMPLATE
+    return t
+
+
+def chat_case(model):
+    tok = hf_tokenizer()
+    messages, turns = [], []
+    for user in CHAT_TURNS:
+        messages.append({"role": "user", "content": user})
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             do_sample=False, max_new_tokens=CHAT_NEW, return_dict_in_generate=True,
+                             output_logits=True)
+        new = out.sequences[0, len(ids):].tolist()
+        margin = min((torch.topk(lg[0].double(), 2).values[0] - torch.topk(lg[0].double(), 2).values[1]).item()
+                     for lg in out.logits)
+        reply = tok.decode(new, skip_special_tokens=True)
+        turns.append(dict(user=user, prompt_ids=list(ids), output_ids=new, reply=reply, min_margin=margin))
+        messages.append({"role": "assistant", "content": reply})
+    return dict(max_new_tokens=CHAT_NEW, turns=turns)
+
+
 def windows_of(docs, tok, seq_len):
     stream = []
     for d in docs:
@@ -145,17 +184,19 @@ def make_case(case, out_dir, tok):
     for attempt in range(50):
         model = build(case, seed)
         g = greedy_cases(model, tok)
-        if min(x["min_margin"] for x in g) >= MIN_MARGIN:
+        chat = chat_case(model)
+        margin = min(x["min_margin"] for x in g + chat["turns"])
+        if margin >= MIN_MARGIN:
             break
-        print(f"{case['name']}: seed {seed} margin {min(x['min_margin'] for x in g):.2e}; next seed")
+        print(f"{case['name']}: seed {seed} margin {margin:.2e}; next seed")
         seed += 1
     else:
         raise SystemExit("no seed with decisive greedy steps")
     # float64 agrees on every greedy token
     m64 = build(case, seed).double()
-    for x in g:
+    for x in g + chat["turns"]:
         new64, _ = greedy(m64, x["prompt_ids"])
-        assert new64 == x["output_ids"], (case["name"], x["text"][:20], new64, x["output_ids"])
+        assert new64[:len(x["output_ids"])] == x["output_ids"], (case["name"], new64, x["output_ids"])
     assert len(g[-1]["prompt_ids"]) > 150, len(g[-1]["prompt_ids"])
 
     d = os.path.join(out_dir, case["name"])
@@ -163,6 +204,9 @@ def make_case(case, out_dir, tok):
     os.makedirs(d)
     model.save_pretrained(d, safe_serialization=True)
     shutil.copy(TOKENIZER, os.path.join(d, "tokenizer.json"))
+    with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                   "tokenizer_class": "Qwen2Tokenizer"}, f, indent=1)
     # the directory reloads and reproduces the greedy tokens
     cls = Qwen3MoeForCausalLM if case["moe"] else Qwen3ForCausalLM
     re = cls.from_pretrained(d, attn_implementation="eager").eval()
@@ -184,7 +228,7 @@ def make_case(case, out_dir, tok):
         evals.append(dict(file=fname, format=fmt, seq_len=EVAL_SEQ, windows=w, loss=loss, num_tokens=n))
     expected = dict(
         seed=seed, max_new_tokens=MAX_NEW, eos_token_id=EOS_IDS, min_margin_required=MIN_MARGIN,
-        greedy=g, eval=evals,
+        greedy=g, chat=chat, eval=evals,
         versions=dict(torch=torch.__version__, transformers=transformers.__version__,
                       tokenizers=tokenizers.__version__, safetensors=safetensors.__version__))
     with open(os.path.join(d, "expected.json"), "w", encoding="utf-8") as f:
