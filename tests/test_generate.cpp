@@ -288,6 +288,39 @@ TEST(Eval, WindowsAreTheDataLayersAndLossEqualsHF) {
   }
 }
 
+// Chat files: one row per conversation from the chat data layer, loss on the assistant tokens only; equals
+// transformers' loss with HF's return_assistant_tokens_mask labels.
+TEST(Eval, ChatFileLossEqualsHF) {
+  for (std::string c : {"dense", "moe"}) {
+    auto model = load_model_dir(kGolden + c, false);
+    const auto e = expected(c)["chat_eval"];
+    const int64_t T = e["seq_len"].get<int64_t>();
+    const auto cfg = eval_data_config({kGolden + c + "/" + e["file"].get<std::string>()}, kGolden + c, T,
+                                      data::DataFormat::Chat);
+    data::DataLoader loader(cfg);
+    data::Batch b;
+    size_t row = 0;
+    while (loader.next_batch(b)) {
+      ASSERT_LT(row, e["rows"].size());
+      const auto ids = ids_of(e["rows"][row]["input_ids"]), hf_labels = ids_of(e["rows"][row++]["labels"]);
+      for (int64_t t = 0; t < T; ++t) {
+        if (t < (int64_t)ids.size()) {
+          EXPECT_EQ(b.input_ids[t], ids[t]) << c << " row " << row << " t " << t;
+        }
+        const int32_t want = t + 1 < (int64_t)hf_labels.size() ? hf_labels[t + 1] : -100;
+        EXPECT_EQ(b.labels[t], want) << c << " row " << row << " t " << t;
+      }
+    }
+    EXPECT_EQ(row, e["rows"].size());
+    for (int64_t batch : {1, 2}) {
+      const EvalResult r = evaluate_dataset(*model, cfg, batch);
+      const double hf = e["loss"].get<double>();
+      EXPECT_LE(std::fabs(r.loss() - hf) / hf, 1e-5) << c << " batch " << batch;
+      EXPECT_EQ(r.targets, e["num_tokens"].get<int64_t>());
+    }
+  }
+}
+
 TEST(Eval, TooShortDataIsAnError) {
   auto model = load_model_dir(kGolden + "dense", false);
   const auto cfg = eval_data_config({kGolden + "dense/eval.txt"}, kGolden + "dense", 100000);

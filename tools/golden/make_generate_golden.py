@@ -19,7 +19,11 @@ loop) are saved with the small byte-level BPE tokenizer of tests/golden/tokenize
           consecutive windows of seq_len + 1 tokens, file order, one pass, incomplete tail dropped: the
           rule of src/data/loader.cpp) and transformers' loss over them: model.loss_function on the
           logits of window[:-1] with shift_labels = window[1:], token-weighted mean over all windows.
-    eval.txt, eval.jsonl   the eval data
+      chat_eval: {file, seq_len, rows: [{input_ids, labels}], loss, num_tokens}
+          eval_chat.jsonl's conversations: HF apply_chat_template(return_assistant_tokens_mask=True) ids,
+          labels = ids on assistant tokens else -100, and transformers' loss (model.loss_function, shifted
+          inside) token-weighted over the conversations.
+    eval.txt, eval.jsonl, eval_chat.jsonl   the eval data
 
 Robustness checks before writing: every greedy step's top-2 logit margin is >= MIN_MARGIN (the seed is
 advanced until it is), and the same greedy run of the model in float64 gives the same tokens.
@@ -65,10 +69,25 @@ CASES = [
 
 EVAL_SEQ = 24
 
+# ChatML (Qwen's turn format) with {% generation %} around the assistant's content and end-of-turn token, so
+# that transformers' return_assistant_tokens_mask gives the eval's assistant targets.
 CHAT_TEMPLATE = ("{%- for message in messages %}"
-                 "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-                 "{%- endfor %}"
+                 "{%- if message['role'] == 'assistant' %}"
+                 "{{- '<|im_start|>assistant\\n' }}{% generation %}{{- message['content'] + '<|im_end|>' }}"
+                 "{% endgeneration %}{{- '\\n' }}"
+                 "{%- else %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+                 "{%- endif %}{%- endfor %}"
                  "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+CHAT_EVAL_SEQ = 96
+CHAT_EVAL = [
+    [{"role": "user", "content": "What is the capital of France?"},
+     {"role": "assistant", "content": "Paris is the capital of France."}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello! How can I help?"}, {"role": "user", "content": "Count to three."},
+     {"role": "assistant", "content": "one, two, three"}],
+    [{"role": "user", "content": "Say ñandú"}, {"role": "assistant", "content": "ñandú 東京"}],
+]
 
 
 def prompt_texts():
@@ -150,6 +169,28 @@ def chat_case(model):
     return dict(max_new_tokens=CHAT_NEW, turns=turns)
 
 
+def hf_chat_eval(model):
+    """transformers' loss over the assistant tokens of each conversation (one row each, as the chat data
+    layer builds them: no truncation at this length), token-weighted over the conversations."""
+    tok = hf_tokenizer()
+    total, count, rows = 0.0, 0, []
+    with torch.no_grad():
+        for conv in CHAT_EVAL:
+            enc = tok.apply_chat_template(conv, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+            ids, mask = enc["input_ids"], enc["assistant_masks"]
+            assert len(ids) <= CHAT_EVAL_SEQ + 1, len(ids)
+            labels = [t if m else -100 for t, m in zip(ids, mask)]
+            logits = model(input_ids=torch.tensor([ids])).logits
+            n = sum(1 for y in labels[1:] if y != -100)
+            loss = model.loss_function(logits=logits, labels=torch.tensor([labels]),
+                                       vocab_size=model.config.vocab_size)
+            total += loss.item() * n
+            count += n
+            rows.append(dict(input_ids=ids, labels=labels))
+    return dict(file="eval_chat.jsonl", format="chat", seq_len=CHAT_EVAL_SEQ, rows=rows, loss=total / count,
+                num_tokens=count)
+
+
 def windows_of(docs, tok, seq_len):
     stream = []
     for d in docs:
@@ -226,9 +267,13 @@ def make_case(case, out_dir, tok):
         w = windows_of(docs, tok, EVAL_SEQ)
         loss, n = hf_loss(model, w)
         evals.append(dict(file=fname, format=fmt, seq_len=EVAL_SEQ, windows=w, loss=loss, num_tokens=n))
+    with open(os.path.join(d, "eval_chat.jsonl"), "w", encoding="utf-8") as f:
+        for conv in CHAT_EVAL:
+            f.write(json.dumps({"messages": conv}, ensure_ascii=False) + "\n")
+    chat_eval = hf_chat_eval(model)
     expected = dict(
         seed=seed, max_new_tokens=MAX_NEW, eos_token_id=EOS_IDS, min_margin_required=MIN_MARGIN,
-        greedy=g, chat=chat, eval=evals,
+        greedy=g, chat=chat, eval=evals, chat_eval=chat_eval,
         versions=dict(torch=torch.__version__, transformers=transformers.__version__,
                       tokenizers=tokenizers.__version__, safetensors=safetensors.__version__))
     with open(os.path.join(d, "expected.json"), "w", encoding="utf-8") as f:
