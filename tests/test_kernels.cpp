@@ -500,12 +500,24 @@ TEST(Kernels, AttentionKVAllImplementations) {
   }
 }
 
+// sum_squares (the gradient norm's partial sums): every implementation against a double loop.
+TEST(Kernels, SumSquaresAllImplementations) {
+  auto x = randn(10007, 95, 3.0f);
+  double want = 0;
+  for (float v : x) want += double(v) * v;
+  for (auto& name : impls<SumSquaresKernels>()) {
+    const auto& k = get_kernel<SumSquaresKernels>(DeviceType::CPU, name);
+    EXPECT_NEAR(k.sum_squares(x.data(), int64_t(x.size())), want, 1e-12 * want) << name;
+    EXPECT_EQ(k.sum_squares(x.data(), 0), 0.0) << name;
+  }
+}
+
 // Every registered op has an all-implementations test above; a new op must add one here.
 TEST(KernelRegistry, EveryRegisteredOpIsCoveredByATest) {
   const std::vector<std::string> covered = {
       "adamw",  "attention",   "attention_kv", "cross_entropy",    "embedding",
       "matmul", "matmul_bf16", "moe_experts",  "moe_experts_bf16", "rmsnorm",
-      "rope",   "rope_qk",     "swiglu"};
+      "rope",   "rope_qk",     "swiglu",       "sum_squares"};
   for (auto& op : KernelRegistry::global().ops())
     EXPECT_NE(std::find(covered.begin(), covered.end(), op), covered.end())
         << "op '" << op << "' has no all-implementations test in tests/test_kernels.cpp";

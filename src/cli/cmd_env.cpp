@@ -58,19 +58,26 @@ int env_main(int, char**) {
   std::string mv(mpi_version, len);
   if (auto nl = mv.find('\n'); nl != std::string::npos) mv.resize(nl);
   std::printf("MPI: %s\n", mv.c_str());
-  std::printf("CUDA: not built (devices: %s)\n",
-              titan::device_available(titan::DeviceType::CUDA) ? "cpu, cuda" : "cpu");
+  if (titan::device_available(titan::DeviceType::CUDA)) {
+    auto& cuda = titan::device_interface(titan::DeviceType::CUDA);
+    std::printf("CUDA: built, %d GPU(s)\n%s", cuda.device_count(), cuda.describe().c_str());
+  } else {
+    std::printf("CUDA: not built (devices: cpu)\n");
+  }
   std::printf("CPU: %s\n", cpu_flags_of_interest().c_str());
   std::printf("threads: OpenMP max %d, cores online %ld, OMP_NUM_THREADS=%s, OPENBLAS_CORETYPE=%s\n",
               omp_get_max_threads(), sysconf(_SC_NPROCESSORS_ONLN), env_or("OMP_NUM_THREADS", "(unset)"),
               env_or("OPENBLAS_CORETYPE", "(unset)"));
-  std::printf("kernels (cpu):\n");
   auto& reg = titan::KernelRegistry::global();
-  for (auto& op : reg.ops()) {
-    std::string impls;
-    for (auto& i : reg.impls(op, titan::DeviceType::CPU)) impls += (impls.empty() ? "" : ", ") + i;
-    std::printf("  %-14s %s (default %s)\n", op.c_str(), impls.c_str(),
-                reg.default_impl(op, titan::DeviceType::CPU).c_str());
+  for (auto dev : {titan::DeviceType::CPU, titan::DeviceType::CUDA}) {
+    if (!titan::device_available(dev)) continue;
+    std::printf("kernels (%s):\n", titan::device_type_name(dev));
+    for (auto& op : reg.ops()) {
+      std::string impls;
+      for (auto& i : reg.impls(op, dev)) impls += (impls.empty() ? "" : ", ") + i;
+      if (impls.empty()) continue;
+      std::printf("  %-16s %s (default %s)\n", op.c_str(), impls.c_str(), reg.default_impl(op, dev).c_str());
+    }
   }
   return 0;
 }

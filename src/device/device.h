@@ -40,7 +40,7 @@ class Allocator {
 
 // What a device provides to the core. Versioned so an out-of-tree device can check compatibility.
 struct DeviceInterface {
-  static constexpr int kVersion = 1;
+  static constexpr int kVersion = 2;  // 2: device_count, describe, synchronize
   int version = kVersion;
   const char* name = "";
   Allocator* allocator = nullptr;
@@ -48,6 +48,12 @@ struct DeviceInterface {
   void (*copy_to_host)(void* dst, const void* src, size_t n) = nullptr;
   void (*copy_from_host)(void* dst, const void* src, size_t n) = nullptr;
   int (*num_threads)() = nullptr;
+  // Accelerators: how many are present (0 when the runtime finds none; then every allocation fails with
+  // a titan::Error) and a one-line-per-device description for `titan env`. Null on the CPU.
+  int (*device_count)() = nullptr;
+  std::string (*describe)() = nullptr;
+  // Waits until the device has finished all queued work (null where work is synchronous).
+  void (*synchronize)() = nullptr;
 };
 
 // Registers `iface` for `type`; called from a static initializer in the device's own file.

@@ -2,9 +2,9 @@
 //
 // Implementations: MPI (CPU ranks started by `titan run`, mpirun or srun) and a single-process group
 // (world 1, no MPI at all) so that `titan forward`, the tests and a plain `titan train` never need
-// mpirun. A NCCL group for CUDA devices can implement the same class later: every call is
-// "buffer pointer + element count + element type", blocking, with the same meaning as the NCCL/MPI
-// primitive of the same name.
+// mpirun. The NCCL group (dist/nccl.h, CUDA builds) implements the same class on device buffers: every
+// call is "buffer pointer + element count + element type", blocking, with the same meaning as the
+// NCCL/MPI primitive of the same name.
 //
 // Typical use (the trainer):
 //   titan::dist::ProcessGroup& world = titan::dist::init();   // once; idempotent

@@ -114,6 +114,13 @@ struct AdamWKernels {
                float beta2, float eps, float weight_decay, int64_t step, float grad_scale);
 };
 
+// Sum of squares of a flat buffer, accumulated in double (the global gradient norm is the square root of
+// its sum over all gradients). Returns to the host, so a device implementation waits for its stream.
+struct SumSquaresKernels {
+  static constexpr const char* kOp = "sum_squares";
+  double (*sum_squares)(const float* x, int64_t n);
+};
+
 // ---- Mixture of experts -------------------------------------------------------------------------------
 // Routed SwiGLU experts (Qwen3-MoE). Token n goes to experts e = idx[n,s], s < k, with weight w[n,s]:
 //   out[n] = sum_s w[n,s] * down_e( silu(gate_e x[n]) * up_e x[n] )          (slots summed in order s)

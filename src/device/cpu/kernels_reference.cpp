@@ -237,6 +237,12 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float l
   }
 }
 
+double sum_squares(const float* x, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += (double)x[i] * x[i];
+  return s;
+}
+
 const MatmulKernels kMatmul{matmul_forward, matmul_backward};
 const RmsNormKernels kRmsNorm{rmsnorm_forward, rmsnorm_backward};
 const RopeKernels kRope{rope_forward, rope_backward};
@@ -248,6 +254,7 @@ const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy};
 const AdamWKernels kAdamW{adamw_step};
+const SumSquaresKernels kSumSquares{sum_squares};
 
 TITAN_REGISTER_KERNEL(MatmulKernels, CPU, "reference", kMatmul, 0);
 TITAN_REGISTER_KERNEL(RmsNormKernels, CPU, "reference", kRmsNorm, 0);
@@ -257,6 +264,7 @@ TITAN_REGISTER_KERNEL(SwigluKernels, CPU, "reference", kSwiglu, 0);
 TITAN_REGISTER_KERNEL(EmbeddingKernels, CPU, "reference", kEmbedding, 0);
 TITAN_REGISTER_KERNEL(CrossEntropyKernels, CPU, "reference", kCrossEntropy, 0);
 TITAN_REGISTER_KERNEL(AdamWKernels, CPU, "reference", kAdamW, 0);
+TITAN_REGISTER_KERNEL(SumSquaresKernels, CPU, "reference", kSumSquares, 0);
 
 }  // namespace
 }  // namespace titan

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Packs the CUDA test, the titan binary and the CUDA bench of a build with the non-system shared libraries
+# they load (OpenBLAS, oneDNN, Open MPI, ...; not glibc, libstdc++ or CUDA's own: cuBLASLt and NCCL come
+# from the GPU machine) for scripts/gpu_check.sh.
+#   bash scripts/gpu_bundle.sh build out.tar.xz
+set -euo pipefail
+BUILD=$(realpath "${1:?build dir}")
+DEST=$(realpath -m "${2:?output .tar.xz}")
+STAGE=$(mktemp -d)
+mkdir -p "$STAGE/lib"
+for b in titan test_cuda bench_cuda_ops; do
+  [ -x "$BUILD/$b" ] && cp "$BUILD/$b" "$STAGE/"
+done
+ldd "$STAGE"/titan "$STAGE"/test_cuda | awk '/=> \//{print $3}' | sort -u |
+  grep -Ev '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcuda|libcublas[A-Za-z]*|libcudart|libnccl)\.so' |
+  while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
+echo "$BUILD" > "$STAGE/built_at"
+tar cJf "$DEST" -C "$STAGE" .
+rm -rf "$STAGE"
+ls -la "$DEST"

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# GPU check of the CUDA device on a machine that has the NVIDIA driver and CUDA 13 libraries but not
+# titan's build dependencies: it runs binaries built elsewhere (scripts/gpu_bundle.sh packs them with the
+# shared libraries they need) and writes its logs to $OUT (default ./gpu_out).
+#   bash scripts/gpu_check.sh BUNDLE.tar.xz
+set -uo pipefail
+BUNDLE=${1:?bundle}
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT" /tmp/tb
+nvidia-smi -L 2>&1 | tee "$OUT/gpu.txt"
+tar xJf "$BUNDLE" -C /tmp/tb || exit 1
+# cuBLASLt comes from the machine's CUDA: the toolkit's lib64, else the pip wheel's.
+LT=$(ls /usr/local/cuda/lib64/libcublasLt.so.13 /usr/local/cuda*/lib64/libcublasLt.so.13 \
+  /opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libcublasLt.so.13 \
+  /usr/local/lib/python3*/dist-packages/nvidia/cu13/lib/libcublasLt.so.13 2>/dev/null | head -1)
+NCCL=$(ls /usr/local/cuda*/lib64/libnccl.so.2 2>/dev/null | head -1)
+[ -n "$NCCL" ] || NCCL=$(find /usr /opt -name 'libnccl.so.2' 2>/dev/null | head -1)
+echo "cuBLASLt: $LT" | tee -a "$OUT/gpu.txt"
+echo "NCCL: $NCCL" | tee -a "$OUT/gpu.txt"
+export TITAN_LD="/tmp/tb/lib:$(dirname "${LT:-/usr/local/cuda/lib64/x}"):$(dirname "${NCCL:-/usr/local/cuda/lib64/x}")"
+# The tests call the titan binary by the path it was built at.
+BUILT_AT=$(cat /tmp/tb/built_at)
+mkdir -p "$(dirname "$BUILT_AT")" && ln -sfn /tmp/tb "$BUILT_AT"
+run() { env LD_LIBRARY_PATH="$TITAN_LD" OMP_NUM_THREADS=8 "$@"; }
+run /tmp/tb/titan env 2>&1 | tee "$OUT/env.txt"
+run timeout 100 /tmp/tb/test_cuda --gtest_color=no 2>&1 | tee "$OUT/test_cuda.txt"
+rc=$?
+if [ -x /tmp/tb/bench_cuda_ops ] && [ -f bench/cuda_ops.py ]; then
+  PYTHONUNBUFFERED=1 timeout 150 python3 bench/cuda_ops.py --reps 20 \
+    --titan "env LD_LIBRARY_PATH=$TITAN_LD /tmp/tb/bench_cuda_ops" 2>&1 | tee "$OUT/bench.txt"
+fi
+# Memory and shared-memory race checks where the machine's runtime supports them (not under gVisor).
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+if [ -n "$SAN" ]; then
+  run timeout 90 "$SAN" --tool memcheck --error-exitcode 3 /tmp/tb/test_cuda --gtest_color=no \
+    --gtest_filter=-Cuda.EnvListsGpus:Cuda.NcclGroupOfOneRank 2>&1 | tail -40 > "$OUT/memcheck.txt"
+  run timeout 60 "$SAN" --tool racecheck --error-exitcode 3 /tmp/tb/test_cuda --gtest_color=no \
+    --gtest_filter=Cuda.FlashAttention* 2>&1 | tail -40 > "$OUT/racecheck.txt"
+fi
+exit $rc

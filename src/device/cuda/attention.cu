@@ -1,0 +1,282 @@
+// Causal GQA flash attention in f32 (op "attention", impl "flash"): online softmax over 32-key tiles in
+// the forward, which saves only the row logsumexp (B,nH,T), like the CPU "flash"; the backward recomputes
+// each probability from it. No [T,T] buffer exists. Correctness first: one warp per query row, plain f32
+// FMAs (no tensor cores), so the result matches the CPU kernels to f32 rounding.
+//
+// forward, grid (ceil(T/8), nH, B), block 8 warps, warp w owns query row i = 8 blockIdx.x + w:
+//   for key tiles J (32 keys in shared memory, K and V of kv head h / rep):
+//     lane j: s_j = scale q_i . k_j (masked j > i);  m' = max(m, max_j s_j);  p_j = exp(s_j - m')
+//     l = l exp(m - m') + sum p_j;  o = o exp(m - m') + sum_j p_j v_j   (lane owns dims d = lane + 32 r)
+//   out_i = o / l;  lse_i = m + log l
+// backward, D_i = dO_i . O_i first; then grid (ceil(T/32), nKV, B), block 4 warps: the block owns key
+// tile J of kv head kh, so it alone writes dK_J and dV_J (accumulated in shared memory, added once);
+// its warps take the query rows (h in kh's group, i >= j0) in turn:
+//   p_j = exp(scale q_i . k_j - lse_i);  dp_j = dO_i . v_j;  ds_j = p_j (dp_j - D_i) scale
+//   dV_j += p_j dO_i;  dK_j += ds_j q_i;  dQ_i += sum_j ds_j k_j   (atomics: key tiles race on dQ_i)
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "device/cuda/attention.cuh"
+#include "device/cuda/cuda_common.cuh"
+#include "kernels/ops.h"
+#include "kernels/registry.h"
+
+namespace titan::cuda {
+namespace {
+
+constexpr int kTile = 32;        // keys per shared-memory tile
+constexpr int kFwdWarps = 8;     // query rows per forward block
+constexpr int kBwdWarps = 4;     // warps per backward block
+constexpr int64_t kMaxHd = 256;  // R = ceil(hd/32) <= 8 registers per lane and vector
+
+int64_t padded(int64_t hd) {  // odd row stride: lane j reading row j, column d hits 32 different banks
+  return hd | 1;
+}
+
+template <int R>
+__global__ void flash_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
+                                     int64_t T, int64_t nH, int64_t nKV, int64_t hd, float scale) {
+  extern __shared__ float smem[];
+  const int64_t ks = hd | 1;
+  float* Ks = smem;             // [kTile][ks]
+  float* Vs = Ks + kTile * ks;  // [kTile][ks]
+  float* Qs = Vs + kTile * ks;  // [kFwdWarps][hd]
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int64_t b = blockIdx.z, h = blockIdx.y, kh = h / (nH / nKV);
+  const int64_t i0 = (int64_t)blockIdx.x * kFwdWarps, i = i0 + w;
+  const int64_t last = min(T - 1, i0 + kFwdWarps - 1);
+  const bool active = i < T;
+  float* qs = Qs + w * hd;
+  if (active)
+    for (int64_t d = lane; d < hd; d += 32) qs[d] = q[((b * T + i) * nH + h) * hd + d];
+  float m = -INFINITY, l = 0.0f, o[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) o[r] = 0.0f;
+  for (int64_t j0 = 0; j0 <= last; j0 += kTile) {
+    __syncthreads();  // the previous tile is no longer read
+    for (int64_t e = threadIdx.x; e < kTile * hd; e += blockDim.x) {
+      const int64_t jj = e / hd, d = e % hd, j = j0 + jj;
+      const int64_t src = ((b * T + j) * nKV + kh) * hd + d;
+      Ks[jj * ks + d] = j < T ? k[src] : 0.0f;
+      Vs[jj * ks + d] = j < T ? v[src] : 0.0f;
+    }
+    __syncthreads();
+    if (!active || j0 > i) continue;  // warp-uniform
+    const int64_t j = j0 + lane;
+    float s = -INFINITY;
+    if (j <= i) {
+      float acc = 0.0f;
+      for (int64_t d = 0; d < hd; ++d) acc += qs[d] * Ks[lane * ks + d];
+      s = acc * scale;
+    }
+    const float m_new = fmaxf(m, warp_max(s));
+    const float p = j <= i ? expf(s - m_new) : 0.0f;
+    const float c = expf(m - m_new);
+    l = l * c + warp_sum(p);
+#pragma unroll
+    for (int r = 0; r < R; ++r) o[r] *= c;
+    const int nvalid = i - j0 + 1 < kTile ? (int)(i - j0 + 1) : kTile;
+    for (int jj = 0; jj < nvalid; ++jj) {
+      const float pj = __shfl_sync(0xffffffffu, p, jj);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int64_t d = lane + 32 * r;
+        if (d < hd) o[r] += pj * Vs[jj * ks + d];
+      }
+    }
+    m = m_new;
+  }
+  if (!active) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t d = lane + 32 * r;
+    if (d < hd) out[((b * T + i) * nH + h) * hd + d] = o[r] / l;
+  }
+  if (lane == 0) lse[(b * nH + h) * T + i] = m + logf(l);
+}
+
+// D[(b,h),i] = dO_i . O_i, one warp per row.  grid ceil(B T nH / 8), block 256.
+__global__ void flash_rowdot_kernel(float* D, const float* dout, const float* out, int64_t B, int64_t T,
+                                    int64_t nH, int64_t hd) {
+  const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);  // (b, i, h) in memory order
+  const int lane = threadIdx.x & 31;
+  if (row >= B * T * nH) return;
+  float acc = 0.0f;
+  for (int64_t d = lane; d < hd; d += 32) acc += dout[row * hd + d] * out[row * hd + d];
+  acc = warp_sum(acc);
+  const int64_t h = row % nH, bi = row / nH, b = bi / T, i = bi % T;
+  if (lane == 0) D[(b * nH + h) * T + i] = acc;
+}
+
+template <int R>
+__global__ void flash_backward_kernel(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                                      const float* k, const float* v, const float* lse, const float* D,
+                                      int64_t T, int64_t nH, int64_t nKV, int64_t hd, float scale) {
+  extern __shared__ float smem[];
+  const int64_t ks = hd | 1;
+  float* Ks = smem;                  // [kTile][ks]
+  float* Vs = Ks + kTile * ks;       // [kTile][ks]
+  float* dKs = Vs + kTile * ks;      // [kTile][ks]
+  float* dVs = dKs + kTile * ks;     // [kTile][ks]
+  float* Qs = dVs + kTile * ks;      // [kBwdWarps][hd]
+  float* dOs = Qs + kBwdWarps * hd;  // [kBwdWarps][hd]
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int64_t b = blockIdx.z, kh = blockIdx.y, rep = nH / nKV, j0 = (int64_t)blockIdx.x * kTile;
+  for (int64_t e = threadIdx.x; e < kTile * hd; e += blockDim.x) {
+    const int64_t jj = e / hd, d = e % hd, j = j0 + jj;
+    const int64_t src = ((b * T + j) * nKV + kh) * hd + d;
+    Ks[jj * ks + d] = j < T ? k[src] : 0.0f;
+    Vs[jj * ks + d] = j < T ? v[src] : 0.0f;
+    dKs[jj * ks + d] = 0.0f;
+    dVs[jj * ks + d] = 0.0f;
+  }
+  __syncthreads();
+  float* qs = Qs + w * hd;
+  float* dos = dOs + w * hd;
+  const int64_t rows_per_head = T - j0, total = rep * rows_per_head;
+  for (int64_t ridx = w; ridx < total; ridx += kBwdWarps) {
+    const int64_t h = kh * rep + ridx / rows_per_head, i = j0 + ridx % rows_per_head;
+    const int64_t base = ((b * T + i) * nH + h) * hd;
+    float qr[R], dor[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t d = lane + 32 * r;
+      qr[r] = d < hd ? q[base + d] : 0.0f;
+      dor[r] = d < hd ? dout[base + d] : 0.0f;
+      if (d < hd) qs[d] = qr[r], dos[d] = dor[r];
+    }
+    __syncwarp();
+    const float lse_i = lse[(b * nH + h) * T + i], D_i = D[(b * nH + h) * T + i];
+    const int64_t j = j0 + lane;
+    float p = 0.0f, ds = 0.0f;
+    if (j <= i) {
+      float s = 0.0f, dp = 0.0f;
+      for (int64_t d = 0; d < hd; ++d) {
+        s += qs[d] * Ks[lane * ks + d];
+        dp += dos[d] * Vs[lane * ks + d];
+      }
+      p = expf(s * scale - lse_i);
+      ds = p * (dp - D_i) * scale;
+    }
+    float dqr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) dqr[r] = 0.0f;
+    const int nvalid = i - j0 + 1 < kTile ? (int)(i - j0 + 1) : kTile;
+    for (int jj = 0; jj < nvalid; ++jj) {
+      const float pj = __shfl_sync(0xffffffffu, p, jj), dsj = __shfl_sync(0xffffffffu, ds, jj);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int64_t d = lane + 32 * r;
+        if (d < hd) {
+          atomicAdd(dVs + jj * ks + d, pj * dor[r]);
+          atomicAdd(dKs + jj * ks + d, dsj * qr[r]);
+          dqr[r] += dsj * Ks[jj * ks + d];
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t d = lane + 32 * r;
+      if (d < hd) atomicAdd(dq + base + d, dqr[r]);
+    }
+    __syncwarp();  // qs/dos are rewritten by this warp's next row
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < kTile * hd; e += blockDim.x) {
+    const int64_t jj = e / hd, d = e % hd, j = j0 + jj;
+    if (j >= T) continue;
+    const int64_t dst = ((b * T + j) * nKV + kh) * hd + d;
+    dk[dst] += dKs[jj * ks + d];
+    dv[dst] += dVs[jj * ks + d];
+  }
+}
+
+// Picks R = ceil(hd/32) rounded up to 1, 2, 4 or 8 and raises the kernel's shared-memory limit when the
+// tiles need more than the default 48 KiB.
+template <template <int> class Launch, class... Args>
+void dispatch_r(int64_t hd, size_t smem, Args... args) {
+  TITAN_CHECK(hd > 0 && hd <= kMaxHd, "CUDA flash attention: head_dim ", hd, " not in [1, ", kMaxHd, "]");
+  const int64_t r = (hd + 31) / 32;
+  if (r <= 1)
+    Launch<1>::run(smem, args...);
+  else if (r <= 2)
+    Launch<2>::run(smem, args...);
+  else if (r <= 4)
+    Launch<4>::run(smem, args...);
+  else
+    Launch<8>::run(smem, args...);
+}
+
+template <class Kernel>
+void allow_smem(Kernel kernel, size_t smem) {
+  if (smem > 48 * 1024)
+    TITAN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+}
+
+template <int R>
+struct LaunchForward {
+  static void run(size_t smem, dim3 grid, float* out, float* lse, const float* q, const float* k,
+                  const float* v, int64_t T, int64_t nH, int64_t nKV, int64_t hd, float scale) {
+    allow_smem(flash_forward_kernel<R>, smem);
+    flash_forward_kernel<R>
+        <<<grid, kFwdWarps * 32, smem, cuda_stream()>>>(out, lse, q, k, v, T, nH, nKV, hd, scale);
+    TITAN_CUDA_LAUNCH_CHECK();
+  }
+};
+
+template <int R>
+struct LaunchBackward {
+  static void run(size_t smem, dim3 grid, float* dq, float* dk, float* dv, const float* dout, const float* q,
+                  const float* k, const float* v, const float* lse, const float* D, int64_t T, int64_t nH,
+                  int64_t nKV, int64_t hd, float scale) {
+    allow_smem(flash_backward_kernel<R>, smem);
+    flash_backward_kernel<R><<<grid, kBwdWarps * 32, smem, cuda_stream()>>>(dq, dk, dv, dout, q, k, v, lse, D,
+                                                                            T, nH, nKV, hd, scale);
+    TITAN_CUDA_LAUNCH_CHECK();
+  }
+};
+
+}  // namespace
+
+void flash_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
+                   int64_t T, int64_t nH, int64_t nKV, int64_t hd) {
+  if (B * T * nH == 0) return;
+  const size_t smem = sizeof(float) * (2 * kTile * padded(hd) + kFwdWarps * hd);
+  dim3 grid((unsigned)((T + kFwdWarps - 1) / kFwdWarps), (unsigned)nH, (unsigned)B);
+  dispatch_r<LaunchForward>(hd, smem, grid, out, lse, q, k, v, T, nH, nKV, hd, 1.0f / std::sqrt((float)hd));
+}
+
+void flash_rowdot(float* D, const float* dout, const float* out, int64_t B, int64_t T, int64_t nH,
+                  int64_t hd) {
+  flash_rowdot_kernel<<<blocks_for(B * T * nH, 8), 256, 0, cuda_stream()>>>(D, dout, out, B, T, nH, hd);
+  TITAN_CUDA_LAUNCH_CHECK();
+}
+
+namespace {
+
+void flash_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                    const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t nH,
+                    int64_t nKV, int64_t hd) {
+  if (B * T * nH == 0) return;
+  Scratch<float> D(B * nH * T);
+  flash_rowdot(D.p, dout, out, B, T, nH, hd);
+  const size_t smem = sizeof(float) * (4 * kTile * padded(hd) + 2 * kBwdWarps * hd);
+  dim3 grid((unsigned)((T + kTile - 1) / kTile), (unsigned)nKV, (unsigned)B);
+  dispatch_r<LaunchBackward>(hd, smem, grid, dq, dk, dv, dout, q, k, v, (const float*)lse, (const float*)D.p,
+                             T, nH, nKV, hd, 1.0f / std::sqrt((float)hd));
+}
+
+}  // namespace
+
+int64_t flash_saved_floats(int64_t B, int64_t T, int64_t nH) {
+  return B * nH * T;
+}
+
+namespace {
+
+const AttentionKernels kFlash{flash_forward, flash_backward, flash_saved_floats};
+TITAN_REGISTER_KERNEL(AttentionKernels, CUDA, "flash", kFlash, 10);
+
+}  // namespace
+}  // namespace titan::cuda

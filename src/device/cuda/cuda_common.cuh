@@ -1,0 +1,93 @@
+// Shared pieces of the CUDA device: error checks, the device's one stream, stream-ordered scratch
+// buffers and block reductions. Every op of src/device/cuda/ enqueues on cuda_stream(), so ops, copies
+// and the allocator's frees are ordered without events; the host waits only where an op returns a value
+// (cross_entropy's loss, sum_squares) and in the copies to the host.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/error.h"
+
+namespace titan::cuda {
+
+[[noreturn]] void fail_cuda(cudaError_t e, const char* what, const char* file, int line);
+
+#define TITAN_CUDA_CHECK(call)                                              \
+  do {                                                                      \
+    cudaError_t titan_cuda_err_ = (call);                                   \
+    if (titan_cuda_err_ != cudaSuccess)                                     \
+      ::titan::cuda::fail_cuda(titan_cuda_err_, #call, __FILE__, __LINE__); \
+  } while (0)
+// After a kernel launch: reports launch errors (bad configuration) at the launch site.
+#define TITAN_CUDA_LAUNCH_CHECK() TITAN_CUDA_CHECK(cudaGetLastError())
+
+// The stream every op runs on (created on first use, on the current device). Throws titan::Error when
+// the runtime finds no GPU.
+cudaStream_t cuda_stream();
+
+// Stream-ordered device memory from the caching pool (cudaMallocAsync on cuda_stream()): freed blocks are
+// kept by the pool and reused by later allocations on the same stream without a device synchronization.
+void* scratch_alloc(size_t nbytes);
+void scratch_free(void* p);
+
+// RAII scratch buffer of n elements of T.
+template <class T>
+struct Scratch {
+  T* p = nullptr;
+  explicit Scratch(size_t n) : p(static_cast<T*>(scratch_alloc(n * sizeof(T)))) {}
+  ~Scratch() { scratch_free(p); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+};
+
+// Column-major GEMM on cuBLASLt (matmul.cu): D (m,n) = op(A) op(B) + beta D with f32 A, B, D; bf16 = true
+// rounds A and B to bf16 first and multiplies in bf16 with f32 accumulation. beta = 0 never reads D.
+void gemm_f32_or_bf16(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A,
+                      int64_t lda, const float* B, int64_t ldb, float* D, int64_t ldd, float beta);
+
+inline unsigned blocks_for(int64_t n, int threads) {
+  int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 32 ? 65535 * 32 : b));
+}
+
+// ---- device helpers ------------------------------------------------------------------------------------
+template <class T>
+__device__ inline T warp_sum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ inline float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `shared` holds 32 T; the call ends with the block synchronized, so `shared` may be reused after it.
+template <class T>
+__device__ T block_sum(T v, T* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  T r = lane < nwarps ? shared[lane] : T(0);
+  r = warp_sum(r);
+  __syncthreads();
+  return r;
+}
+
+__device__ inline float block_max(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float r = lane < nwarps ? shared[lane] : -INFINITY;
+  r = warp_max(r);
+  __syncthreads();
+  return r;
+}
+
+}  // namespace titan::cuda

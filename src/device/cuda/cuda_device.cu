@@ -1,0 +1,142 @@
+// The CUDA device: a caching, stream-ordered allocator (the runtime's memory pool behind cudaMallocAsync,
+// told to keep freed memory instead of returning it to the driver), copies through the device's stream,
+// and the GPU list for `titan env`. It registers for DeviceType::CUDA at start-up without touching the
+// GPU: the runtime is first called by the first allocation, copy or kernel, so a binary built with CUDA
+// runs unchanged on a machine without one (every CUDA call then fails with a titan::Error).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "device/cuda/cuda_common.cuh"
+#include "device/device.h"
+
+namespace titan::cuda {
+
+void fail_cuda(cudaError_t e, const char* what, const char* file, int line) {
+  fail("CUDA error ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ") in ", what, " at ", file, ":",
+       line);
+}
+
+namespace {
+
+int gpu_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device"/"no driver" error
+    return 0;
+  }
+  return n;
+}
+
+struct StreamState {
+  std::once_flag once;
+  cudaStream_t stream = nullptr;
+};
+StreamState& stream_state() {
+  static StreamState s;
+  return s;
+}
+
+void init_stream() {
+  TITAN_CHECK(gpu_count() > 0, "CUDA device requested but the CUDA runtime finds no GPU");
+  int dev = 0;
+  TITAN_CUDA_CHECK(cudaGetDevice(&dev));
+  // Keep every freed block in the pool: allocations of a training step repeat, so after the first step
+  // they are served from the cache, stream-ordered, with no cudaMalloc and no device synchronization.
+  cudaMemPool_t pool;
+  TITAN_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+  uint64_t keep = UINT64_MAX;
+  TITAN_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  TITAN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_state().stream, cudaStreamNonBlocking));
+}
+
+}  // namespace
+
+cudaStream_t cuda_stream() {
+  auto& s = stream_state();
+  std::call_once(s.once, init_stream);
+  return s.stream;
+}
+
+void* scratch_alloc(size_t nbytes) {
+  void* p = nullptr;
+  TITAN_CUDA_CHECK(cudaMallocAsync(&p, nbytes == 0 ? 256 : nbytes, cuda_stream()));
+  return p;
+}
+
+void scratch_free(void* p) {
+  if (p) TITAN_CUDA_CHECK(cudaFreeAsync(p, cuda_stream()));
+}
+
+namespace {
+
+class CudaAllocator final : public Allocator {
+ public:
+  void* allocate(size_t nbytes) override {
+    void* p = scratch_alloc(nbytes);
+    stats.on_alloc(nbytes);
+    return p;
+  }
+  void deallocate(void* ptr, size_t nbytes) override {
+    scratch_free(ptr);
+    stats.on_free(nbytes);
+  }
+};
+
+// Host <-> device copies wait for the stream: the host buffer may be read or freed right after.
+void copy_to_host(void* dst, const void* src, size_t n) {
+  if (n == 0) return;
+  TITAN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, cuda_stream()));
+  TITAN_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+}
+void copy_from_host(void* dst, const void* src, size_t n) {
+  if (n == 0) return;
+  TITAN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, cuda_stream()));
+  TITAN_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+}
+int one_thread() {
+  return 1;
+}
+void synchronize() {
+  TITAN_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+}
+
+// One line per GPU: index, name, memory, compute capability, multiprocessors; plus driver/runtime.
+std::string describe() {
+  const int n = gpu_count();
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  std::string out = str_cat("  driver ", driver / 1000, ".", driver % 1000 / 10, ", runtime ", runtime / 1000,
+                            ".", runtime % 1000 / 10, "\n");
+  if (n == 0) return out + "  (no GPU found)\n";
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+    out += str_cat("  cuda:", i, " ", p.name, ", ", p.totalGlobalMem / (1024 * 1024), " MiB, compute ",
+                   p.major, ".", p.minor, ", ", p.multiProcessorCount, " SMs\n");
+  }
+  return out;
+}
+
+struct CudaDeviceRegistration {
+  CudaAllocator allocator;
+  DeviceInterface iface;
+  CudaDeviceRegistration() {
+    iface.name = "cuda";
+    iface.allocator = &allocator;
+    iface.copy_to_host = copy_to_host;
+    iface.copy_from_host = copy_from_host;
+    iface.num_threads = one_thread;
+    iface.device_count = gpu_count;
+    iface.describe = describe;
+    iface.synchronize = synchronize;
+    register_device(DeviceType::CUDA, &iface);
+  }
+};
+CudaDeviceRegistration cuda_device_registration;
+
+}  // namespace
+}  // namespace titan::cuda

@@ -1,0 +1,317 @@
+// Row and elementwise ops of the CUDA device (the contracts are in src/kernels/ops.h: forward overwrites,
+// backward accumulates). Reductions run in f32 within a thread and combine across threads in f32
+// (double where the CPU reference returns a double: the cross-entropy loss and sum_squares).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <vector>
+
+#include "device/cuda/cuda_common.cuh"
+#include "kernels/ops.h"
+#include "kernels/registry.h"
+
+namespace titan::cuda {
+namespace {
+
+int row_threads(int64_t C) {
+  return C >= 1024 ? 512 : C >= 256 ? 256 : 128;
+}
+
+// ---- RMSNorm -------------------------------------------------------------------------------------------
+// grid N, block row_threads(C): one block per row.
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w, int64_t C,
+                                       float eps) {
+  __shared__ float red[32];
+  const float* x = inp + blockIdx.x * C;
+  float ss = 0;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += x[c] * x[c];
+  ss = block_sum(ss, red);
+  const float r = 1.0f / sqrtf(ss / C + eps);
+  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+  float* y = out + blockIdx.x * C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) y[c] = w[c] * (x[c] * r);
+}
+
+// dx += r dy w - x r^3 / C sum(dy w x)
+__global__ void rmsnorm_backward_dx_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+                                           const float* rstd, int64_t C) {
+  __shared__ float red[32];
+  const float* x = inp + blockIdx.x * C;
+  const float* dy = dout + blockIdx.x * C;
+  float dot = 0;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dot += dy[c] * w[c] * x[c];
+  dot = block_sum(dot, red);
+  const float r = rstd[blockIdx.x], k = r * r * r * dot / C;
+  float* dx = dinp + blockIdx.x * C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dx[c] += r * dy[c] * w[c] - x[c] * k;
+}
+
+// dw[c] += sum_n dy[n,c] x[n,c] r[n]. grid (ceil(C/32), row chunks), block (32, 8): threads of a warp read
+// consecutive columns; the 8 rows of threads reduce in shared memory, one atomic per column and chunk.
+__global__ void rmsnorm_backward_dw_kernel(float* dw, const float* dout, const float* inp, const float* rstd,
+                                           int64_t N, int64_t C, int64_t rows_per_chunk) {
+  __shared__ float part[8][33];
+  const int64_t c = blockIdx.x * 32 + threadIdx.x;
+  const int64_t n0 = blockIdx.y * rows_per_chunk, n1 = min(N, n0 + rows_per_chunk);
+  float acc = 0;
+  if (c < C)
+    for (int64_t n = n0 + threadIdx.y; n < n1; n += 8) acc += dout[n * C + c] * inp[n * C + c] * rstd[n];
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float s = 0;
+    for (int i = 0; i < 8; ++i) s += part[i][threadIdx.x];
+    atomicAdd(dw + c, s);
+  }
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
+                     float eps) {
+  if (N == 0) return;
+  rmsnorm_forward_kernel<<<N, row_threads(C), 0, cuda_stream()>>>(out, rstd, inp, w, C, eps);
+  TITAN_CUDA_LAUNCH_CHECK();
+}
+
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                      const float* rstd, int64_t N, int64_t C) {
+  if (N == 0) return;
+  rmsnorm_backward_dx_kernel<<<N, row_threads(C), 0, cuda_stream()>>>(dinp, dout, inp, w, rstd, C);
+  TITAN_CUDA_LAUNCH_CHECK();
+  if (!dw) return;
+  const int64_t chunks = std::min<int64_t>((N + 63) / 64, 256), rows = (N + chunks - 1) / chunks;
+  dim3 grid((C + 31) / 32, chunks), block(32, 8);
+  rmsnorm_backward_dw_kernel<<<grid, block, 0, cuda_stream()>>>(dw, dout, inp, rstd, N, C, rows);
+  TITAN_CUDA_LAUNCH_CHECK();
+}
+
+// ---- RoPE ----------------------------------------------------------------------------------------------
+// One thread per (row n, head h, pair i < hd/2); position n % T. out may alias inp (each thread reads its
+// pair before writing it).
+template <bool kBackward>
+__global__ void rope_kernel(float* out, const float* inp, const float* cos, const float* sin, int64_t N,
+                            int64_t T, int64_t nh, int64_t hd) {
+  const int64_t half = hd / 2, total = N * nh * half;
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t i = idx % half, nhh = idx / half, n = nhh / nh;
+    const float c = cos[(n % T) * half + i], s = sin[(n % T) * half + i];
+    const float* x = inp + nhh * hd;
+    float* y = out + nhh * hd;
+    const float x1 = x[i], x2 = x[i + half];
+    if (kBackward) {  // dx += R^T dy
+      y[i] += x1 * c + x2 * s;
+      y[i + half] += x2 * c - x1 * s;
+    } else {
+      y[i] = x1 * c - x2 * s;
+      y[i + half] = x2 * c + x1 * s;
+    }
+  }
+}
+
+template <bool kBackward>
+void rope_launch(float* out, const float* inp, const float* cos, const float* sin, int64_t N, int64_t T,
+                 int64_t nh, int64_t hd) {
+  const int64_t total = N * nh * (hd / 2);
+  if (total == 0) return;
+  rope_kernel<kBackward><<<blocks_for(total, 256), 256, 0, cuda_stream()>>>(out, inp, cos, sin, N, T, nh, hd);
+  TITAN_CUDA_LAUNCH_CHECK();
+}
+
+void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int64_t N, int64_t T,
+                  int64_t nh, int64_t hd) {
+  rope_launch<false>(out, inp, cos, sin, N, T, nh, hd);
+}
+void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int64_t N, int64_t T,
+                   int64_t nh, int64_t hd) {
+  rope_launch<true>(dinp, dout, cos, sin, N, T, nh, hd);
+}
+void rope_qk_forward(float* q, float* k, const float* cos, const float* sin, int64_t N, int64_t T, int64_t nH,
+                     int64_t nKV, int64_t hd) {
+  rope_launch<false>(q, q, cos, sin, N, T, nH, hd);
+  rope_launch<false>(k, k, cos, sin, N, T, nKV, hd);
+}
+void rope_qk_backward(float* dq, float* dk, const float* dq_rot, const float* dk_rot, const float* cos,
+                      const float* sin, int64_t N, int64_t T, int64_t nH, int64_t nKV, int64_t hd) {
+  rope_launch<true>(dq, dq_rot, cos, sin, N, T, nH, hd);
+  rope_launch<true>(dk, dk_rot, cos, sin, N, T, nKV, hd);
+}
+
+// ---- SwiGLU --------------------------------------------------------------------------------------------
+__global__ void swiglu_forward_kernel(float* out, const float* gu, int64_t N, int64_t I) {
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < N * I;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t n = idx / I, i = idx % I;
+    const float g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i];
+    out[idx] = g / (1.0f + expf(-g)) * u;
+  }
+}
+
+// d/dg silu(g) = s (1 + g (1 - s)), s = sigmoid(g)
+__global__ void swiglu_backward_kernel(float* dgu, const float* dout, const float* gu, int64_t N, int64_t I) {
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < N * I;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t n = idx / I, i = idx % I;
+    const float g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i], dy = dout[idx];
+    const float s = 1.0f / (1.0f + expf(-g));
+    dgu[n * 2 * I + i] += dy * u * s * (1.0f + g * (1.0f - s));
+    dgu[n * 2 * I + I + i] += dy * g * s;
+  }
+}
+
+void swiglu_forward(float* out, const float* gu, int64_t N, int64_t I) {
+  if (N * I == 0) return;
+  swiglu_forward_kernel<<<blocks_for(N * I, 256), 256, 0, cuda_stream()>>>(out, gu, N, I);
+  TITAN_CUDA_LAUNCH_CHECK();
+}
+void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int64_t I) {
+  if (N * I == 0) return;
+  swiglu_backward_kernel<<<blocks_for(N * I, 256), 256, 0, cuda_stream()>>>(dgu, dout, gu, N, I);
+  TITAN_CUDA_LAUNCH_CHECK();
+}
+
+// ---- Embedding -----------------------------------------------------------------------------------------
+__global__ void embedding_forward_kernel(float* out, const int32_t* ids, const float* table, int64_t N,
+                                         int64_t C) {
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < N * C;
+       idx += (int64_t)gridDim.x * blockDim.x)
+    out[idx] = table[(int64_t)ids[idx / C] * C + idx % C];
+}
+// Repeated ids add into the same row: atomics (the order of the adds, hence the last bit, may vary).
+__global__ void embedding_backward_kernel(float* dtable, const float* dout, const int32_t* ids, int64_t N,
+                                          int64_t C) {
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < N * C;
+       idx += (int64_t)gridDim.x * blockDim.x)
+    atomicAdd(dtable + (int64_t)ids[idx / C] * C + idx % C, dout[idx]);
+}
+
+void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
+  if (N * C == 0) return;
+  embedding_forward_kernel<<<blocks_for(N * C, 256), 256, 0, cuda_stream()>>>(out, ids, table, N, C);
+  TITAN_CUDA_LAUNCH_CHECK();
+}
+void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C,
+                        int64_t V) {
+  if (N * C == 0) return;
+  embedding_backward_kernel<<<blocks_for(N * C, 256), 256, 0, cuda_stream()>>>(dtable, dout, ids, N, C);
+  TITAN_CUDA_LAUNCH_CHECK();
+}
+
+// ---- Cross-entropy -------------------------------------------------------------------------------------
+// grid N, block 512: max, then the sum of exp in double, lse; the row's loss to loss[n]; the row overwritten
+// with grad_scale (softmax - onehot) when compute_grad.
+__global__ void cross_entropy_kernel(double* loss, float* logits, const int32_t* targets, int64_t V,
+                                     float grad_scale, bool compute_grad) {
+  __shared__ float redf[32];
+  __shared__ double redd[32];
+  float* x = logits + blockIdx.x * V;
+  const int32_t t = targets[blockIdx.x];
+  if (t < 0) {
+    if (compute_grad)
+      for (int64_t j = threadIdx.x; j < V; j += blockDim.x) x[j] = 0.0f;
+    if (threadIdx.x == 0) loss[blockIdx.x] = 0.0;
+    return;
+  }
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, x[j]);
+  mx = block_max(mx, redf);
+  double sum = 0;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += exp((double)x[j] - mx);
+  sum = block_sum(sum, redd);
+  const double lse = mx + log(sum);
+  if (threadIdx.x == 0) loss[blockIdx.x] = lse - x[t];
+  __syncthreads();  // x[t] is read above before any thread overwrites it
+  if (compute_grad)
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
+      x[j] = grad_scale * (expf((float)((double)x[j] - lse)) - (j == t ? 1.0f : 0.0f));
+}
+
+double cross_entropy(float* logits, const int32_t* targets, int64_t N, int64_t V, float grad_scale,
+                     bool compute_grad) {
+  if (N == 0) return 0.0;
+  Scratch<double> loss(N);
+  cross_entropy_kernel<<<N, 512, 0, cuda_stream()>>>(loss.p, logits, targets, V, grad_scale, compute_grad);
+  TITAN_CUDA_LAUNCH_CHECK();
+  std::vector<double> host(N);
+  TITAN_CUDA_CHECK(
+      cudaMemcpyAsync(host.data(), loss.p, N * sizeof(double), cudaMemcpyDeviceToHost, cuda_stream()));
+  TITAN_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+  double total = 0;  // summed in row order, as the CPU does
+  for (double l : host) total += l;
+  return total;
+}
+
+// ---- AdamW ---------------------------------------------------------------------------------------------
+// torch.optim.AdamW, the same f32 operations in the same order as the CPU reference; the bias corrections
+// are computed once on the host in double.
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float beta1,
+                             float beta2, float eps, float decay, float step_size, float bc2_sqrt,
+                             float grad_scale) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const float gi = g[i] * grad_scale;
+    float pi = p[i] * decay;
+    float mi = m[i];
+    mi += (1.0f - beta1) * (gi - mi);
+    const float vi = v[i] * beta2 + (1.0f - beta2) * gi * gi;
+    const float denom = sqrtf(vi) / bc2_sqrt + eps;
+    pi += -step_size * (mi / denom);
+    p[i] = pi, m[i] = mi, v[i] = vi;
+  }
+}
+
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+                float eps, float wd, int64_t step, float grad_scale) {
+  if (n == 0) return;
+  const double bc1 = 1.0 - std::pow((double)beta1, (double)step);
+  const double bc2 = 1.0 - std::pow((double)beta2, (double)step);
+  const float decay = (float)(1.0 - (double)lr * wd);
+  const float step_size = (float)(lr / bc1);
+  const float bc2_sqrt = (float)std::sqrt(bc2);
+  adamw_kernel<<<blocks_for(n, 256), 256, 0, cuda_stream()>>>(p, g, m, v, n, beta1, beta2, eps, decay,
+                                                              step_size, bc2_sqrt, grad_scale);
+  TITAN_CUDA_LAUNCH_CHECK();
+}
+
+// ---- Sum of squares (gradient norm) --------------------------------------------------------------------
+__global__ void sum_squares_kernel(double* out, const float* x, int64_t n) {
+  __shared__ double red[32];
+  double s = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    s += (double)x[i] * x[i];
+  s = block_sum(s, red);
+  if (threadIdx.x == 0) atomicAdd(out, s);
+}
+
+double sum_squares(const float* x, int64_t n) {
+  if (n == 0) return 0.0;
+  Scratch<double> acc(1);
+  TITAN_CUDA_CHECK(cudaMemsetAsync(acc.p, 0, sizeof(double), cuda_stream()));
+  sum_squares_kernel<<<std::min<unsigned>(blocks_for(n, 256), 1024), 256, 0, cuda_stream()>>>(acc.p, x, n);
+  TITAN_CUDA_LAUNCH_CHECK();
+  double host = 0;
+  TITAN_CUDA_CHECK(cudaMemcpyAsync(&host, acc.p, sizeof(double), cudaMemcpyDeviceToHost, cuda_stream()));
+  TITAN_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+  return host;
+}
+
+const RmsNormKernels kRmsNorm{rmsnorm_forward, rmsnorm_backward};
+const RopeKernels kRope{rope_forward, rope_backward};
+const RopeQKKernels kRopeQK{rope_qk_forward, rope_qk_backward};
+const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward};
+const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
+const CrossEntropyKernels kCrossEntropy{cross_entropy};
+const AdamWKernels kAdamW{adamw_step};
+const SumSquaresKernels kSumSquares{sum_squares};
+
+TITAN_REGISTER_KERNEL(RmsNormKernels, CUDA, "cuda", kRmsNorm, 10);
+TITAN_REGISTER_KERNEL(RopeKernels, CUDA, "cuda", kRope, 10);
+TITAN_REGISTER_KERNEL(RopeQKKernels, CUDA, "cuda", kRopeQK, 10);
+TITAN_REGISTER_KERNEL(SwigluKernels, CUDA, "cuda", kSwiglu, 10);
+TITAN_REGISTER_KERNEL(EmbeddingKernels, CUDA, "cuda", kEmbedding, 10);
+TITAN_REGISTER_KERNEL(CrossEntropyKernels, CUDA, "cuda", kCrossEntropy, 10);
+TITAN_REGISTER_KERNEL(AdamWKernels, CUDA, "cuda", kAdamW, 10);
+TITAN_REGISTER_KERNEL(SumSquaresKernels, CUDA, "cuda", kSumSquares, 10);
+
+}  // namespace
+}  // namespace titan::cuda

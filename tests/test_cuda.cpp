@@ -1,0 +1,443 @@
+// CUDA device: every op registered for DeviceType::CUDA against the CPU "reference" implementation on the
+// same random inputs, forward and backward, on odd shapes (N = 37, C = 72, hd = 24, T = 19, ...), plus
+// the allocator, the copies and `titan env`. Built only with -DTITAN_CUDA=ON; every test skips with a
+// message where the runtime finds no GPU, so the suite stays green on CPU-only machines.
+//
+// Tolerances (relative L2 error, as tests/test_kernels.cpp): 1e-5 for every f32 op (GEMMs in strict f32:
+// no TF32), and for the bf16 GEMMs against the CPU bf16 reference (the same bf16-rounded operands, f32 vs
+// double accumulation); 1e-9 relative for the double results (cross-entropy loss, sum of squares).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+
+#include "device/device.h"
+#include "dist/nccl.h"
+#include "kernels/ops.h"
+#include "kernels/registry.h"
+#include "support/testing.h"
+
+namespace titan {
+namespace {
+
+constexpr double kTol = 1e-5;
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), ref += double(b[i]) * b[i];
+  return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+}
+
+DeviceInterface& gpu() {
+  return device_interface(DeviceType::CUDA);
+}
+
+#define SKIP_WITHOUT_GPU()                                                                                  \
+  do {                                                                                                      \
+    if (!device_available(DeviceType::CUDA)) GTEST_SKIP() << "titan was built without CUDA";                \
+    if (gpu().device_count() == 0)                                                                          \
+      GTEST_SKIP() << "no CUDA GPU on this machine (cudaGetDeviceCount found none): CUDA op tests skipped"; \
+  } while (0)
+
+// A device buffer holding a copy of a host vector; read() copies it back.
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(const std::vector<T>& host) : n(host.size()) {
+    p = static_cast<T*>(gpu().allocator->allocate(std::max<size_t>(n, 1) * sizeof(T)));
+    gpu().copy_from_host(p, host.data(), n * sizeof(T));
+  }
+  explicit Dev(size_t count, T fill = T(0)) : Dev(std::vector<T>(count, fill)) {}
+  ~Dev() { gpu().allocator->deallocate(p, std::max<size_t>(n, 1) * sizeof(T)); }
+  std::vector<T> read() const {
+    std::vector<T> host(n);
+    gpu().copy_to_host(host.data(), p, n * sizeof(T));
+    return host;
+  }
+  Dev(const Dev&) = delete;
+};
+using DevF = Dev<float>;
+
+template <class K>
+const K& cpu_ref() {
+  return get_kernel<K>(DeviceType::CPU, "reference");
+}
+template <class K>
+const K& cuda_op() {
+  return get_kernel<K>(DeviceType::CUDA);
+}
+
+TEST(Cuda, EveryCudaOpHasACpuReference) {
+  if (!device_available(DeviceType::CUDA)) GTEST_SKIP() << "titan was built without CUDA";
+  auto& reg = KernelRegistry::global();
+  for (const char* op :
+       {"matmul", "matmul_bf16", "rmsnorm", "rope", "rope_qk", "attention", "swiglu", "embedding",
+        "cross_entropy", "adamw", "sum_squares", "moe_experts", "moe_experts_bf16"}) {
+    EXPECT_FALSE(reg.impls(op, DeviceType::CUDA).empty()) << op << " has no CUDA implementation";
+    auto cpu = reg.impls(op, DeviceType::CPU);
+    EXPECT_NE(std::find(cpu.begin(), cpu.end(), "reference"), cpu.end()) << op;
+  }
+}
+
+// Without a GPU (CI), CUDA memory is a clear titan::Error, not a crash.
+TEST(Cuda, NoGpuMeansAClearError) {
+  if (!device_available(DeviceType::CUDA)) GTEST_SKIP() << "titan was built without CUDA";
+  if (gpu().device_count() > 0) GTEST_SKIP() << "a GPU is present";
+  try {
+    gpu().allocator->allocate(16);
+    ADD_FAILURE() << "allocation on a machine without a GPU succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("finds no GPU"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Cuda, AllocatorAndCopies) {
+  SKIP_WITHOUT_GPU();
+  auto& stats = gpu().allocator->stats;
+  const int64_t before = stats.current.load();
+  {
+    auto host = randn(1000, 1);
+    DevF d(host);
+    EXPECT_EQ(stats.current.load(), before + 4000);
+    EXPECT_EQ(d.read(), host);
+  }
+  EXPECT_EQ(stats.current.load(), before);
+  // The pool hands freed memory out again: many same-size allocations never grow the peak.
+  stats.reset_peak();
+  for (int i = 0; i < 100; ++i) DevF d(size_t(1) << 20);
+  EXPECT_EQ(stats.peak.load(), before + (int64_t(4) << 20));
+}
+
+void check_matmul(int64_t N, int64_t C, int64_t OC, bool bf16, uint64_t seed) {
+  auto inp = randn(N * C, seed), w = randn(OC * C, seed + 1), dout = randn(N * OC, seed + 2);
+  std::vector<float> out_r(N * OC), dinp_r(N * C, 0.25f), dw_r(OC * C, -0.5f), dw0_r(OC * C, 9.0f);
+  DevF di(inp), dW(w), dd(dout), dout_(N * OC), ddinp(N * C, 0.25f), ddw(OC * C, -0.5f), ddw0(OC * C, 9.0f);
+  auto run = [&](auto& ref, auto& op) {
+    ref.forward(out_r.data(), inp.data(), w.data(), N, C, OC);
+    ref.backward(dinp_r.data(), dw_r.data(), dout.data(), inp.data(), w.data(), N, C, OC, true);
+    ref.backward(nullptr, dw0_r.data(), dout.data(), inp.data(), w.data(), N, C, OC, false);
+    op.forward(dout_.p, di.p, dW.p, N, C, OC);
+    op.backward(ddinp.p, ddw.p, dd.p, di.p, dW.p, N, C, OC, true);
+    op.backward(nullptr, ddw0.p, dd.p, di.p, dW.p, N, C, OC, false);
+  };
+  if (bf16)
+    run(cpu_ref<MatmulBf16Kernels>(), cuda_op<MatmulBf16Kernels>());
+  else
+    run(cpu_ref<MatmulKernels>(), cuda_op<MatmulKernels>());
+  const char* what = bf16 ? "matmul_bf16" : "matmul";
+  EXPECT_LE(rel(dout_.read(), out_r), kTol) << what << " forward N=" << N << " C=" << C << " OC=" << OC;
+  EXPECT_LE(rel(ddinp.read(), dinp_r), kTol) << what << " dinp (accumulated)";
+  EXPECT_LE(rel(ddw.read(), dw_r), kTol) << what << " dweight (accumulated)";
+  EXPECT_LE(rel(ddw0.read(), dw0_r), kTol) << what << " dweight (overwritten)";
+}
+
+TEST(Cuda, MatmulF32MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  check_matmul(37, 72, 53, false, 10);
+  check_matmul(1, 5, 3, false, 11);
+  check_matmul(257, 1000, 311, false, 12);
+}
+
+TEST(Cuda, MatmulBf16MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  check_matmul(37, 72, 53, true, 20);
+  check_matmul(257, 1000, 311, true, 21);
+}
+
+TEST(Cuda, RmsNormMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 72}, {5, 1030}, {300, 24}}) {
+    auto x = randn(N * C, 30), w = randn(C, 31), dy = randn(N * C, 32);
+    std::vector<float> y_r(N * C), r_r(N), dx_r(N * C, 0.1f), dw_r(C, 0.3f);
+    cpu_ref<RmsNormKernels>().forward(y_r.data(), r_r.data(), x.data(), w.data(), N, C, 1e-6f);
+    cpu_ref<RmsNormKernels>().backward(dx_r.data(), dw_r.data(), dy.data(), x.data(), w.data(), r_r.data(), N,
+                                       C);
+    DevF dx_(x), dw_(w), ddy(dy), y(N * C), r(N), dx(N * C, 0.1f), dw(C, 0.3f);
+    cuda_op<RmsNormKernels>().forward(y.p, r.p, dx_.p, dw_.p, N, C, 1e-6f);
+    cuda_op<RmsNormKernels>().backward(dx.p, dw.p, ddy.p, dx_.p, dw_.p, r.p, N, C);
+    EXPECT_LE(rel(y.read(), y_r), kTol) << "N=" << N << " C=" << C;
+    EXPECT_LE(rel(r.read(), r_r), kTol);
+    EXPECT_LE(rel(dx.read(), dx_r), kTol);
+    EXPECT_LE(rel(dw.read(), dw_r), kTol);
+  }
+}
+
+TEST(Cuda, RopeAndRopeQKMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const int64_t B = 2, T = 19, N = B * T, nH = 4, nKV = 2, hd = 24, half = hd / 2;
+  auto cos = randn(T * half, 40), sin = randn(T * half, 41);
+  auto q = randn(N * nH * hd, 42), k = randn(N * nKV * hd, 43), dq = randn(N * nH * hd, 44),
+       dk = randn(N * nKV * hd, 45);
+  DevF dcos(cos), dsin(sin);
+  // rope: out of place, in place, backward accumulating
+  std::vector<float> out_r(q.size()), din_r(q.size(), 0.5f);
+  cpu_ref<RopeKernels>().forward(out_r.data(), q.data(), cos.data(), sin.data(), N, T, nH, hd);
+  cpu_ref<RopeKernels>().backward(din_r.data(), dq.data(), cos.data(), sin.data(), N, T, nH, hd);
+  DevF dqv(q), out(q.size()), inplace(q), ddq(dq), din(q.size(), 0.5f);
+  cuda_op<RopeKernels>().forward(out.p, dqv.p, dcos.p, dsin.p, N, T, nH, hd);
+  cuda_op<RopeKernels>().forward(inplace.p, inplace.p, dcos.p, dsin.p, N, T, nH, hd);
+  cuda_op<RopeKernels>().backward(din.p, ddq.p, dcos.p, dsin.p, N, T, nH, hd);
+  EXPECT_LE(rel(out.read(), out_r), kTol);
+  EXPECT_LE(rel(inplace.read(), out_r), kTol);
+  EXPECT_LE(rel(din.read(), din_r), kTol);
+  // rope_qk
+  auto q_r = q, k_r = k;
+  std::vector<float> gq_r(q.size(), 0.2f), gk_r(k.size(), -0.2f);
+  cpu_ref<RopeQKKernels>().forward(q_r.data(), k_r.data(), cos.data(), sin.data(), N, T, nH, nKV, hd);
+  cpu_ref<RopeQKKernels>().backward(gq_r.data(), gk_r.data(), dq.data(), dk.data(), cos.data(), sin.data(), N,
+                                    T, nH, nKV, hd);
+  DevF gq_in(q), gk_in(k), gdq(dq), gdk(dk), gq(q.size(), 0.2f), gk(k.size(), -0.2f);
+  cuda_op<RopeQKKernels>().forward(gq_in.p, gk_in.p, dcos.p, dsin.p, N, T, nH, nKV, hd);
+  cuda_op<RopeQKKernels>().backward(gq.p, gk.p, gdq.p, gdk.p, dcos.p, dsin.p, N, T, nH, nKV, hd);
+  EXPECT_LE(rel(gq_in.read(), q_r), kTol);
+  EXPECT_LE(rel(gk_in.read(), k_r), kTol);
+  EXPECT_LE(rel(gq.read(), gq_r), kTol);
+  EXPECT_LE(rel(gk.read(), gk_r), kTol);
+}
+
+void check_attention(int64_t B, int64_t T, int64_t nH, int64_t nKV, int64_t hd, uint64_t seed) {
+  auto q = randn(B * T * nH * hd, seed), k = randn(B * T * nKV * hd, seed + 1),
+       v = randn(B * T * nKV * hd, seed + 2), dout = randn(B * T * nH * hd, seed + 3);
+  const auto& ref = cpu_ref<AttentionKernels>();
+  std::vector<float> out_r(q.size()), p_r(ref.saved_floats(B, T, nH)), dq_r(q.size(), 0.1f),
+      dk_r(k.size(), 0.1f), dv_r(v.size(), 0.1f);
+  ref.forward(out_r.data(), p_r.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
+  ref.backward(dq_r.data(), dk_r.data(), dv_r.data(), dout.data(), q.data(), k.data(), v.data(), out_r.data(),
+               p_r.data(), B, T, nH, nKV, hd);
+  for (auto& name : KernelRegistry::global().impls("attention", DeviceType::CUDA)) {
+    const auto& op = get_kernel<AttentionKernels>(DeviceType::CUDA, name);
+    DevF dq_(q), dk_(k), dv_(v), ddout(dout), out(q.size(), 7.0f), saved(op.saved_floats(B, T, nH)),
+        dq(q.size(), 0.1f), dk(k.size(), 0.1f), dv(v.size(), 0.1f);
+    op.forward(out.p, saved.p, dq_.p, dk_.p, dv_.p, B, T, nH, nKV, hd);
+    op.backward(dq.p, dk.p, dv.p, ddout.p, dq_.p, dk_.p, dv_.p, out.p, saved.p, B, T, nH, nKV, hd);
+    const std::string shape = name + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                              " nH=" + std::to_string(nH) + " nKV=" + std::to_string(nKV) +
+                              " hd=" + std::to_string(hd);
+    EXPECT_LE(rel(out.read(), out_r), kTol) << "out " << shape;
+    EXPECT_LE(rel(dq.read(), dq_r), kTol) << "dq " << shape;
+    EXPECT_LE(rel(dk.read(), dk_r), kTol) << "dk " << shape;
+    EXPECT_LE(rel(dv.read(), dv_r), kTol) << "dv " << shape;
+  }
+}
+
+// Every CUDA attention implementation ("flash", "flash_split").
+TEST(Cuda, FlashAttentionMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_EQ(cuda_op<AttentionKernels>().saved_floats(2, 4096, 16), int64_t(2) * 16 * 4096);
+  check_attention(2, 19, 4, 2, 24, 50);   // one key tile, GQA
+  check_attention(1, 77, 3, 3, 40, 51);   // three key tiles, R = 2, MHA
+  check_attention(2, 70, 8, 2, 128, 52);  // Qwen3's head_dim (R = 4, > 48 KiB shared memory in backward)
+  check_attention(1, 33, 2, 1, 8, 53);    // tiny head_dim
+  check_attention(1, 21, 2, 1, 256, 54);  // the largest head_dim (> 48 KiB shared memory)
+}
+
+TEST(Cuda, SwigluEmbeddingMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const int64_t N = 37, I = 73, C = 72, V = 50;
+  auto gu = randn(N * 2 * I, 60), dout = randn(N * I, 61);
+  std::vector<float> o_r(N * I), d_r(N * 2 * I, 0.2f);
+  cpu_ref<SwigluKernels>().forward(o_r.data(), gu.data(), N, I);
+  cpu_ref<SwigluKernels>().backward(d_r.data(), dout.data(), gu.data(), N, I);
+  DevF dgu_(gu), ddout(dout), o(N * I), d(N * 2 * I, 0.2f);
+  cuda_op<SwigluKernels>().forward(o.p, dgu_.p, N, I);
+  cuda_op<SwigluKernels>().backward(d.p, ddout.p, dgu_.p, N, I);
+  EXPECT_LE(rel(o.read(), o_r), kTol);
+  EXPECT_LE(rel(d.read(), d_r), kTol);
+
+  std::vector<int32_t> ids(N);
+  for (int64_t n = 0; n < N; ++n) ids[n] = int32_t((n * 7) % 11 + (n % 3) * 13);  // repeats
+  auto table = randn(V * C, 62), demb = randn(N * C, 63);
+  std::vector<float> e_r(N * C), de_r(V * C, 0.5f);
+  cpu_ref<EmbeddingKernels>().forward(e_r.data(), ids.data(), table.data(), N, C);
+  cpu_ref<EmbeddingKernels>().backward(de_r.data(), demb.data(), ids.data(), N, C, V);
+  Dev<int32_t> dids(ids);
+  DevF dtable(table), ddemb(demb), e(N * C), de(V * C, 0.5f);
+  cuda_op<EmbeddingKernels>().forward(e.p, dids.p, dtable.p, N, C);
+  cuda_op<EmbeddingKernels>().backward(de.p, ddemb.p, dids.p, N, C, V);
+  EXPECT_EQ(e.read(), e_r);  // a gather is exact
+  EXPECT_LE(rel(de.read(), de_r), kTol);
+}
+
+TEST(Cuda, CrossEntropyMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  for (auto [N, V] : {std::pair<int64_t, int64_t>{37, 1001}, {3, 151936}}) {
+    std::vector<int32_t> targets(N);
+    for (int64_t n = 0; n < N; ++n) targets[n] = n % 5 == 1 ? -100 : int32_t((n * 7919) % V);
+    auto logits = randn(N * V, 70, 3.0f);
+    for (bool grad : {true, false}) {
+      auto g_r = logits;
+      const double l_r =
+          cpu_ref<CrossEntropyKernels>().forward_backward(g_r.data(), targets.data(), N, V, 0.125f, grad);
+      Dev<int32_t> dt(targets);
+      DevF g(logits);
+      const double l = cuda_op<CrossEntropyKernels>().forward_backward(g.p, dt.p, N, V, 0.125f, grad);
+      EXPECT_NEAR(l, l_r, 1e-9 * std::abs(l_r)) << "N=" << N << " V=" << V;
+      EXPECT_LE(rel(g.read(), g_r), kTol) << "N=" << N << " V=" << V << " grad=" << grad;
+    }
+  }
+}
+
+TEST(Cuda, AdamWAndSumSquaresMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 1001;
+  auto p0 = randn(n, 80), grad = randn(n, 81);
+  std::vector<float> p_r = p0, m_r(n, 0), v_r(n, 0);
+  DevF p(p0), m(n), v(n), g(grad);
+  for (int s = 1; s <= 3; ++s) {
+    cpu_ref<AdamWKernels>().step(p_r.data(), grad.data(), m_r.data(), v_r.data(), n, 1e-2f, 0.9f, 0.95f,
+                                 1e-8f, 0.1f, s, 0.375f);
+    cuda_op<AdamWKernels>().step(p.p, g.p, m.p, v.p, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, s, 0.375f);
+  }
+  EXPECT_LE(rel(p.read(), p_r), kTol);
+  EXPECT_LE(rel(m.read(), m_r), kTol);
+  EXPECT_LE(rel(v.read(), v_r), kTol);
+  EXPECT_EQ(g.read(), grad) << "the gradient buffer was written";
+
+  auto x = randn(1000003, 82);
+  DevF dx(x);
+  const double want = cpu_ref<SumSquaresKernels>().sum_squares(x.data(), x.size());
+  EXPECT_NEAR(cuda_op<SumSquaresKernels>().sum_squares(dx.p, x.size()), want, 1e-9 * want);
+}
+
+// MoE experts: random routing with repeated experts, an expert with no tokens and one with most of them
+// (as tests/test_kernels.cpp), through the CUDA grouped kernels with all buffers on the device.
+struct MoeCase {
+  int64_t N, k, E, H, I;
+  std::vector<float> x, wgu, wdown, dout, w;
+  std::vector<int32_t> idx;
+  MoeCase(int64_t N_, int64_t k_, int64_t E_, int64_t H_, int64_t I_)
+      : N(N_),
+        k(k_),
+        E(E_),
+        H(H_),
+        I(I_),
+        x(randn(N * H, 90)),
+        wgu(randn(E * 2 * I * H, 91, 0.3f)),
+        wdown(randn(E * H * I, 92, 0.3f)),
+        dout(randn(N * H, 93)),
+        w(N * k),
+        idx(N * k) {
+    std::mt19937_64 rng(94);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t s = 0; s < k; ++s) {
+        int32_t e;  // distinct experts per token, never expert 4, expert 0 for most tokens
+        do e = s == 0 && n % 4 != 0 ? 0 : int32_t(rng() % E);
+        while (e == 4 ||
+               std::find(idx.begin() + n * k, idx.begin() + n * k + s, e) != idx.begin() + n * k + s);
+        idx[n * k + s] = e;
+        w[n * k + s] = 0.1f + float(rng() % 1000) / 1000.0f;
+      }
+  }
+  struct Result {
+    std::vector<float> out, dx, dw, dwgu, dwdown;
+  };
+  template <class Kernels>
+  Result run_cpu(const Kernels& kk) const {
+    const int64_t R = N * k;
+    std::vector<float> gu(R * 2 * I), act(R * I), scratch(moe_experts_scratch_floats(N, k, H, I));
+    std::vector<int32_t> order(R), row_of(R), offsets(E + 1);
+    MoeExpertsBuffers buf{gu.data(), act.data(), order.data(), row_of.data(), offsets.data(), scratch.data()};
+    Result r{std::vector<float>(N * H, 9.0f), std::vector<float>(N * H, 0.5f), std::vector<float>(R, 0.25f),
+             std::vector<float>(wgu.size(), 0.1f), std::vector<float>(wdown.size(), -0.1f)};
+    kk.forward(r.out.data(), buf, x.data(), idx.data(), w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
+    kk.backward(r.dx.data(), r.dw.data(), r.dwgu.data(), r.dwdown.data(), buf, dout.data(), x.data(),
+                idx.data(), w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
+    return r;
+  }
+  template <class Kernels>
+  Result run_gpu(const Kernels& kk) const {
+    const int64_t R = N * k;
+    DevF gu(R * 2 * I), act(R * I), scratch(moe_experts_scratch_floats(N, k, H, I));
+    Dev<int32_t> order(R), row_of(R), offsets(E + 1), didx(idx);
+    MoeExpertsBuffers buf{gu.p, act.p, order.p, row_of.p, offsets.p, scratch.p};
+    DevF dx_(x), dwgu_(wgu), dwdown_(wdown), ddout(dout), dw_(w), out(N * H, 9.0f), dx(N * H, 0.5f),
+        dw(R, 0.25f), gwgu(wgu.size(), 0.1f), gwdown(wdown.size(), -0.1f);
+    kk.forward(out.p, buf, dx_.p, didx.p, dw_.p, dwgu_.p, dwdown_.p, N, k, E, H, I);
+    kk.backward(dx.p, dw.p, gwgu.p, gwdown.p, buf, ddout.p, dx_.p, didx.p, dw_.p, dwgu_.p, dwdown_.p, N, k, E,
+                H, I);
+    return {out.read(), dx.read(), dw.read(), gwgu.read(), gwdown.read()};
+  }
+  static void expect_near(const Result& a, const Result& b, double tol, const std::string& label) {
+    EXPECT_LE(rel(a.out, b.out), tol) << label << " out";
+    EXPECT_LE(rel(a.dx, b.dx), tol) << label << " dx";
+    EXPECT_LE(rel(a.dw, b.dw), tol) << label << " dw";
+    EXPECT_LE(rel(a.dwgu, b.dwgu), tol) << label << " dw_gu";
+    EXPECT_LE(rel(a.dwdown, b.dwdown), tol) << label << " dw_down";
+  }
+};
+
+TEST(Cuda, MoeExpertsMatchReference) {
+  SKIP_WITHOUT_GPU();
+  for (const MoeCase& c : {MoeCase(23, 3, 6, 10, 7), MoeCase(37, 2, 8, 72, 24)}) {
+    const std::string shape = "N=" + std::to_string(c.N) + " H=" + std::to_string(c.H);
+    MoeCase::expect_near(c.run_gpu(cuda_op<MoeExpertsKernels>()), c.run_cpu(cpu_ref<MoeExpertsKernels>()),
+                         kTol, "f32 " + shape);
+    MoeCase::expect_near(c.run_gpu(cuda_op<MoeExpertsBf16Kernels>()),
+                         c.run_cpu(cpu_ref<MoeExpertsBf16Kernels>()), kTol, "bf16 " + shape);
+  }
+}
+
+// NCCL group of one rank (one GPU here): every collective's plumbing on device buffers, the uneven forms
+// (grouped reduce/broadcast, send/recv) included. Several ranks need several GPUs and a launcher.
+TEST(Cuda, NcclGroupOfOneRank) {
+  SKIP_WITHOUT_GPU();
+  if (!dist::nccl_available()) GTEST_SKIP() << "titan was built without NCCL";
+  dist::SingleProcessGroup boot;
+  auto g = dist::make_nccl_group(boot);
+  EXPECT_EQ(g->backend(), "nccl");
+  EXPECT_EQ(g->size(), 1);
+  EXPECT_EQ(g->rank(), 0);
+  auto host = randn(37, 100);
+  DevF a(host), b(37, 0.0f);
+  g->all_reduce(a.p, 37, dist::CommType::F32, dist::ReduceOp::Sum);
+  g->all_reduce(a.p, 37, dist::CommType::F32, dist::ReduceOp::Avg);
+  EXPECT_EQ(a.read(), host);
+  g->reduce_scatter(a.p, b.p, {37}, dist::CommType::F32, dist::ReduceOp::Sum);
+  EXPECT_EQ(b.read(), host);
+  DevF c(37, 0.0f);
+  g->all_gather(a.p, c.p, {37}, dist::CommType::F32);
+  EXPECT_EQ(c.read(), host);
+  DevF d(37, 0.0f);
+  g->all_to_all_v(a.p, {37}, d.p, {37}, dist::CommType::F32);
+  EXPECT_EQ(d.read(), host);
+  g->broadcast(a.p, 37, dist::CommType::F32, 0);
+  EXPECT_EQ(a.read(), host);
+  g->barrier();
+  auto sub = g->split(0, 0);
+  EXPECT_EQ(sub->backend(), "nccl");
+  EXPECT_EQ(sub->size(), 1);
+  std::vector<int64_t> ints = {1, -2, 3};
+  Dev<int64_t> di(ints);
+  sub->all_reduce(di.p, 3, dist::CommType::I64, dist::ReduceOp::Max);
+  EXPECT_EQ(di.read(), ints);
+  EXPECT_THROW(g->all_reduce(a.p, 2, dist::CommType::BF16, dist::ReduceOp::Sum), Error);
+}
+
+// `titan env` names the GPUs when there are any.
+TEST(Cuda, EnvListsGpus) {
+  SKIP_WITHOUT_GPU();
+  FILE* f = popen(TITAN_BINARY " env", "r");
+  ASSERT_NE(f, nullptr);
+  std::string text;
+  char buf[512];
+  while (fgets(buf, sizeof buf, f)) text += buf;
+  EXPECT_EQ(pclose(f), 0);
+  EXPECT_NE(text.find("CUDA: built"), std::string::npos) << text;
+  EXPECT_NE(text.find("cuda:0 "), std::string::npos) << text;
+  EXPECT_NE(text.find("compute "), std::string::npos) << text;
+  EXPECT_NE(text.find("kernels (cuda):"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace titan
