@@ -384,6 +384,8 @@ TEST(GenerateCli, BadInputIsOneClearError) {
            {"generate" + m + " --prompt-ids 1,100000", "outside the vocabulary"},
            {"generate" + m + " --prompt hi --top-p 2", "top_p"},
            {"generate" + m + " --prompt hi --dtype f16", "--dtype"},
+           {"generate" + m + " --prompt hi --lora /no/such/adapter", "/no/such/adapter"},
+           {"eval" + m + " --data " + kGolden + "dense/eval.txt --lora /no/such/adapter", "/no/such/adapter"},
            {"eval" + m + " --data /no/such/file.txt", "does not exist"},
            {"eval --model /no/such/dir --data " + kGolden + "dense/eval.txt", "does not exist"},
            {"eval" + m + " --data " + kGolden + "dense/eval.txt --seq-len 100000", "no whole window"},

@@ -44,8 +44,7 @@ int eval_main(int argc, char** argv) {
   for (const auto& d : data) TITAN_CHECK(std::filesystem::exists(d), "--data: '", d, "' does not exist");
   const auto cfg =
       titan::eval_data_config(data, model_dir, seq_len, titan::data::parse_data_format(format), text_field);
-  auto model = titan::load_model_dir(model_dir, dtype == "bf16");
-  if (!lora_dir.empty()) titan::apply_lora_dir(*model, lora_dir);
+  auto model = titan::load_model_dir(model_dir, dtype == "bf16", {}, lora_dir);
   const auto t0 = std::chrono::steady_clock::now();
   int64_t windows = 0;
   const titan::EvalResult r = titan::evaluate_dataset(*model, cfg, batch, &windows);

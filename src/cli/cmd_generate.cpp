@@ -102,9 +102,9 @@ int generate_main(int argc, char** argv) {
   go.sampling.seed = seed;
   titan::Sampler check(go.sampling);  // validates the settings before the model loads
 
-  std::unique_ptr<titan::Qwen3Model> model = titan::load_model_dir(model_dir, dtype == "bf16", model_kernels);
+  std::unique_ptr<titan::Qwen3Model> model =
+      titan::load_model_dir(model_dir, dtype == "bf16", model_kernels, lora_dir);
   titan::Tokenizer tok = titan::Tokenizer::load(model_dir);
-  if (!lora_dir.empty()) titan::apply_lora_dir(*model, lora_dir);
 
   if (chat) return titan::run_chat(*model, tok, model_dir, go, max_context, kc);
 

@@ -73,13 +73,15 @@ GenerationDefaults read_generation_defaults(const std::string& model_dir) {
   return d;
 }
 
-std::unique_ptr<Qwen3Model> load_model_dir(const std::string& dir, bool bf16, const KernelChoice& kernels) {
+std::unique_ptr<Qwen3Model> load_model_dir(const std::string& dir, bool bf16, const KernelChoice& kernels,
+                                           const std::string& lora_dir) {
   TITAN_CHECK(!dir.empty(), "--model is required");
   TITAN_CHECK(fs::is_directory(dir), "model directory '", dir, "' does not exist");
   const std::string cfg = (fs::path(dir) / "config.json").string();
   TITAN_CHECK(fs::exists(cfg), dir, ": no config.json (not an HF model directory)");
   auto model = std::make_unique<Qwen3Model>(Qwen3Config::from_hf_file(cfg), kernels);
   model->load_hf(dir);
+  if (!lora_dir.empty()) apply_lora_dir(*model, lora_dir);
   if (bf16) model->set_bf16_compute(true);
   // Inference never differentiates: drop the gradient buffers (as large as the weights).
   for (auto& p : model->params()) p.grad = Tensor();
