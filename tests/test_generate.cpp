@@ -114,6 +114,33 @@ TEST(Generate, GreedyEqualsHFMoE) {
   check_greedy("moe");
 }
 
+// --lora: the PEFT adapter of tests/golden/generate/dense/lora merged into the weights gives the PeftModel's
+// greedy tokens and loss (fixture by make_generate_golden.py); without the LoRA merge in the build, a clear
+// error.
+TEST(Generate, LoraAdapterEqualsPeft) {
+  const std::string lora = kGolden + "dense/lora";
+#if __has_include("models/qwen3/lora.h")
+  auto model = load_model_dir(kGolden + "dense", false, {}, lora);
+  const auto e = read_json_file(lora + "/expected.json");
+  for (const auto& g : e["greedy"]) {
+    const auto prompt = ids_of(g["prompt_ids"]);
+    KVCacheModel kv(*model, static_cast<int64_t>(prompt.size()) + 20);
+    GenerateOptions go;
+    go.max_new_tokens = 20;
+    go.eos_ids = read_generation_defaults(kGolden + "dense").eos_ids;
+    EXPECT_EQ(generate(kv, prompt, go), ids_of(g["output_ids"])) << prompt.size();
+  }
+  const auto cfg =
+      eval_data_config({kGolden + "dense/eval.txt"}, kGolden + "dense", e["eval"]["seq_len"].get<int64_t>());
+  const double hf = e["eval"]["loss"].get<double>();
+  EXPECT_LE(std::fabs(evaluate_dataset(*model, cfg).loss() - hf) / hf, 1e-5);
+#else
+  EXPECT_NE(
+      testing::error_of([&] { load_model_dir(kGolden + "dense", false, {}, lora); }).find("no LoRA merge"),
+      std::string::npos);
+#endif
+}
+
 TEST(Generate, StopsAtEosAndMaxNewTokens) {
   auto model = load_model_dir(kGolden + "dense", false);
   const auto g = expected("dense")["greedy"][1];

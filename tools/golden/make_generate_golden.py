@@ -24,6 +24,8 @@ loop) are saved with the small byte-level BPE tokenizer of tests/golden/tokenize
           labels = ids on assistant tokens else -100, and transformers' loss (model.loss_function, shifted
           inside) token-weighted over the conversations.
     eval.txt, eval.jsonl, eval_chat.jsonl   the eval data
+    dense/lora/   a PEFT LoRA adapter of the dense model (adapter_config.json, adapter_model.safetensors) and
+                  its expected.json: the PeftModel's greedy tokens for the prompts, its loss on eval.txt
 
 Robustness checks before writing: every greedy step's top-2 logit margin is >= MIN_MARGIN (the seed is
 advanced until it is), and the same greedy run of the model in float64 gives the same tokens.
@@ -32,6 +34,7 @@ Usage: python tools/golden/make_generate_golden.py [--out tests/golden/generate]
 """
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -191,6 +194,42 @@ def hf_chat_eval(model):
                 num_tokens=count)
 
 
+LORA_SEED = 7301
+
+
+def make_lora(d, model, tok, evals):
+    """dense/lora/: a PEFT LoRA adapter (r 4, alpha 8, every projection, random A and B) of the dense model,
+    HF greedy tokens of the PeftModel for the prompts and transformers' loss on eval.txt's windows."""
+    import peft
+    seed = LORA_SEED
+    for _ in range(50):
+        torch.manual_seed(seed)
+        cfg = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
+                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                              "down_proj"])
+        pm = peft.get_peft_model(copy.deepcopy(model), cfg).eval()
+        g = greedy_cases(pm, tok)
+        if min(x["min_margin"] for x in g) >= MIN_MARGIN and any(
+                x["output_ids"] != y["output_ids"] for x, y in zip(g, greedy_cases(model, tok))):
+            break
+        seed += 1
+    else:
+        raise SystemExit("no LoRA seed with decisive greedy steps")
+    out = os.path.join(d, "lora")
+    pm.save_pretrained(out)
+    with open(os.path.join(out, "README.md"), "w") as f:
+        f.write("PEFT LoRA adapter of ../ for tests/test_generate.cpp (tools/golden/make_generate_golden.py).\n")
+    merged = pm.merge_and_unload()
+    for x, y in zip(g, greedy_cases(merged, tok)):
+        assert x["output_ids"] == y["output_ids"]
+    text_eval = evals[0]
+    loss, n = hf_loss(merged, text_eval["windows"])
+    with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
+        json.dump(dict(seed=seed, greedy=g, eval=dict(file=text_eval["file"], seq_len=text_eval["seq_len"],
+                                                      loss=loss, num_tokens=n)), f, ensure_ascii=False, indent=1)
+    print(f"lora: seed {seed}, margins {[round(x['min_margin'], 4) for x in g]}, eval loss {loss:.5f}")
+
+
 def windows_of(docs, tok, seq_len):
     stream = []
     for d in docs:
@@ -278,6 +317,8 @@ def make_case(case, out_dir, tok):
                       tokenizers=tokenizers.__version__, safetensors=safetensors.__version__))
     with open(os.path.join(d, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(expected, f, ensure_ascii=False, indent=1)
+    if not case["moe"]:
+        make_lora(d, model, tok, evals)
     print(f"{case['name']}: seed {seed}, margins "
           f"{[round(x['min_margin'], 4) for x in g]}, eval losses {[round(e['loss'], 5) for e in evals]}")
 
