@@ -478,7 +478,28 @@ TEST(Kernels, RopeQKAllImplementations) {
   }
 }
 
-// Every registered op has an all-implementations test above; a new op must add one here.
+// KV-cache attention: n queries at positions [p, p + n) against keys [0, p + n) equal the last n rows of the
+// full causal attention over p + n positions; every implementation equals the reference.
+TEST(Kernels, AttentionKVAllImplementations) {
+  for (auto [p, n, nH, nKV, hd] : {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>{0, 9, 4, 2, 8},
+                                   {13, 1, 4, 1, 16},
+                                   {7, 5, 6, 3, 8},
+                                   {40, 3, 2, 2, 32}}) {
+    const int64_t T = p + n;
+    auto q = randn(T * nH * hd, 11), k = randn(T * nKV * hd, 12), v = randn(T * nKV * hd, 13);
+    const auto& full = get_kernel<AttentionKernels>(DeviceType::CPU, "reference");
+    std::vector<float> out_full(T * nH * hd), saved(full.saved_floats(1, T, nH));
+    full.forward(out_full.data(), saved.data(), q.data(), k.data(), v.data(), 1, T, nH, nKV, hd);
+    std::vector<float> want(out_full.begin() + p * nH * hd, out_full.end());
+    for (auto& name : impls<AttentionKVKernels>()) {
+      const auto& kv = get_kernel<AttentionKVKernels>(DeviceType::CPU, name);
+      std::vector<float> out(n * nH * hd, NAN);
+      kv.forward(out.data(), q.data() + p * nH * hd, k.data(), v.data(), n, p, nH, nKV, hd);
+      EXPECT_LE(rel(out, want), kTol) << name << " p=" << p << " n=" << n;
+    }
+  }
+}
+
 // sum_squares (the gradient norm's partial sums): every implementation against a double loop.
 TEST(Kernels, SumSquaresAllImplementations) {
   auto x = randn(10007, 95, 3.0f);
@@ -491,11 +512,12 @@ TEST(Kernels, SumSquaresAllImplementations) {
   }
 }
 
+// Every registered op has an all-implementations test above; a new op must add one here.
 TEST(KernelRegistry, EveryRegisteredOpIsCoveredByATest) {
-  const std::vector<std::string> covered = {"adamw",   "attention",   "cross_entropy", "embedding",
-                                            "matmul",  "matmul_bf16", "moe_experts",   "moe_experts_bf16",
-                                            "rmsnorm", "rope",        "rope_qk",       "swiglu",
-                                            "sum_squares"};
+  const std::vector<std::string> covered = {
+      "adamw",  "attention",   "attention_kv", "cross_entropy",    "embedding",
+      "matmul", "matmul_bf16", "moe_experts",  "moe_experts_bf16", "rmsnorm",
+      "rope",   "rope_qk",     "swiglu",       "sum_squares"};
   for (auto& op : KernelRegistry::global().ops())
     EXPECT_NE(std::find(covered.begin(), covered.end(), op), covered.end())
         << "op '" << op << "' has no all-implementations test in tests/test_kernels.cpp";

@@ -72,6 +72,16 @@ struct AttentionKernels {
   int64_t (*saved_floats)(int64_t B, int64_t T, int64_t nH);
 };
 
+// Attention of n new queries against a KV cache (generation): query i sits at position p + i and reads
+// the keys/values at positions [0, p + i] (causal), scale = hd^-0.5, GQA as AttentionKernels. Batch 1.
+// q (n,nH,hd), k/v (p+n,nKV,hd) (the first p + n rows of a cache: p cached, then the n new ones),
+// out (n,nH,hd). Forward only.
+struct AttentionKVKernels {
+  static constexpr const char* kOp = "attention_kv";
+  void (*forward)(float* out, const float* q, const float* k, const float* v, int64_t n, int64_t p,
+                  int64_t nH, int64_t nKV, int64_t hd);
+};
+
 // SwiGLU on a fused gate|up row: out = silu(gu[:, :I]) * gu[:, I:].   gu (N,2I), out (N,I)
 struct SwigluKernels {
   static constexpr const char* kOp = "swiglu";

@@ -1,4 +1,4 @@
-// A short text sample from a trained model (the end of a run): top-k sampling without a KV cache.
+// A short text sample from a trained model (the end of a run), drawn with the KV-cache generator.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -7,8 +7,9 @@
 
 namespace titan {
 
-// Samples `n` tokens after `prompt` (temperature 0.8, top-k 40, seeded), recomputing the full context
-// (at most max_context tokens) each token: fine for a short sample of a small model. Forward only.
+// Samples `n` tokens after `prompt` (temperature 0.8, top-k 40, seeded; no stop at eos) with the KV-cache
+// generator (src/generate/); the prompt keeps its last max_context - n tokens when prompt + sample would
+// exceed max_context positions. Forward only.
 std::vector<int32_t> sample_tokens(Qwen3Model& model, std::vector<int32_t> prompt, int64_t n,
                                    int64_t max_context, uint64_t seed);
 

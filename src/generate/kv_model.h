@@ -1,0 +1,81 @@
+// Inference forward of a loaded Qwen3Model (dense or MoE) with a per-layer KV cache: each call runs only
+// the new tokens (a prompt prefill of n tokens is one batched forward; a decode step is n = 1) and
+// appends their keys (after k_norm and RoPE) and values to the cache. The weights are read in place from
+// the model's parameters (nothing is copied or re-loaded); the ops come from the kernel registry, the
+// model's own choices for the shared ones, and attention_kv for attention against the cache.
+//
+// bf16: when the model is under bf16 compute (Qwen3Model::set_bf16_compute), the GEMMs run on the bf16
+// engine with bf16 images of the weights made here once, and every op output is rounded to bf16 at the
+// same points as the model's forward (a bf16 model in PyTorch).
+//
+//   Qwen3Model m(Qwen3Config::from_hf_file(dir + "/config.json"));  m.load_hf(dir);
+//   KVCacheModel kv(m, 4096);
+//   const float* logits = kv.forward(prompt.data(), prompt.size());  // (V) of the last prompt token
+//   logits = kv.forward(&next, 1);                                    // one more position
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "models/qwen3/model.h"
+
+namespace titan {
+
+class KVCacheModel {
+ public:
+  // max_seq: cache capacity in positions (<= max_position_embeddings). kernels: overrides by op name
+  // (attention_kv; the other ops follow the model's choice).
+  KVCacheModel(Qwen3Model& model, int64_t max_seq, const KernelChoice& kernels = {});
+  ~KVCacheModel();
+  KVCacheModel(const KVCacheModel&) = delete;
+  KVCacheModel& operator=(const KVCacheModel&) = delete;
+
+  // Runs ids[0..n) at positions [pos(), pos() + n). Returns the logits of the last one (V), or with
+  // all_logits of every one (n,V). The pointer is valid until the next call.
+  const float* forward(const int32_t* ids, int64_t n, bool all_logits = false);
+  int64_t pos() const { return pos_; }  // positions in the cache
+  int64_t capacity() const { return max_seq_; }
+  void reset() { pos_ = 0; }  // empty the cache
+  // Keeps the first p positions (p <= pos()): e.g. re-use a shared prompt prefix.
+  void truncate(int64_t p);
+  int64_t vocab_size() const { return cfg_.vocab_size; }
+  std::string kernels_line() const;  // "matmul=..., attention_kv=..." for logs
+
+ private:
+  struct Layer {  // pointers into the model's parameters
+    const float *input_norm, *wq, *wk, *wv, *q_norm, *k_norm, *wo, *post_norm;
+    const float *router = nullptr, *wgu, *wdown, *expert_bias = nullptr;
+  };
+  void plan(int64_t n);
+  void layer_forward(int64_t l, int64_t n);
+  void moe_mlp(const Layer& w, int64_t n, float* out);
+
+  Qwen3Model& model_;
+  Qwen3Config cfg_;
+  int64_t max_seq_, pos_ = 0, planned_n_ = 0;
+  bool bf16_ = false;
+  std::vector<Layer> layers_;
+  const float *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
+  const MatmulKernels* matmul_;
+  const RmsNormKernels* rmsnorm_;
+  const RopeKernels* rope_;
+  const RopeQKKernels* rope_qk_ = nullptr;
+  const SwigluKernels* swiglu_;
+  const EmbeddingKernels* embedding_;
+  const MoeExpertsKernels* moe_ = nullptr;
+  const AttentionKVKernels* attention_;
+  std::string attention_name_;
+  std::vector<Tensor> k_cache_, v_cache_;  // per layer (max_seq, nKV, hd)
+  Tensor rope_cos_, rope_sin_;             // (max_seq, hd/2)
+  // Activations for n tokens.
+  Tensor x_, ln_, rstd_, q_, k_, att_, h_, gu_, act_, logits_, probs_, topk_w_, moe_out_;
+  Tensor topk_idx_;
+  std::vector<int32_t> moe_i32_;
+  std::vector<float> moe_f32_;
+  MoeExpertsBuffers moe_buf_{};
+  std::vector<std::vector<uint16_t>> bf16_images_;
+  std::vector<const float*> bf16_bases_;
+};
+
+}  // namespace titan
