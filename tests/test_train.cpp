@@ -225,7 +225,7 @@ TEST(Trainer, EmbeddedDefaultRunEndToEnd) {
 }
 
 TEST(Trainer, ShippedConfigsDryRun) {
-  for (auto name : {"debug", "qwen3_4b_hf", "qwen3_4b_native", "qwen3_moe_64e_top4_4l"}) {
+  for (auto name : {"debug", "qwen3_4b_hf", "qwen3_4b_hf_lora", "qwen3_4b_native", "qwen3_moe_64e_top4_4l"}) {
     std::string out;
     int rc = testing::run_titan(std::string("train --config ") + name + " --dry-run", &out);
     EXPECT_EQ(rc, 0) << name << "\n" << out;

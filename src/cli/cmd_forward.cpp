@@ -1,5 +1,6 @@
 // titan forward --model DIR --input in.json --output out.safetensors [--grads] [--steps K --lr X
 //               --weight-decay W --max-norm M] [--dtype f32|bf16] [--kernel op=impl ...]
+//               [--lora ADAPTER_DIR [--lora-bf16-base]]
 #include <CLI/CLI.hpp>
 
 #include "cli/command.h"
@@ -26,6 +27,9 @@ int forward_main(int argc, char** argv) {
   app.add_option("--eps", o.eps)->capture_default_str();
   app.add_option("--max-norm", o.max_norm, "clip gradients to this global norm (0: off)");
   app.add_option("--dtype", dtype, "compute dtype: f32 or bf16")->capture_default_str();
+  app.add_option("--lora", o.lora_dir,
+                 "PEFT LoRA adapter dir: frozen base, grads/params/steps of the adapter tensors only");
+  app.add_flag("--lora-bf16-base", o.lora_bf16_base, "with --lora: hold the frozen base weights in bf16");
   app.add_option("--kernel", kernels, "kernel override op=impl (e.g. attention=reference)");
   try {
     app.parse(argc, argv);

@@ -82,13 +82,21 @@ std::vector<Field> fields(TrainConfig& c) {
       {"compile", "enable", &c.compile.enable},
       {"compile", "components", &c.compile.components},
       {"activation_checkpoint", "mode", &c.activation_checkpoint.mode},
+      {"lora", "enable", &c.lora.enable},
+      {"lora", "rank", &c.lora.rank},
+      {"lora", "alpha", &c.lora.alpha},
+      {"lora", "dropout", &c.lora.dropout},
+      {"lora", "target_modules", &c.lora.target_modules},
+      {"lora", "base_dtype", &c.lora.base_dtype},
+      {"lora", "adapter_path", &c.lora.adapter_path},
   };
 }
 
 const std::vector<std::string>& section_names() {
   static const std::vector<std::string> names = {
       "job",         "model",      "optimizer", "lr_scheduler", "training", "validation",
-      "parallelism", "checkpoint", "metrics",   "compile",      "kernels",  "activation_checkpoint"};
+      "parallelism", "checkpoint", "metrics",   "compile",      "kernels",  "activation_checkpoint",
+      "lora"};
   return names;
 }
 
@@ -282,6 +290,10 @@ void TrainConfig::validate() const {
   check_choice("training.mixed_precision_param", training.mixed_precision_param, {"float32", "bfloat16"});
   check_choice("checkpoint.export_dtype", checkpoint.export_dtype, {"float32", "bfloat16"});
   check_choice("activation_checkpoint.mode", activation_checkpoint.mode, {"none", "full"});
+  check_choice("lora.base_dtype", lora.base_dtype, {"bfloat16", "float32"});
+  TITAN_CHECK(lora.rank > 0, "lora.rank must be positive, got ", lora.rank);
+  TITAN_CHECK(lora.alpha > 0, "lora.alpha must be positive, got ", lora.alpha);
+  TITAN_CHECK(lora.dropout >= 0 && lora.dropout < 1, "lora.dropout must be in [0, 1), got ", lora.dropout);
   TITAN_CHECK(checkpoint.interval > 0, "checkpoint.interval must be positive, got ", checkpoint.interval);
   TITAN_CHECK(checkpoint.keep_latest_k >= 0, "checkpoint.keep_latest_k must be >= 0 (0 keeps all), got ",
               checkpoint.keep_latest_k);

@@ -106,6 +106,18 @@ struct ActivationCheckpointConfig {
   std::string mode = "none";  // none | full
 };
 
+// LoRA fine-tuning (HF PEFT semantics, models/qwen3/lora.h): the base is frozen, only the adapters train.
+struct LoraTrainConfig {
+  bool enable = false;
+  int64_t rank = 16;
+  double alpha = 32;
+  double dropout = 0;
+  std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"};
+  std::string base_dtype = "bfloat16";  // frozen base storage: bfloat16 (2 bytes/param) | float32
+  std::string adapter_path = "";        // PEFT adapter dir to start from ("" = fresh: A kaiming, B = 0)
+};
+
 struct TrainConfig {
   JobConfig job;
   ModelConfig model;
@@ -119,6 +131,7 @@ struct TrainConfig {
   CompileConfig compile;
   std::map<std::string, std::string> kernels;  // op -> implementation
   ActivationCheckpointConfig activation_checkpoint;
+  LoraTrainConfig lora;
   bool dry_run = false;
 
   // TOML text of every setting (what `titan train` prints and saves as config.toml).

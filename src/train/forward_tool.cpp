@@ -1,11 +1,13 @@
 #include "train/forward_tool.h"
 
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "models/qwen3/lora.h"
 #include "optim/optimizer.h"
 
 namespace titan {
@@ -57,9 +59,26 @@ void run_forward_tool(const ForwardToolOptions& opts) {
   TITAN_CHECK(!opts.output_path.empty(), "--output is required");
   TITAN_CHECK(opts.steps >= 0, "--steps must be >= 0");
   const TokenBatch batch = read_token_batch_json(opts.input_path);
-  Qwen3Model model(Qwen3Config::from_hf_file(opts.model_dir + "/config.json"), opts.kernels);
-  model.load_hf(opts.model_dir);
+  const Qwen3Config config = Qwen3Config::from_hf_file(opts.model_dir + "/config.json");
+  const bool bf16_base = !opts.lora_dir.empty() && opts.lora_bf16_base;
+  Qwen3Model model(config, opts.kernels, nullptr, /*allocate=*/!bf16_base);
+  std::unique_ptr<FrozenBf16Base> frozen;
+  std::unique_ptr<LoraAdapters> lora;
+  if (!opts.lora_dir.empty()) {
+    lora = std::make_unique<LoraAdapters>(config,
+                                          LoraConfig::from_peft_file(opts.lora_dir + "/adapter_config.json"));
+    lora->load_peft(opts.lora_dir);
+    model.set_lora(lora.get());
+  }
+  if (bf16_base)
+    frozen = std::make_unique<FrozenBf16Base>(model, opts.model_dir);
+  else
+    model.load_hf(opts.model_dir);
   if (opts.dtype == DType::BF16) model.set_bf16_compute(true);
+  // Trainable parameters: the adapters under LoRA, else the model's.
+  std::vector<Param>& trainable = lora ? lora->params() : model.params();
+  std::vector<Tensor>& train_params = lora ? lora->flat_params() : model.flat_params();
+  std::vector<Tensor>& train_grads = lora ? lora->flat_grads() : model.flat_grads();
 
   NamedTensors out;
   model.zero_grad();
@@ -75,11 +94,11 @@ void run_forward_tool(const ForwardToolOptions& opts) {
     out.emplace_back("aux_loss", Tensor::from_vector({static_cast<float>(r.aux_loss)}, {}));
   if (fo.compute_grad) model.backward();
   if (opts.grads)
-    for (auto& p : model.params()) out.emplace_back("grad." + p.name, p.grad.clone());
+    for (auto& p : trainable) out.emplace_back("grad." + p.name, p.grad.clone());
 
   if (opts.steps > 0) {
     AdamWConfig ac{opts.lr, opts.beta1, opts.beta2, opts.eps, opts.weight_decay};
-    AdamW optimizer(model.flat_params(), model.flat_grads(), ac,
+    AdamW optimizer(train_params, train_grads, ac,
                     opts.kernels.count("adamw") ? opts.kernels.at("adamw") : "");
     std::vector<float> losses;
     for (int64_t k = 0; k < opts.steps; ++k) {
@@ -90,11 +109,11 @@ void run_forward_tool(const ForwardToolOptions& opts) {
         model.backward();
       }
       losses.push_back(static_cast<float>(r.loss));
-      clip_grad_norm(model.flat_grads(), opts.max_norm);
+      clip_grad_norm(train_grads, opts.max_norm);
       optimizer.step(opts.lr);
     }
     out.emplace_back("losses", Tensor::from_vector(losses, {opts.steps}));
-    for (auto& p : model.params()) out.emplace_back("param." + p.name, p.value.clone());
+    for (auto& p : trainable) out.emplace_back("param." + p.name, p.value.clone());
   }
   save_safetensors(opts.output_path, out, {{"format", "pt"}});
 }

@@ -22,6 +22,10 @@ struct ForwardToolOptions {
   double max_norm = 0;  // <= 0: no clipping
   DType dtype = DType::F32;
   KernelChoice kernels;
+  // LoRA: a PEFT adapter dir (adapter_config.json + adapter_model.safetensors) put on the model; the base is
+  // frozen, grads/params are written for the adapter tensors only (PEFT names), AdamW steps the adapters.
+  std::string lora_dir;
+  bool lora_bf16_base = false;  // hold the frozen base in bf16 (default f32, as PEFT's fp32 goldens)
 };
 
 struct TokenBatch {

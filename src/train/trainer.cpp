@@ -11,6 +11,7 @@
 #include "dist/data_parallel_plan.h"
 #include "dist/expert_parallel.h"
 #include "dist/runtime.h"
+#include "models/qwen3/lora.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 #include "train/metrics.h"
@@ -53,6 +54,16 @@ void Trainer::build_process_group_and_plan() {
   plan_ = make_plan(mc_, world_, par.data_parallel_replicate_degree, dp_shard, cfg_.training.local_batch_size,
                     cfg_.training.global_batch_size, cfg_.training.seq_len, cfg_.activation_checkpoint.mode,
                     par.expert_parallel_degree);
+  if (cfg_.lora.enable) {
+    // LoRA: the frozen base (bf16 or f32) without gradients or optimizer state; the adapters train.
+    LoraConfig lc;
+    lc.rank = cfg_.lora.rank;
+    lc.target_modules = cfg_.lora.target_modules;
+    const int64_t adapters = lora_num_params(mc_, lc);
+    plan_.param_bytes = plan_.params * (cfg_.lora.base_dtype == "bfloat16" ? 2 : 4) + adapters * 4;
+    plan_.grad_bytes = adapters * 4;
+    plan_.optimizer_bytes = adapters * 8;
+  }
   if (cfg_.job.print_config && lead_)
     std::printf("# titan train: resolved config\n%s", cfg_.to_toml().c_str());
   if (lead_) std::printf("# plan\n%s\n", plan_.describe().c_str());
@@ -80,6 +91,7 @@ void Trainer::build_data() {
 
 void Trainer::build_model() {
   validate_kernel_choice(cfg_.kernels);
+  if (cfg_.lora.enable) return build_lora_model();
   // Expert parallel: groups of expert_parallel_degree consecutive ranks split every sparse layer's experts.
   ep_group_ = dist::make_expert_group(*pg_, static_cast<int>(plan_.expert_parallel));
   model_ = std::make_unique<Qwen3Model>(mc_, cfg_.kernels, ep_group_.get());
@@ -96,6 +108,7 @@ void Trainer::build_model() {
 // (ZeRO-3): every rank keeps 1/S of the parameters, gradients and optimizer state; a layer group is
 // gathered just before its forward/backward and freed after.
 void Trainer::build_parallelism() {
+  if (lora_) return build_lora_parallelism();
   bf16_ = cfg_.training.mixed_precision_param == "bfloat16";
   stream_ = plan_.dp_shard > 1;
   if (bf16_ && !stream_) build_mixed_precision_master();
@@ -154,6 +167,11 @@ void Trainer::print_state_per_rank() const {
   for (auto& t : model_->flat_params()) param_bytes += t.defined() ? t.nbytes() : 0;
   for (auto& t : model_->flat_grads()) grad_bytes += t.defined() ? t.nbytes() : 0;
   for (auto& t : master_) param_bytes += t.nbytes();
+  if (lora_) {  // the frozen base (no gradient, no optimizer state) and the adapters
+    if (frozen_base_) param_bytes += frozen_base_->bytes();
+    param_bytes += lora_->flat_params()[0].nbytes();
+    grad_bytes += lora_->flat_grads()[0].nbytes();
+  }
   if (stream_ || dp_->shard_degree() > 1) {
     for (auto& t : dp_->optimizer_params()) param_bytes += t.nbytes();
     for (auto& t : dp_->optimizer_grads()) grad_bytes += t.nbytes();

@@ -31,6 +31,8 @@
 namespace titan {
 
 class Qwen3Model;
+class LoraAdapters;
+class FrozenBf16Base;
 class AdamW;
 class LRSchedule;
 class MetricsLogger;
@@ -41,7 +43,8 @@ class DataParallelPlan;
 }  // namespace dist
 namespace ckpt {
 class Reader;
-}
+struct Slice;
+}  // namespace ckpt
 
 struct TrainResult {
   std::vector<double> losses;  // per step
@@ -111,6 +114,12 @@ class Trainer {
   bool validation_due(int64_t step) const;
   void log_step(int64_t step, const StepOutcome& s, double seconds);
   void gather_final_model();
+  // LoRA ([lora] enable; train/trainer_lora.cpp): frozen base + adapters, data parallel over the adapters,
+  // checkpoints of the adapters and their optimizer state, PEFT adapter export.
+  void build_lora_model();
+  void build_lora_parallelism();
+  std::vector<ckpt::Slice> lora_slices(bool for_save);
+  void export_lora(const std::string& dir);
   void export_hf(const std::string& dir);
   void write_sample();
 
@@ -125,6 +134,8 @@ class Trainer {
   TrainData data_;  // loaders and the tokenizer of a text dataset
 
   std::shared_ptr<dist::ProcessGroup> ep_group_;  // expert parallel group (null: none)
+  std::unique_ptr<LoraAdapters> lora_;            // declared before model_: the model points at them
+  std::unique_ptr<FrozenBf16Base> frozen_base_;
   std::unique_ptr<Qwen3Model> model_;
   bool bf16_ = false, stream_ = false;
   std::vector<Tensor> master_;  // bf16 with full buffers: the f32 master weights

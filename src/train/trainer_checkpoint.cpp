@@ -61,9 +61,14 @@ void Trainer::resume() {
   TITAN_CHECK(resume_, "resume: no checkpoint with training state was found in ", ckpt_folder_);
   const ckpt::Reader& reader = *resume_;
   check_resumable(reader, mc_, cfg_, plan_.global_batch);
+  const bool saved_lora = reader.meta().value("lora", false);
+  TITAN_CHECK(saved_lora == (lora_ != nullptr), "checkpoint ", reader.dir(), ": ",
+              saved_lora ? "holds LoRA adapters; set lora.enable = true to resume it"
+                         : "holds a full fine-tune; it cannot resume a LoRA run (lora.enable = true)");
   if (lead_)
     std::printf("checkpoint: resuming from %s (step %lld)\n", resume_dir_.c_str(), (long long)reader.step());
-  std::vector<ckpt::Slice> wanted = training_slices(*model_, *dp_, *optimizer_, /*for_save=*/false);
+  std::vector<ckpt::Slice> wanted =
+      lora_ ? lora_slices(false) : training_slices(*model_, *dp_, *optimizer_, /*for_save=*/false);
   reader.read(wanted, lead_);
   optimizer_->set_step_count(reader.meta()["optimizer"].at("step").get<int64_t>());
   dp_->after_optimizer_step();  // FSDP/HSDP: the loaded shards into the full parameter buffers
@@ -76,10 +81,13 @@ std::string Trainer::save(int64_t step, bool hf_export) {
   ckpt::SaveRequest req;
   req.folder = ckpt_folder_;
   req.step = step;
-  req.slices = training_slices(*model_, *dp_, *optimizer_, /*for_save=*/true);
+  req.slices = lora_ ? lora_slices(true) : training_slices(*model_, *dp_, *optimizer_, /*for_save=*/true);
   if (lead_) {
     req.meta = training_metadata(*model_, cfg_, *optimizer_, data_.train->state(), *dp_, plan_.global_batch);
+    if (lora_) req.meta["lora"] = true;
     if (hf_export) req.extra_files = [this](const std::string& dir) { export_hf(dir); };
+    // LoRA: every checkpoint directory is also a PEFT adapter directory.
+    if (lora_ && !hf_export) req.extra_files = [this](const std::string& dir) { export_lora(dir); };
   }
   const std::string dir = ckpt::save(*pg_, req);
   if (lead_) ckpt::prune(ckpt_folder_, cfg_.checkpoint.keep_latest_k);

@@ -20,7 +20,8 @@ namespace fs = std::filesystem;
 void Trainer::gather_final_model() {
   if (finished_model_) return;
   finished_model_ = true;
-  if (model_->param_streamer()) model_->set_param_streamer(nullptr);
+  // LoRA keeps its frozen base where it is (a bf16 base is never expanded to f32 in full).
+  if (model_->param_streamer() && !lora_) model_->set_param_streamer(nullptr);
   if (ep_group_ && (cfg_.checkpoint.last_save_in_hf || cfg_.training.sample_tokens > 0)) {
     NamedTensors all = model_->gathered_state_dict();  // collective over the expert group
     if (lead_) {
@@ -34,6 +35,7 @@ void Trainer::gather_final_model() {
 
 // HF export (rank 0): config.json + safetensors (+ tokenizer.json) into `dir`.
 void Trainer::export_hf(const std::string& dir) {
+  if (lora_) return export_lora(dir);  // the adapters in PEFT format (merge: titan convert --merge-lora)
   export_model_->save_hf(dir, cfg_.checkpoint.export_dtype == "bfloat16" ? DType::BF16 : DType::F32);
   const std::string& tok = data_.tokenizer_path;
   if (tok.empty()) return;
@@ -49,7 +51,9 @@ void Trainer::finish() {
     ckpt::publish_directory(final_dir.string(), [this](const std::string& dir) { export_hf(dir); });
     result_.export_dir = final_dir.string();
   }
-  if (!result_.export_dir.empty()) std::printf("saved HF checkpoint: %s\n", result_.export_dir.c_str());
+  if (!result_.export_dir.empty())
+    std::printf("saved %s: %s\n", lora_ ? "LoRA adapter (PEFT format)" : "HF checkpoint",
+                result_.export_dir.c_str());
   const std::string svg = (fs::path(cfg_.job.dump_folder) / "loss.svg").string();
   std::vector<std::pair<int64_t, double>> val;  // at the index of their step in result_.losses
   for (auto& [step, loss] : result_.val_losses) val.emplace_back(step - first_step_, loss);

@@ -10,6 +10,7 @@
 #include "dist/expert_parallel.h"
 #include "io/hf_checkpoint.h"
 #include "kernels/registry.h"
+#include "models/qwen3/lora.h"
 #include "models/qwen3/moe_router.h"
 
 namespace titan {
@@ -85,10 +86,12 @@ void Qwen3Model::drop_bf16_image(int g) {
   if (g >= static_cast<int>(bf16_image_base_.size()) || !bf16_image_base_[g]) return;
   unregister_bf16_image(bf16_image_base_[g]);
   bf16_image_base_[g] = nullptr;
+  // A streamed frozen base (LoRA) keeps no image between uses: it would duplicate the base's bf16 storage.
+  if (streamer_ && frozen_) std::vector<uint16_t>().swap(bf16_image_[g]);
 }
 
 Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
-                       dist::ProcessGroup* expert_group)
+                       dist::ProcessGroup* expert_group, bool allocate)
     : config_(config) {
   config_.validate("model config");
   local_experts_ = config_.num_experts;
@@ -238,17 +241,32 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
       total += shape_numel(e.shape);
     }
     group_numel_.push_back(total);
-    flat_params_.push_back(Tensor::zeros({total}));
-    flat_grads_.push_back(Tensor::zeros({total}));
+    flat_params_.push_back(allocate ? Tensor::zeros({total}) : Tensor());
+    flat_grads_.push_back(allocate ? Tensor::zeros({total}) : Tensor());
   }
+  if (!allocate) return;
   make_param_views();
   init_weights(0);
+}
+
+bool Qwen3Model::frozen_scratch_grads(int g) const {
+  return g >= 1 && g <= config_.num_hidden_layers && config_.is_moe_layer(g - 1);
+}
+
+void Qwen3Model::set_lora(LoraAdapters* lora) {
+  lora_ = lora;
+  if (!lora || frozen_) return;
+  frozen_ = true;
+  // Base gradients are never computed from now on: drop their buffers (sparse layers keep a scratch one).
+  for (int g = 0; g < num_groups(); ++g)
+    if (!frozen_scratch_grads(g)) flat_grads_[g] = Tensor();
+  for (auto& p : params_) p.grad = Tensor();
 }
 
 void Qwen3Model::make_param_views() {
   for (auto& p : params_) {
     p.value = flat_params_[p.group].view_at(p.offset, p.shape);
-    p.grad = flat_grads_[p.group].view_at(p.offset, p.shape);
+    p.grad = flat_grads_[p.group].defined() ? flat_grads_[p.group].view_at(p.offset, p.shape) : Tensor();
   }
 }
 
@@ -270,7 +288,7 @@ void Qwen3Model::set_param_streamer(ParamStreamer* streamer) {
     flat_params_[g] = from->gather_params(g).clone();
     from->release_params(g);
     if (bf16_) round_bf16(flat_params_[g].f32(), flat_params_[g].numel());
-    flat_grads_[g] = Tensor::zeros({group_numel_[g]});
+    flat_grads_[g] = frozen_ && !frozen_scratch_grads(g) ? Tensor() : Tensor::zeros({group_numel_[g]});
   }
   make_param_views();
 }
@@ -293,11 +311,20 @@ void Qwen3Model::release_params(int g) {
 // Idempotent: the head's buffers are acquired by forward() (which takes the lm_head gradient) and again
 // by backward().
 void Qwen3Model::acquire_grads(int g) {
+  if (frozen_) {  // only sparse layers need a buffer (scratch for the expert kernels)
+    if (streamer_ && frozen_scratch_grads(g) && !flat_grads_[g].defined())
+      flat_grads_[g] = Tensor::zeros({group_numel_[g]});
+    return;
+  }
   if (streamer_ && !flat_grads_[g].defined()) flat_grads_[g] = streamer_->grad_buffer(g);
 }
 
 void Qwen3Model::finish_grads(int g) {
   if (!streamer_) return;
+  if (frozen_) {
+    flat_grads_[g] = Tensor();
+    return;
+  }
   flat_grads_[g] = Tensor();
   streamer_->reduce_grads(g);
 }
@@ -550,11 +577,13 @@ void Qwen3Model::update_expert_bias() {
 }
 
 void Qwen3Model::zero_grad() {
+  if (lora_) lora_->zero_grad();
   if (streamer_) {
     streamer_->zero_grads();
     return;
   }
-  for (auto& g : flat_grads_) g.zero_();
+  for (auto& g : flat_grads_)
+    if (g.defined()) g.zero_();
   head_grad_zeroed_ = layer_grads_zeroed_ = true;
 }
 

@@ -36,6 +36,8 @@
 
 namespace titan {
 
+class LoraAdapters;
+
 namespace dist {
 class ProcessGroup;
 class AllToAllExchange;
@@ -95,8 +97,10 @@ class ParamStreamer {
 class Qwen3Model {
  public:
   // expert_group: expert parallel over these ranks (nullptr or a group of one: every expert here).
+  // allocate = false: no parameter or gradient buffers and no init; the caller hands the parameters to a
+  // ParamStreamer at once (e.g. FrozenBf16Base, models/qwen3/lora.h).
   explicit Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels = {},
-                      dist::ProcessGroup* expert_group = nullptr);
+                      dist::ProcessGroup* expert_group = nullptr, bool allocate = true);
   ~Qwen3Model();
 
   const Qwen3Config& config() const { return config_; }
@@ -148,6 +152,12 @@ class Qwen3Model {
   void set_head_chunk_rows(int64_t rows);
   int64_t head_rows() const { return head_rows_; }
   static constexpr int64_t kHeadChunkBytes = int64_t(512) << 20;
+  // LoRA (models/qwen3/lora.h): the adapters' forward/backward run inside the layers, and the base is frozen:
+  // no base gradient is computed or kept (the gradient buffers of dense groups are dropped; sparse layers
+  // keep one as scratch for the expert kernels). nullptr detaches the adapters (the base stays frozen).
+  void set_lora(LoraAdapters* lora);
+  LoraAdapters* lora() const { return lora_; }
+  bool frozen_base() const { return frozen_; }
   // Bytes of activations currently planned (for memory reports).
   int64_t activation_bytes() const;
 
@@ -278,6 +288,9 @@ class Qwen3Model {
   bool head_grad_zeroed_ = false, layer_grads_zeroed_ = false;
   bool bf16_ = false;
   bool ac_ = false;
+  LoraAdapters* lora_ = nullptr;
+  bool frozen_ = false;
+  bool frozen_scratch_grads(int g) const;  // frozen: group g still needs a (scratch) gradient buffer
   int64_t rope_T_ = 0;
   int64_t head_chunk_rows_ = 0, head_rows_ = 0;  // requested (0 = automatic) and planned head chunk rows
   // MoE state and scratch.

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "dist/expert_parallel.h"
+#include "models/qwen3/lora.h"
 #include "models/qwen3/model.h"
 #include "models/qwen3/moe_router.h"
 
@@ -26,6 +27,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
                 " is outside the vocabulary [0, ", V, ")");
   plan_activations(B, T);
   build_rope_tables(T);
+  if (lora_) lora_->begin_forward(opts.compute_grad);
   // bf16 GEMMs: the weights converted once here (they may have changed since the last forward); streamed
   // groups are converted when gathered.
   if (bf16_ && matmul_ == &matmul_bf16_ && !streamer_)
@@ -72,7 +74,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   if (opts.compute_grad) {
     acquire_grads(group_head);
     if (c.tie_word_embeddings) acquire_grads(0);
-    dlm_head = c.tie_word_embeddings ? flat_grads_[0].f32() : flat_grads_[group_head].f32() + H;
+    if (!frozen_) dlm_head = c.tie_word_embeddings ? flat_grads_[0].f32() : flat_grads_[group_head].f32() + H;
   }
   rmsnorm_->forward(lnf_.f32(), rstdf_.f32(), final_resid_.f32(), norm_w, N, H, eps);
   bf16(lnf_.f32(), N * H);
@@ -148,6 +150,11 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   matmul_->forward(a.q_raw, a.ln1, w.wq, N, H, c.q_dim());
   matmul_->forward(a.k_raw, a.ln1, w.wk, N, H, c.kv_dim());
   matmul_->forward(a.v, a.ln1, w.wv, N, H, c.kv_dim());
+  if (lora_) {
+    lora_->forward(l, LoraProj::Q, a.ln1, N, a.q_raw, c.q_dim());
+    lora_->forward(l, LoraProj::K, a.ln1, N, a.k_raw, c.kv_dim());
+    lora_->forward(l, LoraProj::V, a.ln1, N, a.v, c.kv_dim());
+  }
   bf16(a.ln1, N * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim()), bf16(a.v, N * c.kv_dim());
   // q_norm / k_norm per head (before RoPE); qr/kr hold the normed values, then rotate in place.
   rmsnorm_->forward(a.qr, a.q_rstd, a.q_raw, w.q_norm, N * nH, hd, eps);
@@ -163,6 +170,7 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   bf16(a.att, N * c.q_dim());
   // resid_mid = resid_in + att @ wo^T
   matmul_->forward(a.resid_mid, a.att, w.wo, N, c.q_dim(), H);
+  if (lora_) lora_->forward(l, LoraProj::O, a.att, N, a.resid_mid, H);
   float* rm = a.resid_mid;
   const float* ri = a.resid_in;
 #pragma omp parallel for simd schedule(static)
@@ -174,10 +182,15 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
     moe_forward_layer(l, out, count_tokens, accumulate_stats);
   } else {
     matmul_->forward(a.gu, a.ln2, w.wgu, N, H, 2 * I);
+    if (lora_) {  // gate rows [0,I), up rows [I,2I) of the fused output
+      lora_->forward(l, LoraProj::Gate, a.ln2, N, a.gu, 2 * I);
+      lora_->forward(l, LoraProj::Up, a.ln2, N, a.gu + I, 2 * I);
+    }
     bf16(a.ln2, N * H), bf16(a.gu, N * 2 * I);
     swiglu_->forward(a.act, a.gu, N, I);
     bf16(a.act, N * I);
     matmul_->forward(out, a.act, w.wdown, N, I, H);
+    if (lora_) lora_->forward(l, LoraProj::Down, a.act, N, out, H);
   }
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N * H; ++i) out[i] += rm[i];
@@ -197,7 +210,8 @@ void Qwen3Model::backward() {
   acquire_grads(group_head);
   if (c.tie_word_embeddings) acquire_grads(0);
   const float* norm_w = flat_params_[group_head].f32();
-  float* dnorm_w = flat_grads_[group_head].f32();
+  // Frozen base (LoRA): no base gradients; null weight-gradient pointers make the kernels skip them.
+  float* dnorm_w = flat_grads_[group_head].defined() ? flat_grads_[group_head].f32() : nullptr;
   const float* cos = rope_cos_.f32();
   const float* sin = rope_sin_.f32();
 
@@ -220,7 +234,8 @@ void Qwen3Model::backward() {
     if (ac_) forward_layer(l, dln, false, false);
     LayerActs& a = layer_acts_[l];
     LayerView w = layer_view(l);
-    LayerView g = layer_view(l, flat_grads_[l + 1].f32());
+    LayerView g{};
+    if (flat_grads_[l + 1].defined()) g = layer_view(l, flat_grads_[l + 1].f32());
     if (w.router) {
       moe_backward_layer(l, dresid, aux_scale_, acc_dw);  // MoE branch, into dln
     } else {
@@ -229,16 +244,22 @@ void Qwen3Model::backward() {
       float* dgu = dgu_.f32();
       std::memset(dact, 0, N * I * sizeof(float));
       matmul_->backward(dact, g.wdown, dresid, a.act, w.wdown, N, I, H, acc_dw);
+      if (lora_) lora_->backward(l, LoraProj::Down, a.act, dresid, H, dact, N);
       std::memset(dgu, 0, N * 2 * I * sizeof(float));
       swiglu_->backward(dgu, dact, a.gu, N, I);
       std::memset(dln, 0, N * H * sizeof(float));
       matmul_->backward(dln, g.wgu, dgu, a.ln2, w.wgu, N, H, 2 * I, acc_dw);
+      if (lora_) {
+        lora_->backward(l, LoraProj::Gate, a.ln2, dgu, 2 * I, dln, N);
+        lora_->backward(l, LoraProj::Up, a.ln2, dgu + I, 2 * I, dln, N);
+      }
     }
     rmsnorm_->backward(dresid, g.post_norm, dln, a.resid_mid, w.post_norm, a.rstd2, N, H);
     // Attention branch: resid_mid = resid_in + o(attn(rope(norm(q,k)), v))
     float* datt = datt_.f32();
     std::memset(datt, 0, N * c.q_dim() * sizeof(float));
     matmul_->backward(datt, g.wo, dresid, a.att, w.wo, N, c.q_dim(), H, acc_dw);
+    if (lora_) lora_->backward(l, LoraProj::O, a.att, dresid, H, datt, N);
     float *dqr = dqr_.f32(), *dkr = dkr_.f32(), *dq = dq_.f32(), *dk = dk_.f32(), *dv = dv_.f32();
     std::memset(dqr, 0, N * c.q_dim() * sizeof(float));
     std::memset(dkr, 0, N * c.kv_dim() * sizeof(float));
@@ -261,12 +282,17 @@ void Qwen3Model::backward() {
     matmul_->backward(dln, g.wq, dqr, a.ln1, w.wq, N, H, c.q_dim(), acc_dw);
     matmul_->backward(dln, g.wk, dkr, a.ln1, w.wk, N, H, c.kv_dim(), acc_dw);
     matmul_->backward(dln, g.wv, dv, a.ln1, w.wv, N, H, c.kv_dim(), acc_dw);
+    if (lora_) {
+      lora_->backward(l, LoraProj::Q, a.ln1, dqr, c.q_dim(), dln, N);
+      lora_->backward(l, LoraProj::K, a.ln1, dkr, c.kv_dim(), dln, N);
+      lora_->backward(l, LoraProj::V, a.ln1, dv, c.kv_dim(), dln, N);
+    }
     rmsnorm_->backward(dresid, g.input_norm, dln, a.resid_in, w.input_norm, a.rstd1, N, H);
     finish_grads(static_cast<int>(l) + 1);
     release_params(static_cast<int>(l) + 1);
   }
   if (!c.tie_word_embeddings) acquire_grads(0);
-  embedding_->backward(flat_grads_[0].f32(), dresid, ids_.data<int32_t>(), N, H, V);
+  if (!frozen_) embedding_->backward(flat_grads_[0].f32(), dresid, ids_.data<int32_t>(), N, H, V);
   finish_grads(0);
 }
 
@@ -317,7 +343,8 @@ void Qwen3Model::moe_backward_layer(int64_t l, float* dresid, float aux_scale, b
                 Im = c.moe_intermediate_size;
   LayerActs& a = layer_acts_[l];
   LayerView w = layer_view(l);
-  LayerView g = layer_view(l, flat_grads_[l + 1].f32());
+  LayerView g = layer_view(l, flat_grads_[l + 1].f32());  // frozen base: a scratch buffer
+  if (frozen_) g.router = nullptr;
   float* dln = dln_.f32();
   float* dtw = dtopk_w_.f32();
   std::memset(dln, 0, N * H * sizeof(float));

@@ -1,0 +1,293 @@
+// LoRA adapters: layout, forward/backward hooks (called inside Qwen3Model's layers), frozen bf16 base.
+// PEFT file I/O and merging are in lora_io.cpp.
+#include "models/qwen3/lora.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "io/hf_checkpoint.h"
+
+namespace titan {
+
+const char* lora_proj_name(LoraProj p) {
+  static const char* names[kLoraProjs] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                          "gate_proj", "up_proj", "down_proj"};
+  return names[static_cast<int>(p)];
+}
+
+void LoraConfig::validate(const std::string& where) const {
+  TITAN_CHECK(rank > 0, where, ": rank must be > 0, got ", rank);
+  TITAN_CHECK(alpha > 0, where, ": alpha must be > 0, got ", alpha);
+  TITAN_CHECK(dropout >= 0 && dropout < 1, where, ": dropout must be in [0, 1), got ", dropout);
+  TITAN_CHECK(!target_modules.empty(), where, ": target_modules is empty");
+  for (auto& t : target_modules) {
+    bool known = t == "all-linear";
+    for (int p = 0; p < kLoraProjs; ++p) known |= t == lora_proj_name(static_cast<LoraProj>(p));
+    TITAN_CHECK(known, where, ": target_modules has '", t,
+                "'; supported: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, all-linear");
+  }
+}
+
+namespace {
+bool targets(const LoraConfig& c, LoraProj p) {
+  for (auto& t : c.target_modules)
+    if (t == "all-linear" || t == lora_proj_name(p)) return true;
+  return false;
+}
+
+// PEFT's saved key of one adapter tensor (the adapter name "default" is not part of the file's keys).
+std::string peft_key(int64_t layer, LoraProj p, const char* ab) {
+  const int pi = static_cast<int>(p);
+  const std::string block = pi <= static_cast<int>(LoraProj::O) ? "self_attn." : "mlp.";
+  return "base_model.model.model.layers." + std::to_string(layer) + "." + block + lora_proj_name(p) + "." +
+         ab + ".weight";
+}
+
+// Deterministic uniform in [0,1) from a counter (splitmix64): dropout masks that a recompute redraws.
+inline float hash_uniform(uint64_t key) {
+  uint64_t z = key + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * 0x1.0p-24f;
+}
+}  // namespace
+
+namespace {
+struct Adapted {
+  int64_t layer;
+  LoraProj proj;
+  int64_t in, out;
+};
+// Every adapted projection (layer, projection, in, out features), in layer then projection order.
+std::vector<Adapted> adapted_projections(const Qwen3Config& c, const LoraConfig& cfg) {
+  std::vector<Adapted> out;
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    for (int pi = 0; pi < kLoraProjs; ++pi) {
+      const LoraProj p = static_cast<LoraProj>(pi);
+      if (!targets(cfg, p)) continue;
+      // Sparse layers: the routed experts are not nn.Linear modules in HF (fused); no adapter there.
+      if (pi >= static_cast<int>(LoraProj::Gate) && c.is_moe_layer(l)) continue;
+      const bool attn_out = p == LoraProj::O, down = p == LoraProj::Down;
+      const int64_t in = attn_out ? c.q_dim() : down ? I : H;
+      const int64_t o = p == LoraProj::Q                           ? c.q_dim()
+                        : p == LoraProj::K || p == LoraProj::V     ? c.kv_dim()
+                        : p == LoraProj::Gate || p == LoraProj::Up ? I
+                                                                   : H;
+      out.push_back({l, p, in, o});
+    }
+  return out;
+}
+}  // namespace
+
+int64_t lora_num_params(const Qwen3Config& model, const LoraConfig& lora) {
+  int64_t n = 0;
+  for (auto& a : adapted_projections(model, lora)) n += lora.rank * (a.in + a.out);
+  return n;
+}
+
+LoraAdapters::LoraAdapters(const Qwen3Config& model, const LoraConfig& lora) : model_(model), cfg_(lora) {
+  cfg_.validate("[lora]");
+  const int64_t r = cfg_.rank;
+  slot_of_.assign(model_.num_hidden_layers * kLoraProjs, -1);
+  int64_t total = 0;
+  for (auto& a : adapted_projections(model_, cfg_)) {
+    Slot s{a.layer, a.proj, a.in, a.out, total, total + r * a.in, {}};
+    total += r * a.in + a.out * r;
+    slot_of_[a.layer * kLoraProjs + static_cast<int>(a.proj)] = static_cast<int>(slots_.size());
+    slots_.push_back(std::move(s));
+  }
+  TITAN_CHECK(!slots_.empty(), "[lora]: target_modules match no projection of this model");
+  flat_params_ = {Tensor::zeros({total})};
+  flat_grads_ = {Tensor::zeros({total})};
+  for (auto& s : slots_) {
+    for (int ab = 0; ab < 2; ++ab) {
+      Param p;
+      p.name = peft_key(s.layer, s.proj, ab == 0 ? "lora_A" : "lora_B");
+      p.group = 0;
+      p.offset = ab == 0 ? s.a_off : s.b_off;
+      p.shape = ab == 0 ? Shape{r, s.in} : Shape{s.out, r};
+      p.value = flat_params_[0].view_at(p.offset, p.shape);
+      p.grad = flat_grads_[0].view_at(p.offset, p.shape);
+      params_.push_back(std::move(p));
+    }
+  }
+  init(cfg_.seed);
+}
+
+void LoraAdapters::init(uint64_t seed) {
+  // PEFT: kaiming_uniform_(A, a=sqrt(5)): bound = gain * sqrt(3 / fan_in), gain = sqrt(2 / (1 + 5)),
+  // i.e. U(-1/sqrt(in), 1/sqrt(in)); B = 0 so the adapted model starts equal to the base.
+  std::mt19937_64 rng(seed);
+  float* w = flat_params_[0].f32();
+  for (auto& s : slots_) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(s.in));
+    for (int64_t i = 0; i < cfg_.rank * s.in; ++i)
+      w[s.a_off + i] = static_cast<float>(((rng() >> 11) * 0x1.0p-53 * 2.0 - 1.0) * bound);
+    std::fill(w + s.b_off, w + s.b_off + s.out * cfg_.rank, 0.0f);
+  }
+}
+
+const float* LoraAdapters::dropped(const Slot& s, const float* x, int64_t N) {
+  if (!training_ || cfg_.dropout <= 0) return x;
+  const int64_t n = N * s.in;
+  if (static_cast<int64_t>(xdrop_.size()) < n) xdrop_.resize(n);
+  const float p = static_cast<float>(cfg_.dropout), keep = 1.0f / (1.0f - p);
+  // One key space per (seed, pass, slot): the recompute under activation checkpointing draws the same mask.
+  const uint64_t base =
+      (cfg_.seed * 0x100000001b3ull) ^ (pass_ << 40) ^ (static_cast<uint64_t>(slot(s.layer, s.proj)) << 52);
+  float* d = xdrop_.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) d[i] = hash_uniform(base + i) >= p ? x[i] * keep : 0.0f;
+  return d;
+}
+
+void LoraAdapters::forward(int64_t layer, LoraProj p, const float* x, int64_t N, float* y, int64_t ldy) {
+  const int si = slot(layer, p);
+  if (si < 0) return;
+  Slot& s = slots_[si];
+  const int64_t r = cfg_.rank;
+  const float* A = flat_params_[0].f32() + s.a_off;  // (r,in)
+  const float* B = flat_params_[0].f32() + s.b_off;  // (out,r)
+  const float* xd = dropped(s, x, N);
+  s.u.resize(N * r);
+  // u (N,r) = xd (N,in) A^T;  y (N,out) += scale * u B^T
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, r, s.in, 1.0f, xd, s.in, A, s.in, 0.0f, s.u.data(),
+              r);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, s.out, r, cfg_.scale(), s.u.data(), r, B, r, 1.0f,
+              y, ldy);
+}
+
+void LoraAdapters::backward(int64_t layer, LoraProj p, const float* x, const float* dy, int64_t ldy,
+                            float* dx, int64_t N) {
+  const int si = slot(layer, p);
+  if (si < 0) return;
+  Slot& s = slots_[si];
+  TITAN_CHECK(static_cast<int64_t>(s.u.size()) == N * cfg_.rank, "LoRA backward without its forward");
+  const int64_t r = cfg_.rank;
+  const float sc = cfg_.scale();
+  const float* A = flat_params_[0].f32() + s.a_off;
+  const float* B = flat_params_[0].f32() + s.b_off;
+  float* dA = flat_grads_[0].f32() + s.a_off;
+  float* dB = flat_grads_[0].f32() + s.b_off;
+  if (static_cast<int64_t>(du_.size()) < N * r) du_.resize(N * r);
+  float* du = du_.data();
+  // dB (out,r) += scale dy^T u;  du (N,r) = scale dy B
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s.out, r, N, sc, dy, ldy, s.u.data(), r, 1.0f, dB, r);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, r, s.out, sc, dy, ldy, B, r, 0.0f, du, r);
+  // dA (r,in) += du^T xd
+  const float* xd = dropped(s, x, N);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, s.in, N, 1.0f, du, r, xd, s.in, 1.0f, dA, s.in);
+  if (xd == x) {  // dx (N,in) += du A
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, s.in, r, 1.0f, du, r, A, s.in, 1.0f, dx, s.in);
+    return;
+  }
+  // Dropout: dx += mask / (1-p) * (du A), the mask redrawn from its key.
+  const int64_t n = N * s.in;
+  std::vector<float> g(n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, s.in, r, 1.0f, du, r, A, s.in, 0.0f, g.data(),
+              s.in);
+  const float pd = static_cast<float>(cfg_.dropout), keep = 1.0f / (1.0f - pd);
+  const uint64_t base = (cfg_.seed * 0x100000001b3ull) ^ (pass_ << 40) ^ (static_cast<uint64_t>(si) << 52);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    if (hash_uniform(base + i) >= pd) dx[i] += g[i] * keep;
+}
+
+// ---- frozen bf16 base ----
+
+FrozenBf16Base::FrozenBf16Base(Qwen3Model& model, const std::string& hf_dir, uint64_t seed) : model_(model) {
+  const auto& params = model.params();
+  std::unique_ptr<HFCheckpointReader> ckpt;
+  if (!hf_dir.empty()) {
+    ckpt = std::make_unique<HFCheckpointReader>(hf_dir);
+    for (auto& p : params)
+      TITAN_CHECK(ckpt->contains(p.name), hf_dir, ": checkpoint has no tensor '", p.name,
+                  "' (a bf16 frozen base reads per-expert MoE checkpoints only; set [lora] bf16_base = false"
+                  " for fused-expert files)");
+  }
+  groups_.resize(model.num_groups());
+  const double std = model.config().initializer_range;
+  for (int g = 0; g < model.num_groups(); ++g) {
+    Tensor tmp = Tensor::empty({model.group_numel(g)});
+    std::mt19937_64 rng(seed * 1000003 + g);
+    for (auto& p : params) {
+      if (p.group != g) continue;
+      Tensor view = tmp.view_at(p.offset, p.shape);
+      if (ckpt) {
+        ckpt->read_into(p.name, view);
+        continue;
+      }
+      float* w = view.f32();
+      const int64_t n = view.numel();
+      if (p.shape.size() == 1) {
+        std::fill(w, w + n, 1.0f);
+        continue;
+      }
+      std::normal_distribution<float> normal(0.0f, static_cast<float>(std));
+      for (int64_t i = 0; i < n; ++i) w[i] = normal(rng);
+    }
+    auto& dst = groups_[g];
+    dst.resize(static_cast<size_t>(tmp.numel()));
+    const float* src = tmp.f32();
+    const int64_t n = tmp.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  }
+  model.set_param_streamer(this);
+}
+
+// The model keeps pointing at this streamer; it must not run (or be un-streamed) after this dies.
+FrozenBf16Base::~FrozenBf16Base() = default;
+
+Tensor FrozenBf16Base::gather_params(int group) {
+  const auto& src = groups_[group];
+  const int64_t n = static_cast<int64_t>(src.size());
+  if (live_.size() < groups_.size()) live_.resize(groups_.size());
+  TITAN_CHECK(!live_[group].t.defined(), "frozen bf16 base: group ", group, " gathered twice");
+  // A free buffer that still holds this group, else one of the same size, else a new one.
+  auto pick = [&]() -> Buffer {
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t i = 0; i < free_.size(); ++i)
+        if (free_[i].t.numel() == n && (pass == 1 || free_[i].group == group)) {
+          Buffer b = free_[i];
+          free_.erase(free_.begin() + static_cast<long>(i));
+          return b;
+        }
+    return Buffer{Tensor::empty({n}), -1};
+  };
+  Buffer b = pick();
+  if (b.group != group) {
+    float* d = b.t.f32();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(src[i]);
+    b.group = group;
+  }
+  live_[group] = b;
+  return b.t;
+}
+
+void FrozenBf16Base::release_params(int group) {
+  if (group >= static_cast<int>(live_.size()) || !live_[group].t.defined()) return;
+  free_.push_back(live_[group]);
+  live_[group] = Buffer{};
+}
+
+Tensor FrozenBf16Base::grad_buffer(int group) {
+  fail("frozen bf16 base: group ", group, " has no gradient (the model must be frozen with set_lora first)");
+}
+
+int64_t FrozenBf16Base::bytes() const {
+  int64_t n = 0;
+  for (auto& g : groups_) n += static_cast<int64_t>(g.size()) * 2;
+  return n;
+}
+
+}  // namespace titan

@@ -1,0 +1,160 @@
+// LoRA adapters for Qwen3 (HF PEFT semantics): y = x W^T + (alpha / r) * dropout(x) A^T B^T on the chosen
+// projections of every decoder layer, with the base weights W frozen.
+//
+//   A (r, in) ~ kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)) (PEFT's init), B (out, r) = 0.
+//
+// Usage (training):
+//   Qwen3Model model(cfg);  model.load_hf(dir);
+//   LoraAdapters lora(cfg, lora_cfg);  lora.init(seed);        // or lora.load_peft(adapter_dir)
+//   model.set_lora(&lora);                                      // freezes the base: no base gradients
+//   AdamW opt(lora.flat_params(), lora.flat_grads(), ...);      // optimizer state for adapters only
+//   ... model.forward(...); model.backward(); opt.step(lr) ...
+//   lora.save_peft(out_dir);                                    // adapter_config.json +
+//   adapter_model.safetensors
+//
+// Frozen base storage: f32 (the model's own buffers; the golden path against PEFT's fp32 model) or bf16
+// (FrozenBf16Base below: 2 bytes per base parameter, each layer up-converted to f32 while it runs; the
+// default for training memory).
+//
+// MoE: adapters go on the attention projections of every layer and on the MLP projections of dense layers
+// (mlp_only_layers / decoder_sparse_step); routed experts (fused in transformers v5, not nn.Linear) get none.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/safetensors.h"
+#include "models/qwen3/config.h"
+#include "models/qwen3/model.h"
+
+namespace titan {
+
+struct LoraConfig {
+  bool enable = false;
+  int64_t rank = 16;
+  double alpha = 32;
+  double dropout = 0;
+  // PEFT module names; "all-linear" expands to every projection below.
+  std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"};
+  bool bf16_base = true;  // frozen base stored as bf16 (training); false: f32 (goldens)
+  uint64_t seed = 0;      // adapter init and dropout masks
+
+  float scale() const { return static_cast<float>(alpha / static_cast<double>(rank)); }
+  void validate(const std::string& where) const;
+  // adapter_config.json as PEFT writes it (peft_type LORA, task_type CAUSAL_LM).
+  nlohmann::ordered_json to_peft_json(const std::string& base_model) const;
+  // Reads r, lora_alpha, lora_dropout, target_modules from a PEFT adapter_config.json; rejects what this
+  // implementation does not do (use_rslora, use_dora, fan_in_fan_out, bias != none, rank_pattern, ...).
+  static LoraConfig from_peft_file(const std::string& path);
+};
+
+// The seven projections of a decoder layer, in PEFT's module names.
+enum class LoraProj : int { Q = 0, K, V, O, Gate, Up, Down };
+constexpr int kLoraProjs = 7;
+const char* lora_proj_name(LoraProj p);  // "q_proj", ...
+
+// Number of adapter parameters (A and B of every adapted projection) for a model and LoRA config, without
+// allocating anything (planning).
+int64_t lora_num_params(const Qwen3Config& model, const LoraConfig& lora);
+
+class LoraAdapters {
+ public:
+  LoraAdapters(const Qwen3Config& model, const LoraConfig& lora);
+
+  const LoraConfig& config() const { return cfg_; }
+  // Every adapter tensor, named as PEFT saves it
+  // (base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight), as views into one flat parameter buffer
+  // and one flat gradient buffer (group 0).
+  std::vector<Param>& params() { return params_; }
+  const std::vector<Param>& params() const { return params_; }
+  std::vector<Tensor>& flat_params() { return flat_params_; }
+  std::vector<Tensor>& flat_grads() { return flat_grads_; }
+  int64_t num_params() const { return flat_params_[0].numel(); }
+  bool has(int64_t layer, LoraProj p) const { return slot(layer, p) >= 0; }
+
+  // A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0 (deterministic by seed).
+  void init(uint64_t seed);
+  void zero_grad() { flat_grads_[0].zero_(); }
+
+  // PEFT format: adapter_config.json + adapter_model.safetensors (f32). Files appear complete or not at all.
+  void save_peft(const std::string& dir, const std::string& base_model = "") const;
+  // Loads the adapter tensors of a PEFT dir saved for this config (same r and targets); every tensor must be
+  // present with this model's shapes (errors name the file and the key).
+  void load_peft(const std::string& dir);
+
+  // ---- hooks called by Qwen3Model (N rows) ----
+  // Marks the start of a forward: training applies dropout (masks keyed by seed and pass number, so the
+  // activation-checkpointing recompute draws the same ones).
+  void begin_forward(bool training) {
+    training_ = training;
+    ++pass_;
+  }
+  // y (N,out; row stride ldy) += scale * dropout(x) A^T B^T, x (N,in). Saves u = dropout(x) A^T (N,r).
+  void forward(int64_t layer, LoraProj p, const float* x, int64_t N, float* y, int64_t ldy);
+  // dy (N,out; stride ldy): dB += scale dy^T u, du = scale dy B, dA += du^T dropout(x), dx (N,in) += mask(du
+  // A).
+  void backward(int64_t layer, LoraProj p, const float* x, const float* dy, int64_t ldy, float* dx,
+                int64_t N);
+
+ private:
+  struct Slot {
+    int64_t layer;
+    LoraProj proj;
+    int64_t in, out;
+    int64_t a_off, b_off;  // offsets of A (r,in) and B (out,r) in the flat buffers
+    std::vector<float> u;  // (N,r) saved for backward
+  };
+  int slot(int64_t layer, LoraProj p) const { return slot_of_[layer * kLoraProjs + static_cast<int>(p)]; }
+  // x with the slot's dropout mask applied (x itself when no dropout is active).
+  const float* dropped(const Slot& s, const float* x, int64_t N);
+
+  Qwen3Config model_;
+  LoraConfig cfg_;
+  std::vector<Slot> slots_;
+  std::vector<int> slot_of_;  // layer*7+proj -> index into slots_ (-1: none)
+  std::vector<Param> params_;
+  std::vector<Tensor> flat_params_, flat_grads_;
+  std::vector<float> xdrop_, du_;  // scratch
+  bool training_ = false;
+  uint64_t pass_ = 0;
+};
+
+// Adds (alpha / r) B A of the PEFT adapter in `adapter_dir` to the model's base weights in place (what PEFT's
+// merge_and_unload computes). Checks adapter_config.json and every tensor's shape against the model; errors
+// name the file and the key. The model must hold its parameters (not streamed). Used by
+// `titan convert --merge-lora`, `titan generate --lora` and `titan eval --lora`.
+void merge_lora_into(Qwen3Model& model, const std::string& adapter_dir);
+
+// Frozen base held in bf16: the model's parameters live here as bf16 (2 bytes each); each group is
+// up-converted to a temporary f32 buffer while the model runs it (a ParamStreamer). The model must be
+// built with Qwen3ModelOptions{.allocate = false} and set frozen (set_lora) — it never asks for gradients.
+class FrozenBf16Base : public ParamStreamer {
+ public:
+  // Reads the HF checkpoint in `hf_dir` group by group (dense models and per-expert MoE checkpoints), or
+  // draws HF's normal init (std initializer_range, norms = 1) per group when hf_dir is empty.
+  FrozenBf16Base(Qwen3Model& model, const std::string& hf_dir, uint64_t seed = 0);
+  ~FrozenBf16Base() override;
+  Tensor gather_params(int group) override;
+  void release_params(int group) override;
+  Tensor grad_buffer(int group) override;
+  void reduce_grads(int) override {}
+  void zero_grads() override {}
+  int64_t bytes() const;
+
+ private:
+  Qwen3Model& model_;
+  std::vector<std::vector<uint16_t>> groups_;
+  // f32 buffers handed out (per group) and given back: reused without page faults, and without
+  // re-converting when a buffer still holds the group asked for (the base never changes).
+  struct Buffer {
+    Tensor t;
+    int group = -1;
+  };
+  std::vector<Buffer> live_, free_;
+};
+
+}  // namespace titan

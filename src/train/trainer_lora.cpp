@@ -1,0 +1,109 @@
+// LoRA fine-tuning in the Trainer ([lora] enable = true): the base model is frozen (bf16 by default, 2 bytes
+// per parameter, or f32), the adapters are the only parameters the optimizer, the gradient reduction and
+// the checkpoints see. Data parallel (DDP or FSDP degrees) runs over the adapters: only their gradients
+// are reduced (FSDP shards the adapters' optimizer state); every rank holds the frozen base.
+#include <cstdio>
+
+#include "checkpoint/checkpoint.h"
+#include "core/error.h"
+#include "dist/data_parallel_plan.h"
+#include "dist/expert_parallel.h"
+#include "dist/runtime.h"
+#include "models/qwen3/lora.h"
+#include "models/qwen3/model.h"
+#include "optim/optimizer.h"
+#include "train/checkpointing.h"
+#include "train/plan_streamer.h"
+#include "train/trainer.h"
+
+namespace titan {
+
+void Trainer::build_lora_model() {
+  const auto& lc = cfg_.lora;
+  const auto& c = cfg_.checkpoint;
+  TITAN_CHECK(plan_.expert_parallel <= 1,
+              "lora.enable: expert parallel is not supported with LoRA (the experts "
+              "carry no adapters); set parallelism.expert_parallel_degree = 1");
+  const bool bf16_base = lc.base_dtype == "bfloat16";
+  TITAN_CHECK(
+      !bf16_base || c.initial_load_path.empty() || c.initial_load_in_hf,
+      "lora.base_dtype = \"bfloat16\" reads the base from an HF directory; checkpoint.initial_load_in_hf = "
+      "false needs lora.base_dtype = \"float32\"");
+  LoraConfig cfg;
+  cfg.enable = true;
+  cfg.rank = lc.rank;
+  cfg.alpha = lc.alpha;
+  cfg.dropout = lc.dropout;
+  cfg.target_modules = lc.target_modules;
+  cfg.bf16_base = bf16_base;
+  cfg.seed = cfg_.training.seed;
+  if (!lc.adapter_path.empty()) {  // the adapter's own r / alpha / targets
+    const LoraConfig file = LoraConfig::from_peft_file(lc.adapter_path + "/adapter_config.json");
+    cfg.rank = file.rank, cfg.alpha = file.alpha, cfg.target_modules = file.target_modules;
+  }
+  lora_ = std::make_unique<LoraAdapters>(mc_, cfg);
+  if (!lc.adapter_path.empty()) {
+    lora_->load_peft(lc.adapter_path);
+    if (lead_) std::printf("lora: adapters from %s\n", lc.adapter_path.c_str());
+  }
+  model_ = std::make_unique<Qwen3Model>(mc_, cfg_.kernels, nullptr, /*allocate=*/!bf16_base);
+  model_->set_lora(lora_.get());
+  model_->set_activation_checkpointing(cfg_.activation_checkpoint.mode == "full");
+  export_model_ = model_.get();
+  find_resume_checkpoint();  // a checkpoint of this run holds the adapters; the base is loaded below
+  if (!resume_dir_.empty()) {
+    auto reader = std::make_unique<ckpt::Reader>(resume_dir_);
+    if (has_training_state(*reader)) resume_ = std::move(reader);
+  }
+  const std::string hf = c.initial_load_in_hf ? c.initial_load_path : "";
+  if (lead_)
+    std::printf("lora: frozen base %s (%s)\n", hf.empty() ? "randomly initialised" : hf.c_str(),
+                bf16_base ? "bfloat16" : "float32");
+  if (bf16_base) {
+    frozen_base_ = std::make_unique<FrozenBf16Base>(*model_, hf, cfg_.training.seed);
+  } else {
+    model_->init_weights(cfg_.training.seed);
+    if (!hf.empty()) model_->load_hf(hf);
+    if (!c.initial_load_path.empty() && !c.initial_load_in_hf)
+      load_model_from_checkpoint(*model_, c.initial_load_path, lead_);
+  }
+  if (lead_)
+    std::printf("lora: rank %lld, alpha %g, dropout %g, %lld adapter parameters (%.4f%% of %lld)\n",
+                (long long)cfg.rank, cfg.alpha, cfg.dropout, (long long)lora_->num_params(),
+                100.0 * lora_->num_params() / model_->num_params(), (long long)model_->num_params());
+}
+
+void Trainer::build_lora_parallelism() {
+  bf16_ = cfg_.training.mixed_precision_param == "bfloat16";
+  if (bf16_) model_->set_bf16_compute(true);  // base GEMMs on bf16 operands; the adapters stay f32
+  std::vector<int64_t> no_experts = {lora_->num_params()};
+  dp_ = std::make_unique<dist::DataParallelPlan>(
+      *pg_, static_cast<int>(plan_.dp_replicate), static_cast<int>(plan_.dp_shard), lora_->flat_params(),
+      lora_->flat_grads(), int64_t(25) << 20, /*stream_params=*/false,
+      dist::ExpertParallelLayout{nullptr, no_experts});
+  streamer_ = std::make_unique<PlanStreamer>(*dp_);
+  dp_->broadcast_from(0);
+  if (lead_) {
+    std::printf("kernels:");
+    for (auto& [op, impl] : model_->kernel_names()) std::printf(" %s=%s", op.c_str(), impl.c_str());
+    std::printf("\n");
+    if (world_ > 1) std::printf("data parallel (LoRA adapters only): %s\n", dp_->describe().c_str());
+  }
+}
+
+// The adapters and their AdamW moments where dp puts them (full, or this rank's FSDP shard).
+std::vector<ckpt::Slice> Trainer::lora_slices(bool for_save) {
+  std::vector<ckpt::Slice> out;
+  if (for_save && !dp_->saves_state()) return out;
+  const int64_t n = lora_->num_params(), off = dp_->optimizer_offset(0), count = dp_->optimizer_count(0);
+  out.push_back({"lora/params", n, off, dp_->optimizer_params()[0].view_at(0, {count})});
+  out.push_back({"lora/exp_avg", n, off, optimizer_->exp_avg()[0].view_at(0, {count})});
+  out.push_back({"lora/exp_avg_sq", n, off, optimizer_->exp_avg_sq()[0].view_at(0, {count})});
+  return out;
+}
+
+void Trainer::export_lora(const std::string& dir) {
+  lora_->save_peft(dir, cfg_.checkpoint.initial_load_in_hf ? cfg_.checkpoint.initial_load_path : "");
+}
+
+}  // namespace titan
