@@ -14,20 +14,8 @@
 namespace titan {
 namespace {
 
-std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-double rel(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, ref = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), ref += double(b[i]) * b[i];
-  return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
-}
+using testing::randn;
+using testing::rel;
 
 template <class K>
 std::vector<std::string> impls() {

@@ -41,12 +41,7 @@ ForwardToolOptions fixture_options(const std::string& dir, const std::string& ou
   o.lora_dir = dir + "/adapter";
   o.grads = true;
   o.steps = meta["steps"].get<int64_t>();
-  o.lr = meta["lr"].get<float>();
-  o.weight_decay = meta["weight_decay"].get<float>();
-  o.max_norm = meta["max_norm"].get<double>();
-  o.beta1 = meta["betas"][0].get<float>();
-  o.beta2 = meta["betas"][1].get<float>();
-  o.eps = meta["eps"].get<float>();
+  testing::set_adamw_from_meta(o, meta);
   return o;
 }
 

@@ -46,12 +46,7 @@ void expect_fixture_reproduced(const std::string& fixture, const KernelChoice& k
   o.output_path = tmp / "out.safetensors";
   o.grads = true;
   o.steps = meta["steps"].get<int64_t>();
-  o.lr = meta["lr"].get<float>();
-  o.weight_decay = meta["weight_decay"].get<float>();
-  o.max_norm = meta["max_norm"].get<double>();
-  o.beta1 = meta["betas"][0].get<float>();
-  o.beta2 = meta["betas"][1].get<float>();
-  o.eps = meta["eps"].get<float>();
+  testing::set_adamw_from_meta(o, meta);
   o.kernels = kernels;
   run_forward_tool(o);
 

@@ -44,12 +44,7 @@ ForwardToolOptions golden_options(const std::string& dir, const std::string& out
   o.output_path = out;
   o.grads = true;
   o.steps = steps ? meta["steps"].get<int64_t>() : 0;
-  o.lr = meta["lr"].get<float>();
-  o.weight_decay = meta["weight_decay"].get<float>();
-  o.max_norm = meta["max_norm"].get<double>();
-  o.beta1 = meta["betas"][0].get<float>();
-  o.beta2 = meta["betas"][1].get<float>();
-  o.eps = meta["eps"].get<float>();
+  testing::set_adamw_from_meta(o, meta);
   return o;
 }
 

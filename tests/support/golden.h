@@ -14,9 +14,20 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "train/forward_tool.h"
 #include "testing.h"
 
 namespace titan::testing {
+
+// The optimizer settings of a fixture's meta.json (lr, weight decay, clipping, betas, eps) into `o`.
+inline void set_adamw_from_meta(ForwardToolOptions& o, const nlohmann::json& meta) {
+  o.lr = meta["lr"].get<float>();
+  o.weight_decay = meta["weight_decay"].get<float>();
+  o.max_norm = meta["max_norm"].get<double>();
+  o.beta1 = meta["betas"][0].get<float>();
+  o.beta2 = meta["betas"][1].get<float>();
+  o.eps = meta["eps"].get<float>();
+}
 
 class GoldenParams {
  public:

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,23 @@ inline double rel_error(const Tensor& a, const Tensor& b) {
     ref += double(pb[i]) * pb[i];
   }
   return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+}
+
+// ||a - b|| / ||b|| over float vectors (the kernel tests' buffers).
+inline double rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), ref += double(b[i]) * b[i];
+  return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+}
+
+// n samples of N(0, scale^2) from a seeded mt19937_64.
+inline std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
 }
 
 // A fresh directory under the system temp dir, removed when the object dies.
