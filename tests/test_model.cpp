@@ -36,7 +36,8 @@ nlohmann::json read_meta(const std::string& dir) {
 class GoldenQwen3 : public ::testing::TestWithParam<std::string> {};
 
 // Runs one fixture (forward, gradients, AdamW steps) and compares every tensor at the stated tolerances.
-void expect_fixture_reproduced(const std::string& fixture, const KernelChoice& kernels, const std::string& label) {
+void expect_fixture_reproduced(const std::string& fixture, const KernelChoice& kernels,
+                               const std::string& label) {
   const std::string dir = source_path("tests/golden/qwen3/" + fixture);
   const nlohmann::json meta = read_meta(dir);
   TempDir tmp;
@@ -73,7 +74,9 @@ void expect_fixture_reproduced(const std::string& fixture, const KernelChoice& k
   params.expect_total_close(label);
 }
 
-TEST_P(GoldenQwen3, MatchesTransformers) { expect_fixture_reproduced(GetParam(), {}, GetParam()); }
+TEST_P(GoldenQwen3, MatchesTransformers) {
+  expect_fixture_reproduced(GetParam(), {}, GetParam());
+}
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenQwen3, ::testing::ValuesIn(golden_cases()),
                          [](const auto& info) { return info.param; });

@@ -93,8 +93,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenQwen3Moe, ::testing::ValuesIn(golden_ca
 
 // Every attention implementation reproduces every fixture, AdamW steps included (the parameters are
 // judged against the float64 run: support/golden.h).
-class GoldenQwen3MoeAttention
-    : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+class GoldenQwen3MoeAttention : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(GoldenQwen3MoeAttention, MatchesTransformers) {
   const auto& [fixture, attention] = GetParam();

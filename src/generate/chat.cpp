@@ -6,7 +6,6 @@
 #include <iostream>
 
 #include "core/error.h"
-
 #include "models/qwen3/lora.h"
 
 namespace titan {

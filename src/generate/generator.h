@@ -40,7 +40,8 @@ GenerationDefaults read_generation_defaults(const std::string& model_dir);
 // the bf16 GEMM engines (Qwen3Model::set_bf16_compute). Inference only: the gradient buffers are dropped
 // (forward with compute_grad = false; no backward). lora_dir: a PEFT adapter merged into the f32 weights
 // first (before any bf16 rounding). Errors name the directory.
-std::unique_ptr<Qwen3Model> load_model_dir(const std::string& dir, bool bf16, const KernelChoice& kernels = {},
+std::unique_ptr<Qwen3Model> load_model_dir(const std::string& dir, bool bf16,
+                                           const KernelChoice& kernels = {},
                                            const std::string& lora_dir = "");
 
 // Merges the PEFT LoRA adapter in `adapter_dir` into the model's weights (the LoRA room's merge).

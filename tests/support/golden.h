@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "io/safetensors.h"
-#include "train/forward_tool.h"
 #include "testing.h"
+#include "train/forward_tool.h"
 
 namespace titan::testing {
 
