@@ -35,6 +35,10 @@ namespace fs = std::filesystem;
 
 const std::string kGolden = TITAN_SOURCE_DIR "/tests/golden/chat";
 const std::string kQwen = TITAN_SOURCE_DIR "/../shared/assets/qwen3-tokenizer";
+// The Qwen3 tokenizer and chat template are read from ../shared beside the repository (not copied in).
+#define SKIP_WITHOUT_QWEN3_TOKENIZER()               \
+  if (!fs::exists(kQwen + "/tokenizer_config.json")) \
+  GTEST_SKIP() << "the Qwen3 tokenizer is not at " << kQwen << " (../shared beside the repo is absent)"
 
 std::vector<ojson> read_jsonl(const std::string& path) {
   std::ifstream in(path);
@@ -131,6 +135,7 @@ TEST(Jinja, UnsupportedConstructsNameTheTemplateLineAndConstruct) {
 // ---- the Qwen3 template against apply_chat_template ----
 
 TEST(ChatTemplate, Qwen3MatchesApplyChatTemplate) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
   const ChatTemplate tmpl = ChatTemplate::from_tokenizer_config(kQwen);
   EXPECT_FALSE(tmpl.has_generation_blocks());
   EXPECT_EQ(tmpl.special_token("eos_token"), "<|im_end|>");
@@ -141,6 +146,7 @@ TEST(ChatTemplate, Qwen3MatchesApplyChatTemplate) {
 }
 
 TEST(ChatTemplate, GenerationBlocksMatchHfAssistantTokensMask) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
   const ChatTemplate tmpl =
       ChatTemplate::from_string(slurp(kGolden + "/tagged_template.jinja"), "tagged_template.jinja",
                                 {{"eos_token", "<|im_end|>"}, {"pad_token", "<|endoftext|>"}});
@@ -149,6 +155,7 @@ TEST(ChatTemplate, GenerationBlocksMatchHfAssistantTokensMask) {
 }
 
 TEST(ChatTemplate, AssistantLabelsCoverContentThinkBlockAndImEnd) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
   const ChatTemplate tmpl = ChatTemplate::from_tokenizer_config(kQwen);
   const Tokenizer& tok = qwen_tokenizer();
   const ojson msgs = ojson::parse(
@@ -164,6 +171,7 @@ TEST(ChatTemplate, AssistantLabelsCoverContentThinkBlockAndImEnd) {
 }
 
 TEST(ChatTemplate, PromptCompletionTrainsOnlyTheCompletion) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
   const ChatTemplate tmpl = ChatTemplate::from_tokenizer_config(kQwen);
   const Tokenizer& tok = qwen_tokenizer();
   auto trained_text = [&](const ojson& record) {
@@ -191,6 +199,7 @@ TEST(ChatTemplate, PromptCompletionTrainsOnlyTheCompletion) {
 }
 
 TEST(ChatTemplate, BadConversationsNameTheField) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
   auto err = [](const std::string& line) {
     return error_of([&] { conversation_from_record(ojson::parse(line), "data.jsonl:7"); });
   };
@@ -227,6 +236,7 @@ TEST(ChatTemplate, BadConversationsNameTheField) {
 }
 
 TEST(ChatTemplate, TemplatesItCannotHandleAreClearErrors) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
   TempDir tmp;
   std::ofstream(tmp / "tokenizer_config.json")
       << R"({"chat_template": "{% for m in messages %}\n{% macro x() %}{% endmacro %}{% endfor %}"})";
@@ -262,6 +272,7 @@ data::DataConfig chat_config(const std::string& file, int64_t seq_len, int64_t b
 }
 
 TEST(ChatData, RowsAreOneConversationPaddedWithLabelsOnAssistantTokens) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
   TempDir tmp;
   std::ofstream(tmp / "a.jsonl")
       << R"({"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello there."}]})"
@@ -288,6 +299,7 @@ TEST(ChatData, RowsAreOneConversationPaddedWithLabelsOnAssistantTokens) {
 }
 
 TEST(ChatData, LongConversationsAreTruncatedAndUntrainableOnesSkipped) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
   TempDir tmp;
   const std::string long_user(400, 'x');
   std::ofstream(tmp / "a.jsonl")
@@ -313,6 +325,7 @@ TEST(ChatData, LongConversationsAreTruncatedAndUntrainableOnesSkipped) {
 }
 
 TEST(ChatData, ResumesExactlyFromItsState) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
   data::DataConfig cfg = chat_config(kGolden + "/train.jsonl", 48, 2);
   cfg.max_epochs = 0;
   data::DataLoader ref(cfg);
@@ -341,6 +354,7 @@ TEST(ChatData, ResumesExactlyFromItsState) {
 }
 
 TEST(ChatData, BadLinesNameFileLineAndField) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
   TempDir tmp;
   std::ofstream(tmp / "bad.jsonl")
       << R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]})"
@@ -388,6 +402,7 @@ std::vector<std::string> chat_train_args(const TempDir& tmp, int64_t steps) {
 }
 
 TEST(ChatTrain, TinyRunHasFiniteLossOnAssistantTokens) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
   TempDir tmp;
   TrainConfig c = parse_train_args(chat_train_args(tmp, 3));
   const TrainResult r = run_training(c);
@@ -412,6 +427,7 @@ std::vector<std::string> small_chat_args(const TempDir& tmp, int64_t steps) {
 }
 
 TEST(ChatTrain, GradientIsTheMeanOverAssistantTargets) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
   // The step's gradient is HF's: CE averaged over the real (assistant) targets, not over all
   // positions of the padded rows. Step 1's logged grad_norm equals the norm of the model's own
   // HF-mean gradient (grad_scale 0) on the same rows from the same initialisation.
@@ -446,6 +462,7 @@ TEST(ChatTrain, GradientIsTheMeanOverAssistantTargets) {
 }
 
 TEST(ChatTrain, GradientAccumulationEqualsTheLargerBatch) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
   // local 2 x 2 accumulation steps == local 4 in one step: the same rows, and the loss and gradient
   // are the mean over all the step's real targets (not a mean of per-micro-batch means).
   TempDir a, b;
@@ -471,6 +488,7 @@ std::map<int64_t, double> step_losses(const std::string& path) {
 }
 
 TEST(ChatTrain, KilledAfterACheckpointAndResumedEqualsTheStraightRunBitForBit) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
   TempDir tmp;
   std::string args;
   for (const auto& a : small_chat_args(tmp, 6)) args += " " + a;
@@ -494,6 +512,7 @@ TEST(ChatTrain, KilledAfterACheckpointAndResumedEqualsTheStraightRunBitForBit) {
 }
 
 TEST(ChatTrain, TwoDataParallelRanksMatchOneRank) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
   // Rows dealt to 2 ranks, the target count summed over them: the same losses as one rank of 4.
   TempDir tmp;
   std::string common;
