@@ -279,7 +279,8 @@ TEST(GenerateCli, ChatReadsTurnsFromStdin) {
 TEST(Eval, WindowsAreTheDataLayersAndLossEqualsHF) {
   for (std::string c : {"dense", "moe"}) {
     auto model = load_model_dir(kGolden + c, false);
-    for (const auto& e : expected(c)["eval"]) {
+    const auto fixture = expected(c);  // held: a range-for over expected(c)["eval"] reads a freed temporary
+    for (const auto& e : fixture["eval"]) {
       const std::string file = kGolden + c + "/" + e["file"].get<std::string>();
       const int64_t T = e["seq_len"].get<int64_t>();
       const auto cfg = eval_data_config({file}, kGolden + c, T);
@@ -370,7 +371,8 @@ TEST(GenerateCli, GreedyIdsAndTextAndEval) {
             0)
       << out;
   want.clear();
-  for (auto& x : expected("moe")["greedy"][1]["output_ids"])
+  const auto moe = expected("moe");
+  for (auto& x : moe["greedy"][1]["output_ids"])
     want += (want.empty() ? "" : " ") + std::to_string(x.get<int>());
   EXPECT_NE(out.find("\n" + want + "\n"), std::string::npos) << out;
   // bf16 weights: runs, streams, stops at max-new-tokens
