@@ -17,7 +17,7 @@
 
 #include "kernels/ops.h"
 #include "kernels/registry.h"
-#include "models/qwen3/moe_router.h"
+#include "kernels/registry.h"
 
 namespace {
 
@@ -76,12 +76,13 @@ int main(int argc, char** argv) {
   std::string name;
   while (std::getline(ss, name, ',')) {
     const auto& moe = get_kernel<MoeExpertsKernels>(DeviceType::CPU, name);
+    const auto& route = get_kernel<MoeRouterKernels>(DeviceType::CPU);
     std::vector<double> fwd_t, bwd_t;
     for (int64_t it = 0; it < warmup + iters; ++it) {
       auto t0 = std::chrono::steady_clock::now();
       matmul.forward(probs.data(), x.data(), router.data(), N, H, E);
-      moe_router::softmax_rows(probs.data(), N, E);
-      moe_router::select_topk(idx.data(), topw.data(), probs.data(), nullptr, N, E, k, true);
+      route.softmax(probs.data(), N, E);
+      route.select_topk(idx.data(), topw.data(), probs.data(), nullptr, N, E, k, true);
       moe.forward(out.data(), buf, x.data(), idx.data(), topw.data(), wgu.data(), wdown.data(), N, k, E, H,
                   I);
       auto t1 = std::chrono::steady_clock::now();
@@ -89,7 +90,7 @@ int main(int argc, char** argv) {
       std::memset(dtopw.data(), 0, dtopw.size() * sizeof(float));
       moe.backward(dx.data(), dtopw.data(), dwgu.data(), dwdown.data(), buf, dout.data(), x.data(),
                    idx.data(), topw.data(), wgu.data(), wdown.data(), N, k, E, H, I);
-      moe_router::backward(dlogits.data(), probs.data(), idx.data(), dtopw.data(), nullptr, N, E, k, true);
+      route.backward(dlogits.data(), probs.data(), idx.data(), dtopw.data(), nullptr, N, E, k, true);
       matmul.backward(dx.data(), drouter.data(), dlogits.data(), x.data(), router.data(), N, H, E, true);
       auto t2 = std::chrono::steady_clock::now();
       if (it >= warmup) {

@@ -12,6 +12,9 @@ size_t dtype_size(DType t) {
       return 2;
     case DType::I32:
       return 4;
+    case DType::I64:
+    case DType::F64:
+      return 8;
   }
   return 0;
 }
@@ -24,6 +27,10 @@ const char* dtype_name(DType t) {
       return "bf16";
     case DType::I32:
       return "i32";
+    case DType::I64:
+      return "i64";
+    case DType::F64:
+      return "f64";
   }
   return "?";
 }
@@ -36,6 +43,10 @@ const char* dtype_safetensors(DType t) {
       return "BF16";
     case DType::I32:
       return "I32";
+    case DType::I64:
+      return "I64";
+    case DType::F64:
+      return "F64";
   }
   return "?";
 }

@@ -1,4 +1,5 @@
-// Element types. Compute is f32; bf16 is a storage/compute option; i32 holds token ids.
+// Element types. Compute is f32; bf16 is a storage/compute option; i32 holds token ids, i64 row indices,
+// f64 accumulated statistics.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -8,11 +9,11 @@
 
 namespace titan {
 
-enum class DType : uint8_t { F32, BF16, I32 };
+enum class DType : uint8_t { F32, BF16, I32, I64, F64 };
 
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);           // "f32", "bf16", "i32"
-const char* dtype_safetensors(DType t);    // "F32", "BF16", "I32"
+const char* dtype_name(DType t);           // "f32", "bf16", "i32", "i64", "f64"
+const char* dtype_safetensors(DType t);    // "F32", "BF16", "I32", "I64", "F64"
 DType parse_dtype(std::string_view name);  // accepts f32/float32/bf16/bfloat16; throws otherwise
 
 // bfloat16 <-> float. Rounds to nearest even (as torch's .to(torch.bfloat16)); NaN stays NaN.

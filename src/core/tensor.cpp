@@ -3,6 +3,8 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/ops.h"
+#include "kernels/registry.h"
 
 namespace titan {
 
@@ -72,36 +74,56 @@ Tensor Tensor::view_at(int64_t elem_offset, Shape shape) const {
 
 Tensor Tensor::clone() const {
   Tensor t = empty(shape_, dtype_, device());
-  std::memcpy(t.raw(), raw(), nbytes());
+  device_interface(device().type).copy(t.raw(), raw(), nbytes());
   return t;
 }
 
 void Tensor::zero_() {
-  std::memset(raw(), 0, nbytes());
+  device_interface(device().type).zero(raw(), nbytes());
+}
+
+void Tensor::copy_to_host(void* dst) const {
+  device_interface(device().type).copy_to_host(dst, raw(), nbytes());
+}
+
+void Tensor::copy_from_host(const void* src) {
+  device_interface(device().type).copy_from_host(raw(), src, nbytes());
 }
 
 void Tensor::copy_from(const Tensor& src) {
   TITAN_CHECK(src.numel() == numel(), "copy_from: ", shape_str(src.shape()), " into ", shape_str(shape_));
   const int64_t n = numel();
-  if (src.dtype() == dtype_) {
-    std::memcpy(raw(), src.raw(), nbytes());
-  } else if (src.dtype() == DType::F32 && dtype_ == DType::BF16) {
-    const float* s = src.data<float>();
-    uint16_t* d = data<uint16_t>();
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
-  } else if (src.dtype() == DType::BF16 && dtype_ == DType::F32) {
-    const uint16_t* s = src.data<uint16_t>();
-    float* d = data<float>();
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
-  } else {
-    fail("copy_from: unsupported conversion ", dtype_name(src.dtype()), " -> ", dtype_name(dtype_));
+  if (src.device() != device()) {
+    // Across devices: stage through host memory (same dtype), then convert where this tensor lives.
+    if (src.device().type == DeviceType::CPU && src.dtype() == dtype_) return copy_from_host(src.raw());
+    if (device().type == DeviceType::CPU && src.dtype() == dtype_) return src.copy_to_host(raw());
+    Tensor host = empty(src.shape(), src.dtype());
+    src.copy_to_host(host.raw());
+    if (device().type == DeviceType::CPU) return copy_from(host);
+    return copy_from(host.to(device()));
   }
+  if (src.dtype() == dtype_) {
+    device_interface(device().type).copy(raw(), src.raw(), nbytes());
+    return;
+  }
+  const auto& k = get_kernel<ElementwiseKernels>(device().type);
+  if (src.dtype() == DType::F32 && dtype_ == DType::BF16)
+    k.to_bf16(data<uint16_t>(), src.data<float>(), n);
+  else if (src.dtype() == DType::BF16 && dtype_ == DType::F32)
+    k.from_bf16(data<float>(), src.data<uint16_t>(), n);
+  else
+    fail("copy_from: unsupported conversion ", dtype_name(src.dtype()), " -> ", dtype_name(dtype_));
 }
 
 Tensor Tensor::to(DType dtype) const {
   Tensor t = empty(shape_, dtype, device());
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(Device dev) const {
+  if (dev == device()) return *this;
+  Tensor t = empty(shape_, dtype_, dev);
   t.copy_from(*this);
   return t;
 }

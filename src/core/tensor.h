@@ -55,9 +55,14 @@ class Tensor {
   // A contiguous sub-block: elements [offset, offset + numel(shape)) of this tensor.
   Tensor view_at(int64_t elem_offset, Shape shape) const;
   Tensor clone() const;
-  Tensor to(DType dtype) const;  // converting copy (f32 <-> bf16)
+  Tensor to(DType dtype) const;    // converting copy (f32 <-> bf16) on the same device
+  Tensor to(Device device) const;  // copy on another device (this tensor itself when already there)
   void zero_();
-  void copy_from(const Tensor& src);  // same numel; converts dtype
+  // Same numel; converts dtype (f32 <-> bf16) and crosses devices (through host memory).
+  void copy_from(const Tensor& src);
+  // Raw bytes between this tensor (any device) and host memory: nbytes() of them.
+  void copy_to_host(void* dst) const;
+  void copy_from_host(const void* src);
 
  private:
   std::shared_ptr<Storage> storage_;

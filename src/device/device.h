@@ -40,13 +40,17 @@ class Allocator {
 
 // What a device provides to the core. Versioned so an out-of-tree device can check compatibility.
 struct DeviceInterface {
-  static constexpr int kVersion = 2;  // 2: device_count, describe, synchronize
+  static constexpr int kVersion = 3;  // 2: device_count, describe, synchronize; 3: zero, copy
   int version = kVersion;
   const char* name = "";
   Allocator* allocator = nullptr;
   // Copies between host memory and this device (CPU: memcpy).
   void (*copy_to_host)(void* dst, const void* src, size_t n) = nullptr;
   void (*copy_from_host)(void* dst, const void* src, size_t n) = nullptr;
+  // On the device: n zero bytes at dst; n bytes from src to dst (both this device's memory, no overlap).
+  // Queued in order with the device's ops.
+  void (*zero)(void* dst, size_t n) = nullptr;
+  void (*copy)(void* dst, const void* src, size_t n) = nullptr;
   int (*num_threads)() = nullptr;
   // Accelerators: how many are present (0 when the runtime finds none; then every allocation fails with
   // a titan::Error) and a one-line-per-device description for `titan env`. Null on the CPU.

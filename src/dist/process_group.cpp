@@ -51,6 +51,9 @@ CommType comm_type_of(DType t) {
       return CommType::BF16;
     case DType::I32:
       return CommType::I32;
+    case DType::I64:
+    case DType::F64:
+      break;
   }
   fail("no communication type for dtype ", dtype_name(t));
 }

@@ -8,25 +8,10 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/registry.h"
-#include "models/qwen3/moe_router.h"
 
 namespace titan {
 
 namespace {
-// Element-wise loops: threads only where the work outweighs a fork/join (a decode step's rows are short, and
-// a barrier on a busy machine can cost more than the loop).
-constexpr int64_t kParallelMin = int64_t(1) << 16;
-
-void round_bf16(float* x, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
-}
-
-void add_into(float* out, const float* x, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) out[i] += x[i];
-}
-
 std::string name_of(const std::map<std::string, std::string>& names, const std::string& op) {
   auto it = names.find(op);
   return it == names.end() ? "" : it->second;
@@ -48,6 +33,8 @@ KVCacheModel::KVCacheModel(Qwen3Model& model, int64_t max_seq, const KernelChoic
   rope_ = &get_kernel<RopeKernels>(dev, rope_qk_ ? "" : name_of(names, "rope"));
   swiglu_ = &get_kernel<SwigluKernels>(dev, name_of(names, "swiglu"));
   embedding_ = &get_kernel<EmbeddingKernels>(dev, name_of(names, "embedding"));
+  elementwise_ = &get_kernel<ElementwiseKernels>(dev);
+  if (c.is_moe()) router_ = &get_kernel<MoeRouterKernels>(dev);
   if (c.is_moe()) {
     const std::string m = name_of(names, "moe_experts");
     if (m.rfind("bf16:", 0) == 0)
@@ -195,9 +182,9 @@ const float* KVCacheModel::forward(const int32_t* ids, int64_t n, bool all_logit
   const int64_t r0 = all_logits ? 0 : n - 1, rows = n - r0;
   const float eps = static_cast<float>(c.rms_norm_eps);
   rmsnorm_->forward(ln_.f32(), rstd_.f32(), x_.f32() + r0 * H, final_norm_, rows, H, eps);
-  if (bf16_) round_bf16(ln_.f32(), rows * H);
+  if (bf16_) elementwise_->round_bf16(ln_.f32(), rows * H);
   matmul_->forward(logits_.f32(), ln_.f32(), lm_head_, rows, H, V);
-  if (bf16_) round_bf16(logits_.f32(), rows * V);
+  if (bf16_) elementwise_->round_bf16(logits_.f32(), rows * V);
   pos_ += n;
   return logits_.f32();
 }
@@ -209,7 +196,7 @@ void KVCacheModel::layer_forward(int64_t l, int64_t n) {
                 nKV = c.num_key_value_heads, p = pos_;
   const float eps = static_cast<float>(c.rms_norm_eps);
   auto bf16 = [this](float* x, int64_t m) {
-    if (bf16_) round_bf16(x, m);
+    if (bf16_) elementwise_->round_bf16(x, m);
   };
   const Layer& w = layers_[l];
   float *x = x_.f32(), *ln = ln_.f32(), *q = q_.f32(), *k = k_.f32(), *h = h_.f32();
@@ -237,7 +224,7 @@ void KVCacheModel::layer_forward(int64_t l, int64_t n) {
   attention_->forward(att_.f32(), q, k_cache_[l].f32(), v_cache_[l].f32(), n, p, nH, nKV, hd);
   bf16(att_.f32(), n * c.q_dim());
   matmul_->forward(h, att_.f32(), w.wo, n, c.q_dim(), H);
-  add_into(h, x, n * H);
+  elementwise_->add(h, x, n * H);
   bf16(h, n * H);
   rmsnorm_->forward(ln, rstd_.f32(), h, w.post_norm, n, H, eps);
   if (w.router) {
@@ -250,7 +237,7 @@ void KVCacheModel::layer_forward(int64_t l, int64_t n) {
     bf16(act_.f32(), n * I);
     matmul_->forward(x, act_.f32(), w.wdown, n, I, H);
   }
-  add_into(x, h, n * H);
+  elementwise_->add(x, h, n * H);
   bf16(x, n * H);
 }
 
@@ -261,11 +248,11 @@ void KVCacheModel::moe_mlp(const Layer& w, int64_t n, float* out) {
   const int64_t H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok, Im = c.moe_intermediate_size;
   float* probs = probs_.f32();
   matmul_->forward(probs, ln_.f32(), w.router, n, H, E);
-  if (bf16_) round_bf16(probs, n * E);
-  moe_router::softmax_rows(probs, n, E);
+  if (bf16_) elementwise_->round_bf16(probs, n * E);
+  router_->softmax(probs, n, E);
   int32_t* idx = topk_idx_.data<int32_t>();
-  moe_router::select_topk(idx, topk_w_.f32(), probs, w.expert_bias, n, E, k, c.norm_topk_prob);
-  if (bf16_) round_bf16(topk_w_.f32(), n * k);
+  router_->select_topk(idx, topk_w_.f32(), probs, w.expert_bias, n, E, k, c.norm_topk_prob);
+  if (bf16_) elementwise_->round_bf16(topk_w_.f32(), n * k);
   moe_->forward(out, moe_buf_, ln_.f32(), idx, topk_w_.f32(), w.wgu, w.wdown, n, k, E, H, Im);
 }
 

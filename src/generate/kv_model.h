@@ -65,6 +65,8 @@ class KVCacheModel {
   const EmbeddingKernels* embedding_;
   const MoeExpertsKernels* moe_ = nullptr;
   const AttentionKVKernels* attention_;
+  const ElementwiseKernels* elementwise_;
+  const MoeRouterKernels* router_ = nullptr;
   std::string attention_name_;
   std::vector<Tensor> k_cache_, v_cache_;  // per layer (max_seq, nKV, hd)
   Tensor rope_cos_, rope_sin_;             // (max_seq, hd/2)

@@ -170,3 +170,66 @@ struct RopeQKKernels {
 };
 
 }  // namespace titan
+
+namespace titan {
+
+// ---- Glue of the model step -----------------------------------------------------------------------------
+// Everything a model does to tensor memory besides the ops above: residual adds, bf16 rounding and
+// conversion, fills. With these (and the device's copies), a model step touches no tensor memory itself.
+struct ElementwiseKernels {
+  static constexpr const char* kOp = "elementwise";
+  void (*add)(float* y, const float* x, int64_t n);               // y += x
+  void (*round_bf16)(float* x, int64_t n);                        // x = nearest bf16 (ties to even), f32
+  void (*to_bf16)(uint16_t* dst, const float* src, int64_t n);    // nearest even; NaN stays NaN
+  void (*from_bf16)(float* dst, const uint16_t* src, int64_t n);  // exact
+  void (*fill)(float* x, float value, int64_t n);
+};
+
+// Router of a sparse layer (HF Qwen3MoeTopKRouter, torchtitan's expert bias) and its statistics.
+struct MoeRouterKernels {
+  static constexpr const char* kOp = "moe_router";
+  // x (N,E) in place: row softmax in f32 (HF softmax(router_logits, dtype=float)).
+  void (*softmax)(float* x, int64_t N, int64_t E);
+  // Per row: the k experts with the largest probs[n] + bias (bias may be null: it only steers selection),
+  // in descending order (torch.topk; ties to the lower index); w = probs there, divided by their sum when
+  // norm. probs (N,E), bias (E), idx/w (N,k).
+  void (*select_topk)(int32_t* idx, float* w, const float* probs, const float* bias, int64_t N, int64_t E,
+                      int64_t k, bool norm);
+  // counts[e] += slots routed to e (f32: the expert-bias token counts).   idx (n_slots)
+  void (*count_tokens)(float* counts, const int32_t* idx, int64_t n_slots, int64_t E);
+  // Aux-loss statistics in double: counts[e] += slots of idx (N*k) routed to e; prob_sum[e] += sum_n
+  // probs[n,e].
+  void (*aux_stats)(double* counts, double* prob_sum, const int32_t* idx, const float* probs, int64_t N,
+                    int64_t E, int64_t k);
+  // dw (N,k): gradient of the routing weights; dprob_bias (E): a gradient added to every row's probabilities
+  // (the aux loss term, may be null). Writes dlogits (N,E) (overwrites): renormalisation backward (norm),
+  // scatter to the selected experts, then softmax backward.
+  void (*backward)(float* dlogits, const float* probs, const int32_t* idx, const float* dw,
+                   const float* dprob_bias, int64_t N, int64_t E, int64_t k, bool norm);
+  // torchtitan's aux-loss-free update of one layer: delta = coeff * sign(mean(counts) - counts), centred to
+  // zero mean, bias += delta; then counts = 0.   bias, counts (E)
+  void (*update_bias)(float* bias, float* counts, int64_t E, double coeff);
+};
+
+// Row packing of expert parallel (the all-to-all payloads). Token slot n*k+s of a rank's N tokens routes to
+// expert idx[n*k+s]; order (S = N*k) lists the slots by destination rank; El experts per rank.
+struct ExpertParallelKernels {
+  static constexpr const char* kOp = "expert_parallel";
+  // send row i (width H+2) = [x[slot / k] (H) | w[slot] | idx[slot] mod El], slot = order[i].
+  void (*pack)(float* send, const float* x, const float* w, const int32_t* idx, const int64_t* order,
+               int64_t S, int64_t k, int64_t H, int64_t El);
+  // Received rows (R, H+2) -> x (R,H), w (R), local expert (R). Returns how many rows name an expert
+  // outside [0, El) (a malformed exchange; waits for the device).
+  int64_t (*unpack)(float* x, float* w, int32_t* idx, const float* recv, int64_t R, int64_t H, int64_t El);
+  // send row i = src[order[i] / k]  (rows of H): the gradients of the outputs, sent back the same way.
+  void (*gather_rows)(float* send, const float* src, const int64_t* order, int64_t S, int64_t k, int64_t H);
+  // dst row r (width H+1) = [dx[r] (H) | dw[r]].
+  void (*pack_grads)(float* dst, const float* dx, const float* dw, int64_t R, int64_t H);
+  // Returned rows (width `row` >= H) back to tokens, slots summed in order s:
+  //   out[n] (= or += when accumulate) sum_s rows[pos[n*k+s]][0:H];
+  //   dtw[n*k+s] += rows[pos[n*k+s]][H] when dtw is not null (row = H+1).
+  void (*combine)(float* out, float* dtw, const float* rows, const int64_t* pos, int64_t N, int64_t k,
+                  int64_t H, int64_t row, bool accumulate);
+};
+
+}  // namespace titan

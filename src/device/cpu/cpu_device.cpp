@@ -28,6 +28,9 @@ class CpuAllocator final : public Allocator {
 void copy_host(void* dst, const void* src, size_t n) {
   std::memcpy(dst, src, n);
 }
+void zero_host(void* dst, size_t n) {
+  std::memset(dst, 0, n);
+}
 int cpu_threads() {
   return omp_get_max_threads();
 }
@@ -40,6 +43,8 @@ struct CpuDeviceRegistration {
     iface.allocator = &allocator;
     iface.copy_to_host = copy_host;
     iface.copy_from_host = copy_host;
+    iface.zero = zero_host;
+    iface.copy = copy_host;
     iface.num_threads = cpu_threads;
     register_device(DeviceType::CPU, &iface);
   }

@@ -96,6 +96,12 @@ void copy_from_host(void* dst, const void* src, size_t n) {
   TITAN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, cuda_stream()));
   TITAN_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
 }
+void zero(void* dst, size_t n) {
+  if (n) TITAN_CUDA_CHECK(cudaMemsetAsync(dst, 0, n, cuda_stream()));
+}
+void copy_on_device(void* dst, const void* src, size_t n) {
+  if (n) TITAN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, cuda_stream()));
+}
 int one_thread() {
   return 1;
 }
@@ -129,6 +135,8 @@ struct CudaDeviceRegistration {
     iface.allocator = &allocator;
     iface.copy_to_host = copy_to_host;
     iface.copy_from_host = copy_from_host;
+    iface.zero = zero;
+    iface.copy = copy_on_device;
     iface.num_threads = one_thread;
     iface.device_count = gpu_count;
     iface.describe = describe;

@@ -11,7 +11,6 @@
 #include "io/hf_checkpoint.h"
 #include "kernels/registry.h"
 #include "models/qwen3/lora.h"
-#include "models/qwen3/moe_router.h"
 
 namespace titan {
 
@@ -35,12 +34,13 @@ const K* pick_bf16_engine(DeviceType dev, const KernelChoice& choice, std::strin
   name = names[K::kOp];
   return k;
 }
-// Rounds to the nearest bfloat16 value, kept in f32 storage.
-void round_bf16(float* x, int64_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
-}
 }  // namespace
+
+Tensor& Qwen3Model::ensure(Tensor& t, int64_t n, DType dtype) const {
+  n = std::max<int64_t>(n, 1);
+  if (!t.defined() || t.numel() < n || t.dtype() != dtype) t = Tensor::empty({n}, dtype, device_);
+  return t;
+}
 
 void Qwen3Model::set_bf16_compute(bool on) {
   bf16_ = on;
@@ -56,7 +56,7 @@ void Qwen3Model::set_bf16_compute(bool on) {
   }
   if (on)
     for (auto& t : flat_params_)
-      if (t.defined()) round_bf16(t.f32(), t.numel());
+      if (t.defined()) elementwise_->round_bf16(t.f32(), t.numel());
 }
 
 Qwen3Model::~Qwen3Model() {
@@ -64,6 +64,8 @@ Qwen3Model::~Qwen3Model() {
 }
 
 void Qwen3Model::make_bf16_image(int g) {
+  // The images serve the CPU's bf16 GEMMs, which look weights up by host address.
+  if (device_.type != DeviceType::CPU) return;
   if (bf16_image_.size() < group_numel_.size()) {
     bf16_image_.resize(group_numel_.size());
     bf16_image_base_.resize(group_numel_.size(), nullptr);
@@ -76,8 +78,7 @@ void Qwen3Model::make_bf16_image(int g) {
   const float* src = t.f32();
   uint16_t* dst = image.data();
   const int64_t n = t.numel();
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  elementwise_->to_bf16(dst, src, n);
   bf16_image_base_[g] = src;
   register_bf16_image(src, n, dst);
 }
@@ -91,8 +92,8 @@ void Qwen3Model::drop_bf16_image(int g) {
 }
 
 Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
-                       dist::ProcessGroup* expert_group, bool allocate)
-    : config_(config) {
+                       dist::ProcessGroup* expert_group, bool allocate, Device device)
+    : config_(config), device_(device), dev_(&device_interface(device.type)) {
   config_.validate("model config");
   local_experts_ = config_.num_experts;
   if (expert_group && expert_group->size() > 1) {
@@ -110,7 +111,7 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
     auto ops = KernelRegistry::global().ops();
     TITAN_CHECK(std::find(ops.begin(), ops.end(), op) != ops.end(), "[kernels]: unknown op '", op, "'");
   }
-  const DeviceType dev = DeviceType::CPU;
+  const DeviceType dev = device.type;
   matmul_ = matmul_f32_ = pick<MatmulKernels>(dev, kernels, kernel_names_);
   matmul_f32_name_ = kernel_names_["matmul"];
   if (const MatmulBf16Kernels* mm = pick_bf16_engine<MatmulBf16Kernels>(dev, kernels, matmul_bf16_name_))
@@ -148,6 +149,12 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
   swiglu_ = pick<SwigluKernels>(dev, kernels, kernel_names_);
   embedding_ = pick<EmbeddingKernels>(dev, kernels, kernel_names_);
   cross_entropy_ = pick<CrossEntropyKernels>(dev, kernels, kernel_names_);
+  {
+    std::map<std::string, std::string> glue;  // not listed among the model's kernels
+    elementwise_ = pick<ElementwiseKernels>(dev, kernels, glue);
+    if (config_.is_moe()) router_ = pick<MoeRouterKernels>(dev, kernels, glue);
+    if (ep_) ep_kernels_ = pick<ExpertParallelKernels>(dev, kernels, glue);
+  }
   if (config_.is_moe()) {
     moe_ = moe_f32_ = pick<MoeExpertsKernels>(dev, kernels, kernel_names_);
     moe_f32_name_ = kernel_names_["moe_experts"];
@@ -216,12 +223,12 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
     }
   }
   if (!moe_layers_.empty()) {
-    expert_bias_ = Tensor::zeros({(int64_t)moe_layers_.size(), E});
-    expert_counts_ = Tensor::zeros({(int64_t)moe_layers_.size(), E});
-    aux_counts_.assign(E, 0.0);
-    aux_prob_sum_.assign(E, 0.0);
+    expert_bias_ = Tensor::zeros({(int64_t)moe_layers_.size(), E}, DType::F32, device_);
+    expert_counts_ = Tensor::zeros({(int64_t)moe_layers_.size(), E}, DType::F32, device_);
+    aux_stats_ = Tensor::zeros({2, E}, DType::F64, device_);
+    aux_host_.assign(2 * E, 0.0);
     aux_dprob_.assign(E, 0.0f);
-    aux_scaled_.assign(E, 0.0f);
+    aux_scaled_ = Tensor::zeros({E}, DType::F32, device_);
     if (ep_) ep_layers_.resize(moe_layers_.size());
   }
   groups.emplace_back();
@@ -241,8 +248,8 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
       total += shape_numel(e.shape);
     }
     group_numel_.push_back(total);
-    flat_params_.push_back(allocate ? Tensor::zeros({total}) : Tensor());
-    flat_grads_.push_back(allocate ? Tensor::zeros({total}) : Tensor());
+    flat_params_.push_back(allocate ? Tensor::zeros({total}, DType::F32, device_) : Tensor());
+    flat_grads_.push_back(allocate ? Tensor::zeros({total}, DType::F32, device_) : Tensor());
   }
   if (!allocate) return;
   make_param_views();
@@ -287,8 +294,9 @@ void Qwen3Model::set_param_streamer(ParamStreamer* streamer) {
     drop_bf16_image(g);
     flat_params_[g] = from->gather_params(g).clone();
     from->release_params(g);
-    if (bf16_) round_bf16(flat_params_[g].f32(), flat_params_[g].numel());
-    flat_grads_[g] = frozen_ && !frozen_scratch_grads(g) ? Tensor() : Tensor::zeros({group_numel_[g]});
+    round_bf16_if(flat_params_[g].f32(), flat_params_[g].numel());
+    flat_grads_[g] =
+        frozen_ && !frozen_scratch_grads(g) ? Tensor() : Tensor::zeros({group_numel_[g]}, DType::F32, device_);
   }
   make_param_views();
 }
@@ -296,7 +304,7 @@ void Qwen3Model::set_param_streamer(ParamStreamer* streamer) {
 void Qwen3Model::acquire_params(int g) {
   if (!streamer_) return;
   flat_params_[g] = streamer_->gather_params(g);
-  if (bf16_) round_bf16(flat_params_[g].f32(), flat_params_[g].numel());
+  round_bf16_if(flat_params_[g].f32(), flat_params_[g].numel());
   // An untied embedding is no GEMM operand.
   if (bf16_ && matmul_ == &matmul_bf16_ && (g != 0 || config_.tie_word_embeddings)) make_bf16_image(g);
 }
@@ -313,7 +321,7 @@ void Qwen3Model::release_params(int g) {
 void Qwen3Model::acquire_grads(int g) {
   if (frozen_) {  // only sparse layers need a buffer (scratch for the expert kernels)
     if (streamer_ && frozen_scratch_grads(g) && !flat_grads_[g].defined())
-      flat_grads_[g] = Tensor::zeros({group_numel_[g]});
+      flat_grads_[g] = Tensor::zeros({group_numel_[g]}, DType::F32, device_);
     return;
   }
   if (streamer_ && !flat_grads_[g].defined()) flat_grads_[g] = streamer_->grad_buffer(g);
@@ -375,10 +383,13 @@ void Qwen3Model::init_weights(uint64_t seed) {
   for (size_t pi = 0; pi < params_.size(); ++pi) {
     auto& p = params_[pi];
     rng.discard(init_skip_[pi]);
-    float* w = p.value.f32();
     const int64_t n = p.value.numel();
+    // Drawn in host memory, then copied to the device (the same copy on the CPU).
+    std::vector<float> host(static_cast<size_t>(n));
+    float* w = host.data();
     if (p.shape.size() == 1) {
       for (int64_t i = 0; i < n; ++i) w[i] = 1.0f;
+      p.value.copy_from_host(w);
       continue;
     }
     // Box-Muller on 53-bit uniforms: identical on every platform for a given seed.
@@ -388,6 +399,7 @@ void Qwen3Model::init_weights(uint64_t seed) {
       w[i] = static_cast<float>(std * r * std::cos(2 * M_PI * u2));
       if (i + 1 < n) w[i + 1] = static_cast<float>(std * r * std::sin(2 * M_PI * u2));
     }
+    p.value.copy_from_host(w);
   }
 }
 
@@ -480,10 +492,16 @@ void Qwen3Model::load_hf(const std::string& dir) {
       Tensor all = Tensor::empty(full);
       ckpt.read_into(name, all);
       const int64_t per = view.numel() / local_experts_;
-      std::memcpy(view.f32(), all.f32() + first_expert_ * per, view.numel() * sizeof(float));
+      view.copy_from(all.view_at(first_expert_ * per, view.shape()));
       continue;
     }
-    ckpt.read_into(name, view);
+    if (device_.type == DeviceType::CPU) {
+      ckpt.read_into(name, view);
+    } else {  // read in host memory, then copy
+      Tensor host = Tensor::empty(view.shape());
+      ckpt.read_into(name, host);
+      view.copy_from(host);
+    }
   }
 }
 
@@ -494,7 +512,7 @@ NamedTensors Qwen3Model::state_dict(bool fused_experts) const {
   for (auto& [name, view] : io_tensors(
            config_, params_, flat_params_, [&](int64_t) { return fused_experts; }, first_expert_,
            local_experts_))
-    out.emplace_back(name, view);
+    out.emplace_back(name, view.to(Device::cpu()));
   return out;
 }
 
@@ -514,18 +532,20 @@ NamedTensors Qwen3Model::gathered_state_dict() const {
   for (size_t pi = 0; pi < params_.size(); ++pi) {
     const Param& p = params_[pi];
     if (p.name.find(".mlp.experts.") == std::string::npos) {
-      if (root) out.emplace_back(p.name, p.value);
+      if (root) out.emplace_back(p.name, p.value.to(Device::cpu()));
       continue;
     }
     // The layer's expert block starts at its first local gate_proj: gate|up (El,2I,H), then down (El,H,I).
     if (!p.name.ends_with(".experts." + std::to_string(first_expert_) + ".gate_proj.weight")) continue;
     const std::string prefix = p.name.substr(0, p.name.find(".mlp.experts.") + 13);
     const int64_t gu = El * 2 * Im * H, down = El * H * Im;
-    Tensor all_gu = Tensor::empty({E, 2 * Im, H}), all_down = Tensor::empty({E, H, Im});
+    Tensor all_gu = Tensor::empty({E, 2 * Im, H}, DType::F32, device_),
+           all_down = Tensor::empty({E, H, Im}, DType::F32, device_);
     const float* base = flat_params_[p.group].f32() + p.offset;
     ep_->all_gather(base, all_gu.f32(), std::vector<int64_t>(ep_size_, gu), dist::CommType::F32);
     ep_->all_gather(base + gu, all_down.f32(), std::vector<int64_t>(ep_size_, down), dist::CommType::F32);
     if (!root) continue;
+    all_gu = all_gu.to(Device::cpu()), all_down = all_down.to(Device::cpu());
     for (int64_t e = 0; e < E; ++e) {
       out.emplace_back(prefix + std::to_string(e) + ".gate_proj.weight",
                        all_gu.view_at(e * 2 * Im * H, {Im, H}));
@@ -571,9 +591,8 @@ void Qwen3Model::update_expert_bias() {
   if (moe_layers_.empty() || config_.load_balance_coeff <= 0) return;
   const int64_t E = config_.num_experts;
   for (size_t m = 0; m < moe_layers_.size(); ++m)
-    moe_router::update_bias(expert_bias_.f32() + m * E, expert_counts_.f32() + m * E, E,
-                            config_.load_balance_coeff);
-  expert_counts_.zero_();
+    router_->update_bias(expert_bias_.f32() + m * E, expert_counts_.f32() + m * E, E,
+                         config_.load_balance_coeff);
 }
 
 void Qwen3Model::zero_grad() {
@@ -597,17 +616,20 @@ void Qwen3Model::build_rope_tables(int64_t T) {
   if (rope_T_ == T) return;
   // HF: inv_freq = 1 / base^(arange(0, hd, 2)/hd) in fp32; freqs = pos * inv_freq; cos/sin in fp32.
   const int64_t half = config_.head_dim / 2;
-  rope_cos_ = Tensor::empty({T, half});
-  rope_sin_ = Tensor::empty({T, half});
+  std::vector<float> cos(T * half), sin(T * half);
   for (int64_t i = 0; i < half; ++i) {
     const float exponent = static_cast<float>(2 * i) / static_cast<float>(config_.head_dim);
     const float inv_freq = 1.0f / static_cast<float>(std::pow(config_.rope_theta, (double)exponent));
     for (int64_t t = 0; t < T; ++t) {
       const float f = static_cast<float>(t) * inv_freq;
-      rope_cos_.f32()[t * half + i] = static_cast<float>(std::cos((double)f));
-      rope_sin_.f32()[t * half + i] = static_cast<float>(std::sin((double)f));
+      cos[t * half + i] = static_cast<float>(std::cos((double)f));
+      sin[t * half + i] = static_cast<float>(std::sin((double)f));
     }
   }
+  rope_cos_ = Tensor::empty({T, half}, DType::F32, device_);
+  rope_sin_ = Tensor::empty({T, half}, DType::F32, device_);
+  rope_cos_.copy_from_host(cos.data());
+  rope_sin_.copy_from_host(sin.data());
   rope_T_ = T;
 }
 
@@ -643,10 +665,10 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     for (int64_t l = 0; l < L; ++l)
       mlp_max =
           std::max(mlp_max, c.is_moe_layer(l) ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 3 * I);
-    acts_.push_back(Tensor::empty({attn + mlp_max}));
+    acts_.push_back(Tensor::empty({attn + mlp_max}, DType::F32, device_));
     shared = acts_.back().f32();
     if (!moe_layers_.empty()) {
-      acts_.push_back(Tensor::empty({N * k * 3 + E + 1}, DType::I32));
+      acts_.push_back(Tensor::empty({N * k * 3 + E + 1}, DType::I32, device_));
       shared_int = acts_.back().data<int32_t>();
     }
   }
@@ -656,7 +678,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     const int64_t mlp = moe ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 2 * I + N * I;
     float* p = shared;
     if (!ac_) {
-      acts_.push_back(Tensor::empty({attn + mlp}));
+      acts_.push_back(Tensor::empty({attn + mlp}, DType::F32, device_));
       p = acts_.back().f32();
     }
     auto take = [&p](int64_t n) {
@@ -667,7 +689,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     LayerActs& a = layer_acts_[l];
     a.resid_in = take(N * H);
     if (ac_) {
-      acts_.push_back(Tensor::empty({N * H}));  // the layer's own saved input
+      acts_.push_back(Tensor::empty({N * H}, DType::F32, device_));  // the layer's own saved input
       a.resid_in = acts_.back().f32();
     }
     a.ln1 = take(N * H);
@@ -694,7 +716,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
       a.moe.act = take(N * k * Im);
       int32_t* ip = shared_int;
       if (!ac_) {
-        acts_.push_back(Tensor::empty({N * k * 3 + E + 1}, DType::I32));
+        acts_.push_back(Tensor::empty({N * k * 3 + E + 1}, DType::I32, device_));
         ip = acts_.back().data<int32_t>();
       }
       a.topk_idx = ip;
@@ -707,11 +729,12 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     }
   }
   auto alloc = [this](Shape s, DType dt = DType::F32) {
-    acts_.push_back(Tensor::empty(std::move(s), dt));
+    acts_.push_back(Tensor::empty(std::move(s), dt, device_));
     return acts_.back();
   };
   ids_ = alloc({N}, DType::I32);
   targets_ = alloc({N}, DType::I32);
+  host_targets_.resize(N);
   final_resid_ = alloc({N, H});
   lnf_ = alloc({N, H});
   rstdf_ = alloc({N});

@@ -99,11 +99,15 @@ class Qwen3Model {
   // expert_group: expert parallel over these ranks (nullptr or a group of one: every expert here).
   // allocate = false: no parameter or gradient buffers and no init; the caller hands the parameters to a
   // ParamStreamer at once (e.g. FrozenBf16Base, models/qwen3/lora.h).
+  // device: where parameters, gradients and activations live and every op runs. Inputs (ids, labels) come
+  // from host memory; state_dict()/buffers() hand out host tensors.
   explicit Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels = {},
-                      dist::ProcessGroup* expert_group = nullptr, bool allocate = true);
+                      dist::ProcessGroup* expert_group = nullptr, bool allocate = true,
+                      Device device = Device::cpu());
   ~Qwen3Model();
 
   const Qwen3Config& config() const { return config_; }
+  Device device() const { return device_; }
   std::vector<Param>& params() { return params_; }
   const std::vector<Param>& params() const { return params_; }
   Param& param(const std::string& hf_name);
@@ -248,8 +252,16 @@ class Qwen3Model {
   void make_bf16_image(int g);
   void drop_bf16_image(int g);
   void build_rope_tables(int64_t T);
+  void zero(float* p, int64_t n) const { dev_->zero(p, static_cast<size_t>(n) * sizeof(float)); }
+  void round_bf16_if(float* x, int64_t n) const {
+    if (bf16_) elementwise_->round_bf16(x, n);
+  }
+  // A device tensor of at least n elements (reallocated only to grow).
+  Tensor& ensure(Tensor& t, int64_t n, DType dtype = DType::F32) const;
 
   Qwen3Config config_;
+  Device device_;
+  DeviceInterface* dev_;
   std::vector<Param> params_;
   std::vector<Tensor> flat_params_, flat_grads_;
   std::vector<int64_t> group_numel_;
@@ -272,12 +284,16 @@ class Qwen3Model {
   const SwigluKernels* swiglu_;
   const EmbeddingKernels* embedding_;
   const CrossEntropyKernels* cross_entropy_;
+  const ElementwiseKernels* elementwise_;
+  const MoeRouterKernels* router_ = nullptr;
+  const ExpertParallelKernels* ep_kernels_ = nullptr;
 
   // Activation plan: (re)allocated only when (B,T) changes.
   int64_t B_ = 0, T_ = 0;
   std::vector<Tensor> acts_;  // owning storage
   std::vector<LayerActs> layer_acts_;
   Tensor ids_, targets_, rope_cos_, rope_sin_;
+  std::vector<int32_t> host_targets_;
   Tensor final_resid_, lnf_, rstdf_, logits_, logits_copy_;  // logits_: one (head_rows_, V) chunk
   // Backward scratch shared by all layers.
   Tensor dresid_, dln_, dq_, dk_, dv_, dqr_, dkr_, datt_, dgu_, dact_;
@@ -298,9 +314,12 @@ class Qwen3Model {
   std::vector<int> moe_row_;            // layer -> row in expert_bias_/expert_counts_ (-1: dense)
   Tensor expert_bias_, expert_counts_;  // (MoE layers, E)
   Tensor moe_scratch_, dtopk_w_, dlogits_router_;
-  std::vector<double> aux_counts_, aux_prob_sum_;  // (E) accumulated over the sparse layers of a forward
+  // Aux-loss statistics accumulated over the sparse layers of a forward, on the device (f64): routed slots
+  // per expert (E), then the router probabilities summed per expert (E); aux_host_ is their host copy.
+  Tensor aux_stats_;
+  std::vector<double> aux_host_;
   std::vector<float> aux_dprob_;                   // (E) d aux / d probs[n,e] (same for every row)
-  std::vector<float> aux_scaled_;                  // (E) aux_scale_ * aux_dprob_ (backward scratch)
+  Tensor aux_scaled_;                              // (E) aux_scale_ * aux_dprob_ (backward, on the device)
   float aux_scale_ = 0.0f;                         // d loss / d aux of the last forward
   double aux_loss_ = 0;
   // Expert parallel.
@@ -310,13 +329,14 @@ class Qwen3Model {
   std::vector<int64_t> init_skip_;  // per param: random draws of non-local experts before it (init)
   struct EpLayer {                  // one sparse layer's exchange and saved expert-side activations
     std::unique_ptr<dist::AllToAllExchange> exchange;  // rows out: (token, expert) pairs by owner rank
-    std::vector<int64_t> pos_of_slot;                  // token slot n*k+s -> row in the send order
-    std::vector<int64_t> send_order;                   // send row i -> token slot
-    std::vector<float> x, w, gu, act;                  // received rows (R,H), weights (R), saved acts
-    std::vector<int32_t> idx, order, row_of, offsets;  // local expert of each row, kernel tables
+    Tensor pos_of_slot;                                // i64 (S): token slot n*k+s -> row in the send order
+    Tensor send_order;                                 // i64 (S): send row i -> token slot
+    Tensor x, w, gu, act;                              // received rows (R,H), weights (R), saved acts
+    Tensor idx, order, row_of, offsets;                // i32: local expert of each row, kernel tables
   };
-  std::vector<EpLayer> ep_layers_;                                               // per sparse layer
-  std::vector<float> ep_send_, ep_recv_, ep_rows_, ep_scratch_, ep_dx_, ep_dw_;  // shared scratch
+  std::vector<EpLayer> ep_layers_;                                              // per sparse layer
+  Tensor ep_send_, ep_recv_, ep_rows_, ep_scratch_, ep_dx_, ep_dw_;             // shared scratch (device)
+  std::vector<int32_t> ep_idx_host_;                                            // routing, host copy
 };
 
 }  // namespace titan

@@ -6,16 +6,8 @@
 #include "dist/expert_parallel.h"
 #include "models/qwen3/lora.h"
 #include "models/qwen3/model.h"
-#include "models/qwen3/moe_router.h"
 
 namespace titan {
-
-namespace {
-void round_bf16(float* x, int64_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
-}
-}  // namespace
 
 ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int64_t B, int64_t T,
                                   const ForwardOptions& opts) {
@@ -32,9 +24,9 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   // groups are converted when gathered.
   if (bf16_ && matmul_ == &matmul_bf16_ && !streamer_)
     for (int g = c.tie_word_embeddings ? 0 : 1; g < num_groups(); ++g) make_bf16_image(g);
-  std::memcpy(ids_.raw(), ids, N * sizeof(int32_t));
+  ids_.copy_from_host(ids);
   // HF ForCausalLMLoss: labels padded with -100 on the right and shifted left by one.
-  int32_t* tgt = targets_.data<int32_t>();
+  int32_t* tgt = host_targets_.data();
   int64_t num_valid = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
@@ -45,18 +37,15 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
       tgt[b * T + t] = y < 0 ? -1 : y;
       num_valid += y >= 0;
     }
+  targets_.copy_from_host(tgt);
+  tgt = targets_.data<int32_t>();
 
   acquire_params(0);
-  embedding_->forward(layer_acts_[0].resid_in, ids, flat_params_[0].f32(), N, H);
+  embedding_->forward(layer_acts_[0].resid_in, ids_.data<int32_t>(), flat_params_[0].f32(), N, H);
   release_params(0);
-  auto bf16 = [this](float* x, int64_t n) {
-    if (bf16_) round_bf16(x, n);
-  };
+  auto bf16 = [this](float* x, int64_t n) { round_bf16_if(x, n); };
   const float eps = static_cast<float>(c.rms_norm_eps);
-  if (!moe_layers_.empty()) {
-    std::fill(aux_counts_.begin(), aux_counts_.end(), 0.0);
-    std::fill(aux_prob_sum_.begin(), aux_prob_sum_.end(), 0.0);
-  }
+  if (!moe_layers_.empty()) aux_stats_.zero_();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     float* out = l + 1 < c.num_hidden_layers ? layer_acts_[l + 1].resid_in : final_resid_.f32();
     acquire_params(static_cast<int>(l) + 1);
@@ -79,7 +68,8 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   rmsnorm_->forward(lnf_.f32(), rstdf_.f32(), final_resid_.f32(), norm_w, N, H, eps);
   bf16(lnf_.f32(), N * H);
   if (opts.keep_logits) {
-    if (!logits_copy_.defined() || logits_copy_.numel() != N * V) logits_copy_ = Tensor::empty({B, T, V});
+    if (!logits_copy_.defined() || logits_copy_.numel() != N * V)
+      logits_copy_ = Tensor::empty({B, T, V}, DType::F32, device_);
     logits_copy_ = logits_copy_.view({B, T, V});
   }
   ForwardResult r;
@@ -89,7 +79,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   // compute_grad the chunk's gradient is taken at once: dlm_head += dlogits^T lnf and d(lnf) = dlogits
   // lm_head (into dln_, read by backward()), so the full (N,V) logits never exist.
   float* dlnf = dln_.f32();
-  if (opts.compute_grad) std::memset(dlnf, 0, N * H * sizeof(float));
+  if (opts.compute_grad) zero(dlnf, N * H);
   // Nothing has been written into the head's gradient since zero_grad(): the first chunk's lm_head
   // gradient overwrites it (its zeros are not read back), the rest add to it.
   bool accumulate_dlm_head = !(head_grad_zeroed_ && !streamer_);
@@ -100,7 +90,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     const float* x = lnf_.f32() + r0 * H;
     matmul_->forward(lg, x, lm_head, rows, H, V);
     bf16(lg, rows * V);
-    if (opts.keep_logits) std::memcpy(logits_copy_.f32() + r0 * V, lg, rows * V * sizeof(float));
+    if (opts.keep_logits) dev_->copy(logits_copy_.f32() + r0 * V, lg, rows * V * sizeof(float));
     r.loss_sum += cross_entropy_->forward_backward(lg, tgt + r0, rows, V, scale, opts.compute_grad);
     if (opts.compute_grad) {
       matmul_->backward(dlnf + r0 * H, dlm_head, lg, x, lm_head, rows, H, V, accumulate_dlm_head);
@@ -118,8 +108,11 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     // aux = E * sum_e (tokens routed to e / R) * (mean router probability of e).
     const int64_t E = c.num_experts;
     const double R = (double)N * (double)moe_layers_.size();
+    aux_stats_.copy_to_host(aux_host_.data());
+    const double* counts = aux_host_.data();
+    const double* prob_sum = counts + E;
     double aux = 0;
-    for (int64_t e = 0; e < E; ++e) aux += (aux_counts_[e] / R) * (aux_prob_sum_[e] / R);
+    for (int64_t e = 0; e < E; ++e) aux += (counts[e] / R) * (prob_sum[e] / R);
     aux *= (double)E;
     r.aux_loss = aux_loss_ = aux;
     if (c.output_router_logits) r.loss += c.router_aux_loss_coef * aux;
@@ -128,7 +121,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
                                           : 0.0f;
     // d aux / d probs[n,e] = E * f_e / R, the same for every row of every sparse layer (counts are
     // constants).
-    for (int64_t e = 0; e < E; ++e) aux_dprob_[e] = (float)((double)E * (aux_counts_[e] / R) / R);
+    for (int64_t e = 0; e < E; ++e) aux_dprob_[e] = (float)((double)E * (counts[e] / R) / R);
   }
   grad_ready_ = opts.compute_grad;
   return r;
@@ -141,9 +134,7 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   const float* cos = rope_cos_.f32();
   const float* sin = rope_sin_.f32();
   const float eps = static_cast<float>(c.rms_norm_eps);
-  auto bf16 = [this](float* x, int64_t n) {
-    if (bf16_) round_bf16(x, n);
-  };
+  auto bf16 = [this](float* x, int64_t n) { round_bf16_if(x, n); };
   LayerActs& a = layer_acts_[l];
   LayerView w = layer_view(l);
   rmsnorm_->forward(a.ln1, a.rstd1, a.resid_in, w.input_norm, N, H, eps);
@@ -172,9 +163,7 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   matmul_->forward(a.resid_mid, a.att, w.wo, N, c.q_dim(), H);
   if (lora_) lora_->forward(l, LoraProj::O, a.att, N, a.resid_mid, H);
   float* rm = a.resid_mid;
-  const float* ri = a.resid_in;
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < N * H; ++i) rm[i] += ri[i];
+  elementwise_->add(rm, a.resid_in, N * H);
   bf16(rm, N * H);
   rmsnorm_->forward(a.ln2, a.rstd2, a.resid_mid, w.post_norm, N, H, eps);
   if (w.router) {
@@ -192,8 +181,7 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
     matmul_->forward(out, a.act, w.wdown, N, I, H);
     if (lora_) lora_->forward(l, LoraProj::Down, a.act, N, out, H);
   }
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < N * H; ++i) out[i] += rm[i];
+  elementwise_->add(out, rm, N * H);
   bf16(out, N * H);
 }
 
@@ -221,7 +209,7 @@ void Qwen3Model::backward() {
   // Head: forward() already accumulated the lm_head gradient and left d(final norm output) in dln_.
   float* dresid = dresid_.f32();
   float* dln = dln_.f32();
-  std::memset(dresid, 0, N * H * sizeof(float));
+  zero(dresid, N * H);
   rmsnorm_->backward(dresid, dnorm_w, dln, final_resid_.f32(), norm_w, rstdf_.f32(), N, H);
   release_params(group_head);
   finish_grads(group_head);
@@ -242,12 +230,12 @@ void Qwen3Model::backward() {
       // MLP branch: out = resid_mid + down(swiglu(gu(ln2)))
       float* dact = dact_.f32();
       float* dgu = dgu_.f32();
-      std::memset(dact, 0, N * I * sizeof(float));
+      zero(dact, N * I);
       matmul_->backward(dact, g.wdown, dresid, a.act, w.wdown, N, I, H, acc_dw);
       if (lora_) lora_->backward(l, LoraProj::Down, a.act, dresid, H, dact, N);
-      std::memset(dgu, 0, N * 2 * I * sizeof(float));
+      zero(dgu, N * 2 * I);
       swiglu_->backward(dgu, dact, a.gu, N, I);
-      std::memset(dln, 0, N * H * sizeof(float));
+      zero(dln, N * H);
       matmul_->backward(dln, g.wgu, dgu, a.ln2, w.wgu, N, H, 2 * I, acc_dw);
       if (lora_) {
         lora_->backward(l, LoraProj::Gate, a.ln2, dgu, 2 * I, dln, N);
@@ -257,28 +245,28 @@ void Qwen3Model::backward() {
     rmsnorm_->backward(dresid, g.post_norm, dln, a.resid_mid, w.post_norm, a.rstd2, N, H);
     // Attention branch: resid_mid = resid_in + o(attn(rope(norm(q,k)), v))
     float* datt = datt_.f32();
-    std::memset(datt, 0, N * c.q_dim() * sizeof(float));
+    zero(datt, N * c.q_dim());
     matmul_->backward(datt, g.wo, dresid, a.att, w.wo, N, c.q_dim(), H, acc_dw);
     if (lora_) lora_->backward(l, LoraProj::O, a.att, dresid, H, datt, N);
     float *dqr = dqr_.f32(), *dkr = dkr_.f32(), *dq = dq_.f32(), *dk = dk_.f32(), *dv = dv_.f32();
-    std::memset(dqr, 0, N * c.q_dim() * sizeof(float));
-    std::memset(dkr, 0, N * c.kv_dim() * sizeof(float));
-    std::memset(dv, 0, N * c.kv_dim() * sizeof(float));
+    zero(dqr, N * c.q_dim());
+    zero(dkr, N * c.kv_dim());
+    zero(dv, N * c.kv_dim());
     attention_->backward(dqr, dkr, dv, datt, a.qr, a.kr, a.v, a.att, a.attn_saved, B, T, nH, nKV, hd);
     // RoPE backward into dq/dk (as scratch), then q_norm/k_norm backward into dqr/dkr (reused).
-    std::memset(dq, 0, N * c.q_dim() * sizeof(float));
-    std::memset(dk, 0, N * c.kv_dim() * sizeof(float));
+    zero(dq, N * c.q_dim());
+    zero(dk, N * c.kv_dim());
     if (rope_qk_) {
       rope_qk_->backward(dq, dk, dqr, dkr, cos, sin, N, T, nH, nKV, hd);
     } else {
       rope_->backward(dq, dqr, cos, sin, N, T, nH, hd);
       rope_->backward(dk, dkr, cos, sin, N, T, nKV, hd);
     }
-    std::memset(dqr, 0, N * c.q_dim() * sizeof(float));
-    std::memset(dkr, 0, N * c.kv_dim() * sizeof(float));
+    zero(dqr, N * c.q_dim());
+    zero(dkr, N * c.kv_dim());
     rmsnorm_->backward(dqr, g.q_norm, dq, a.q_raw, w.q_norm, a.q_rstd, N * nH, hd);
     rmsnorm_->backward(dkr, g.k_norm, dk, a.k_raw, w.k_norm, a.k_rstd, N * nKV, hd);
-    std::memset(dln, 0, N * H * sizeof(float));
+    zero(dln, N * H);
     matmul_->backward(dln, g.wq, dqr, a.ln1, w.wq, N, H, c.q_dim(), acc_dw);
     matmul_->backward(dln, g.wk, dkr, a.ln1, w.wk, N, H, c.kv_dim(), acc_dw);
     matmul_->backward(dln, g.wv, dv, a.ln1, w.wv, N, H, c.kv_dim(), acc_dw);
@@ -307,29 +295,25 @@ void Qwen3Model::moe_forward_layer(int64_t l, float* out, bool count_tokens, boo
   const int m = moe_row_[l];
   // Router logits in f32 (the model dtype here), softmax in f32.
   matmul_->forward(a.router_probs, a.ln2, w.router, N, H, E);
-  if (bf16_) round_bf16(a.router_probs, N * E);
-  moe_router::softmax_rows(a.router_probs, N, E);
+  round_bf16_if(a.router_probs, N * E);
+  router_->softmax(a.router_probs, N, E);
   const bool balancing = c.load_balance_coeff > 0;
   const float* bias = balancing ? expert_bias_.f32() + m * E : nullptr;
-  moe_router::select_topk(a.topk_idx, a.topk_w, a.router_probs, bias, N, E, k, c.norm_topk_prob);
-  if (bf16_) round_bf16(a.topk_w, N * k);
-  if (balancing && count_tokens) {
-    float* counts = expert_counts_.f32() + m * E;
-    for (int64_t i = 0; i < N * k; ++i) counts[a.topk_idx[i]] += 1.0f;
-  }
+  router_->select_topk(a.topk_idx, a.topk_w, a.router_probs, bias, N, E, k, c.norm_topk_prob);
+  round_bf16_if(a.topk_w, N * k);
+  if (balancing && count_tokens) router_->count_tokens(expert_counts_.f32() + m * E, a.topk_idx, N * k, E);
   // Aux loss statistics: HF re-selects the top-k of the unbiased probabilities (differs from the routing
   // only when an expert bias is set). The rows of dlogits_router_ are free here and serve as scratch.
-  if (!accumulate_stats) {
-    // recomputation: the statistics of this layer were taken in the forward pass
-  } else if (bias) {
-    int32_t* idx = reinterpret_cast<int32_t*>(moe_scratch_.f32());  // N*k ints, before the experts use it
-    float* wtmp = dlogits_router_.f32();
-    moe_router::select_topk(idx, wtmp, a.router_probs, nullptr, N, E, k, false);
-    moe_router::count_slots(aux_counts_.data(), idx, N * k, E);
-  } else {
-    moe_router::count_slots(aux_counts_.data(), a.topk_idx, N * k, E);
+  if (accumulate_stats) {  // (when recomputing, the statistics of this layer were taken in the forward)
+    const int32_t* idx = a.topk_idx;
+    if (bias) {
+      int32_t* unbiased = reinterpret_cast<int32_t*>(moe_scratch_.f32());  // before the experts use it
+      router_->select_topk(unbiased, dlogits_router_.f32(), a.router_probs, nullptr, N, E, k, false);
+      idx = unbiased;
+    }
+    double* stats = aux_stats_.data<double>();
+    router_->aux_stats(stats, stats + E, idx, a.router_probs, N, E, k);
   }
-  if (accumulate_stats) moe_router::sum_probs(aux_prob_sum_.data(), a.router_probs, N, E);
   if (ep_)
     moe_experts_ep_forward(l, out);
   else
@@ -347,28 +331,30 @@ void Qwen3Model::moe_backward_layer(int64_t l, float* dresid, float aux_scale, b
   if (frozen_) g.router = nullptr;
   float* dln = dln_.f32();
   float* dtw = dtopk_w_.f32();
-  std::memset(dln, 0, N * H * sizeof(float));
-  std::memset(dtw, 0, N * k * sizeof(float));
+  zero(dln, N * H);
+  zero(dtw, N * k);
   if (ep_)
     moe_experts_ep_backward(l, dresid, dln, dtw);
   else
     moe_->backward(dln, dtw, g.wgu, g.wdown, a.moe, dresid, a.ln2, a.topk_idx, a.topk_w, w.wgu, w.wdown, N, k,
                    E, H, Im);
-  float* dbias = nullptr;
-  std::vector<float>& dp = aux_dprob_;
+  const float* dbias = nullptr;
   if (aux_scale != 0.0f) {
-    for (int64_t e = 0; e < E; ++e) aux_scaled_[e] = aux_scale * dp[e];
-    dbias = aux_scaled_.data();
+    std::vector<float> scaled(E);
+    for (int64_t e = 0; e < E; ++e) scaled[e] = aux_scale * aux_dprob_[e];
+    aux_scaled_.copy_from_host(scaled.data());
+    dbias = aux_scaled_.f32();
   }
   float* dlogits = dlogits_router_.f32();
-  moe_router::backward(dlogits, a.router_probs, a.topk_idx, dtw, dbias, N, E, k, c.norm_topk_prob);
+  router_->backward(dlogits, a.router_probs, a.topk_idx, dtw, dbias, N, E, k, c.norm_topk_prob);
   matmul_->backward(dln, g.router, dlogits, a.ln2, w.router, N, H, E, acc_dw);
 }
 
 // Expert-parallel experts of sparse layer l (forward). Every (token, expert) slot becomes one row
 // [x (H) | routing weight | local expert index] sent to the rank owning the expert; the owner runs the
 // grouped kernel on its rows with k = 1 (so it applies the weights) and sends the weighted outputs back;
-// out[n] = sum over s (in slot order, as the single-rank kernel) of the returned rows.
+// out[n] = sum over s (in slot order, as the single-rank kernel) of the returned rows. The send order is
+// worked out on the host (the exchange's row counts are host data anyway); rows move by device ops.
 void Qwen3Model::moe_experts_ep_forward(int64_t l, float* out) {
   const auto& c = config_;
   const int64_t N = B_ * T_, H = c.hidden_size, k = c.num_experts_per_tok, Im = c.moe_intermediate_size,
@@ -376,67 +362,43 @@ void Qwen3Model::moe_experts_ep_forward(int64_t l, float* out) {
   LayerActs& a = layer_acts_[l];
   LayerView w = layer_view(l);
   EpLayer& s = ep_layers_[moe_row_[l]];
+  ep_idx_host_.resize(S);
+  dev_->copy_to_host(ep_idx_host_.data(), a.topk_idx, S * sizeof(int32_t));
   std::vector<int> dest(S);
-  for (int64_t i = 0; i < S; ++i) dest[i] = static_cast<int>(a.topk_idx[i] / El);
+  for (int64_t i = 0; i < S; ++i) dest[i] = static_cast<int>(ep_idx_host_[i] / El);
   auto [order, counts] = dist::group_rows_by_destination(dest, ep_size_);
-  s.send_order = std::move(order);
-  s.pos_of_slot.resize(S);
-  for (int64_t i = 0; i < S; ++i) s.pos_of_slot[s.send_order[i]] = i;
-  ep_send_.resize(S * row);
-  {
-    float* send = ep_send_.data();
-    const int64_t* ord = s.send_order.data();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < S; ++i) {
-      const int64_t slot = ord[i];
-      float* r = send + i * row;
-      std::memcpy(r, a.ln2 + (slot / k) * H, H * sizeof(float));
-      r[H] = a.topk_w[slot];
-      r[H + 1] = static_cast<float>(a.topk_idx[slot] - dest[slot] * El);
-    }
-  }
+  std::vector<int64_t> pos(S);
+  for (int64_t i = 0; i < S; ++i) pos[order[i]] = i;
+  ensure(s.send_order, S, DType::I64).view_at(0, {S}).copy_from_host(order.data());
+  ensure(s.pos_of_slot, S, DType::I64).view_at(0, {S}).copy_from_host(pos.data());
+  ep_kernels_->pack(ensure(ep_send_, S * row).f32(), a.ln2, a.topk_w, a.topk_idx, s.send_order.data<int64_t>(),
+                    S, k, H, El);
   s.exchange = std::make_unique<dist::AllToAllExchange>(*ep_, counts, row);
   const int64_t R = s.exchange->total_recv();
-  ep_recv_.resize(R * row);
-  s.exchange->dispatch(ep_send_.data(), ep_recv_.data());
-  s.x.resize(R * H), s.w.resize(R), s.idx.resize(R);
-  for (int64_t r = 0; r < R; ++r) {
-    const float* src = ep_recv_.data() + r * row;
-    std::memcpy(s.x.data() + r * H, src, H * sizeof(float));
-    s.w[r] = src[H];
-    s.idx[r] = static_cast<int32_t>(src[H + 1]);
-    TITAN_CHECK(s.idx[r] >= 0 && s.idx[r] < El, "expert parallel: received a row for local expert ",
-                s.idx[r]);
-  }
-  s.gu.resize(R * 2 * Im), s.act.resize(R * Im), s.order.resize(R), s.row_of.resize(R);
-  s.offsets.assign(El + 1, 0);
-  ep_scratch_.resize(std::max<int64_t>(1, moe_experts_scratch_floats(R, 1, H, Im)));
-  ep_rows_.resize(R * H);
+  s.exchange->dispatch(ep_send_.f32(), ensure(ep_recv_, R * row).f32());
+  ensure(s.x, R * H), ensure(s.w, R), ensure(s.idx, R, DType::I32);
+  const int64_t bad = ep_kernels_->unpack(s.x.f32(), s.w.f32(), s.idx.data<int32_t>(), ep_recv_.f32(), R, H, El);
+  TITAN_CHECK(bad == 0, "expert parallel: received ", bad, " rows for experts outside this rank's ", El);
+  ensure(s.gu, R * 2 * Im), ensure(s.act, R * Im);
+  ensure(s.order, R, DType::I32), ensure(s.row_of, R, DType::I32);
+  ensure(s.offsets, El + 1, DType::I32).view_at(0, {El + 1}).zero_();
+  ensure(ep_scratch_, moe_experts_scratch_floats(R, 1, H, Im));
+  ensure(ep_rows_, R * H);
   if (R > 0) {
-    MoeExpertsBuffers buf{s.gu.data(),     s.act.data(),     s.order.data(),
-                          s.row_of.data(), s.offsets.data(), ep_scratch_.data()};
-    moe_->forward(ep_rows_.data(), buf, s.x.data(), s.idx.data(), s.w.data(), w.wgu, w.wdown, R, 1, El, H,
+    MoeExpertsBuffers buf{s.gu.f32(),           s.act.f32(),
+                          s.order.data<int32_t>(), s.row_of.data<int32_t>(),
+                          s.offsets.data<int32_t>(), ep_scratch_.f32()};
+    moe_->forward(ep_rows_.f32(), buf, s.x.f32(), s.idx.data<int32_t>(), s.w.f32(), w.wgu, w.wdown, R, 1, El, H,
                   Im);
   }
   dist::AllToAllExchange back(*s.exchange, H);
-  ep_send_.resize(S * H);
-  back.combine(ep_rows_.data(), ep_send_.data());
-  const float* ret = ep_send_.data();
-  const int64_t* pos = s.pos_of_slot.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    float* o = out + n * H;
-    std::memset(o, 0, H * sizeof(float));
-    for (int64_t j = 0; j < k; ++j) {
-      const float* y = ret + pos[n * k + j] * H;
-      for (int64_t h = 0; h < H; ++h) o[h] += y[h];
-    }
-  }
+  back.combine(ep_rows_.f32(), ensure(ep_send_, S * H).f32());
+  ep_kernels_->combine(out, nullptr, ep_send_.f32(), s.pos_of_slot.data<int64_t>(), N, k, H, H, false);
 }
 
 // Backward of the above: d(out) rows go to the experts' ranks, the kernel's backward runs there (expert
 // weight gradients accumulate locally), and [d x (H) | d weight] rows come back:
-// dln[n] += sum_s dx rows, dtw[slot] = d weight.
+// dln[n] += sum_s dx rows, dtw[slot] += d weight.
 void Qwen3Model::moe_experts_ep_backward(int64_t l, const float* dresid, float* dln, float* dtw) {
   const auto& c = config_;
   const int64_t N = B_ * T_, H = c.hidden_size, k = c.num_experts_per_tok, Im = c.moe_intermediate_size,
@@ -446,46 +408,26 @@ void Qwen3Model::moe_experts_ep_backward(int64_t l, const float* dresid, float* 
   EpLayer& s = ep_layers_[moe_row_[l]];
   TITAN_CHECK(s.exchange, "expert parallel: backward without a forward");
   const int64_t R = s.exchange->total_recv();
-  ep_send_.resize(S * H);
-  {
-    float* send = ep_send_.data();
-    const int64_t* ord = s.send_order.data();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < S; ++i) std::memcpy(send + i * H, dresid + (ord[i] / k) * H, H * sizeof(float));
-  }
+  ep_kernels_->gather_rows(ensure(ep_send_, S * H).f32(), dresid, s.send_order.data<int64_t>(), S, k, H);
   dist::AllToAllExchange out_rows(*s.exchange, H);
-  ep_rows_.resize(R * H);
-  out_rows.dispatch(ep_send_.data(), ep_rows_.data());  // d(out) of every received row
+  out_rows.dispatch(ep_send_.f32(), ensure(ep_rows_, R * H).f32());  // d(out) of every received row
   const int64_t row = H + 1;
-  ep_recv_.assign(R * row, 0.0f);
+  ensure(ep_recv_, R * row);
   if (R > 0) {
-    // dx rows (R,H) and d weights (R) computed into ep_recv_'s space, then packed as [dx | dw].
-    ep_dx_.assign(R * H, 0.0f);
-    ep_dw_.assign(R, 0.0f);
-    ep_scratch_.resize(std::max<int64_t>(1, moe_experts_scratch_floats(R, 1, H, Im)));
-    MoeExpertsBuffers buf{s.gu.data(),     s.act.data(),     s.order.data(),
-                          s.row_of.data(), s.offsets.data(), ep_scratch_.data()};
-    moe_->backward(ep_dx_.data(), ep_dw_.data(), g.wgu, g.wdown, buf, ep_rows_.data(), s.x.data(),
-                   s.idx.data(), s.w.data(), w.wgu, w.wdown, R, 1, El, H, Im);
-    for (int64_t r = 0; r < R; ++r) {
-      std::memcpy(ep_recv_.data() + r * row, ep_dx_.data() + r * H, H * sizeof(float));
-      ep_recv_[r * row + H] = ep_dw_[r];
-    }
+    // dx rows (R,H) and d weights (R), then packed as [dx | dw] rows.
+    zero(ensure(ep_dx_, R * H).f32(), R * H);
+    zero(ensure(ep_dw_, R).f32(), R);
+    ensure(ep_scratch_, moe_experts_scratch_floats(R, 1, H, Im));
+    MoeExpertsBuffers buf{s.gu.f32(),           s.act.f32(),
+                          s.order.data<int32_t>(), s.row_of.data<int32_t>(),
+                          s.offsets.data<int32_t>(), ep_scratch_.f32()};
+    moe_->backward(ep_dx_.f32(), ep_dw_.f32(), g.wgu, g.wdown, buf, ep_rows_.f32(), s.x.f32(),
+                   s.idx.data<int32_t>(), s.w.f32(), w.wgu, w.wdown, R, 1, El, H, Im);
+    ep_kernels_->pack_grads(ep_recv_.f32(), ep_dx_.f32(), ep_dw_.f32(), R, H);
   }
   dist::AllToAllExchange grads_back(*s.exchange, row);
-  ep_send_.resize(S * row);
-  grads_back.combine(ep_recv_.data(), ep_send_.data());
-  const float* ret = ep_send_.data();
-  const int64_t* pos = s.pos_of_slot.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    float* o = dln + n * H;
-    for (int64_t j = 0; j < k; ++j) {
-      const float* src = ret + pos[n * k + j] * row;
-      for (int64_t h = 0; h < H; ++h) o[h] += src[h];
-      dtw[n * k + j] += src[H];
-    }
-  }
+  grads_back.combine(ep_recv_.f32(), ensure(ep_send_, S * row).f32());
+  ep_kernels_->combine(dln, dtw, ep_send_.f32(), s.pos_of_slot.data<int64_t>(), N, k, H, row, true);
 }
 
 }  // namespace titan
