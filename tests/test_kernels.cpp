@@ -529,6 +529,9 @@ TEST(Kernels, ElementwiseMatchesTheMath) {
     }
     k.fill(back.data(), 2.5f, n);
     EXPECT_EQ(std::count(back.begin(), back.end(), 2.5f), n);
+    auto scaled = y;
+    k.scale(scaled.data(), 0.75f, n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(scaled[i], y[i] * 0.75f) << name << " scale at " << i;
   }
 }
 

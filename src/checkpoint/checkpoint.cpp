@@ -208,7 +208,8 @@ std::string save(dist::ProcessGroup& pg, const SaveRequest& req) {
       TITAN_CHECK(s.offset >= 0 && s.offset + s.data.numel() <= s.numel, "checkpoint: slice '", s.name, "' [",
                   s.offset, ", ", s.offset + s.data.numel(), ") is outside its tensor of ", s.numel,
                   " elements");
-      tensors.emplace_back(entry_key(s.name, s.offset), s.data.view({s.data.numel()}));
+      // Device state is written from a host copy.
+      tensors.emplace_back(entry_key(s.name, s.offset), s.data.view({s.data.numel()}).to(Device::cpu()));
       slices.push_back(
           {{"name", s.name}, {"numel", s.numel}, {"offset", s.offset}, {"count", s.data.numel()}});
       total += static_cast<int64_t>(s.data.nbytes());
@@ -456,8 +457,7 @@ void Reader::read(std::vector<Slice>& wanted, bool log) const {
   for (auto& p : pieces) {
     const SafetensorsFile& file = *open.at(p.file);
     const auto& e = file.entry(p.key);
-    std::memcpy(wanted[p.want].data.f32() + p.dst_elem, file.bytes(e) + p.src_elem * 4,
-                static_cast<size_t>(p.count) * 4);
+    wanted[p.want].data.view_at(p.dst_elem, {p.count}).copy_from_host(file.bytes(e) + p.src_elem * 4);
     progress.add(p.count * 4);
   }
   const double dt = now_s() - t0;

@@ -11,7 +11,7 @@ namespace {
 
 int forward_main(int argc, char** argv) {
   titan::ForwardToolOptions o;
-  std::string dtype = "f32";
+  std::string dtype = "f32", device = "cpu";
   std::vector<std::string> kernels;
   CLI::App app{"Logits, loss, gradients and AdamW steps of an HF Qwen3 model on a batch, as safetensors",
                "titan forward"};
@@ -27,6 +27,7 @@ int forward_main(int argc, char** argv) {
   app.add_option("--eps", o.eps)->capture_default_str();
   app.add_option("--max-norm", o.max_norm, "clip gradients to this global norm (0: off)");
   app.add_option("--dtype", dtype, "compute dtype: f32 or bf16")->capture_default_str();
+  app.add_option("--device", device, "cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--lora", o.lora_dir,
                  "PEFT LoRA adapter dir: frozen base, grads/params/steps of the adapter tensors only");
   app.add_flag("--lora-bf16-base", o.lora_bf16_base, "with --lora: hold the frozen base weights in bf16");
@@ -37,6 +38,7 @@ int forward_main(int argc, char** argv) {
     return app.exit(e);
   }
   o.dtype = titan::parse_dtype(dtype);
+  o.device = titan::parse_device(device, "--device");
   for (auto& k : kernels) {
     auto eq = k.find('=');
     TITAN_CHECK(eq != std::string::npos, "--kernel expects op=impl, got '", k, "'");

@@ -37,6 +37,20 @@ void AllocatorStats::on_free(size_t n) {
   current.fetch_sub(static_cast<int64_t>(n));
 }
 
+Device parse_device(std::string_view name, std::string_view what) {
+  if (name == "cpu") return Device::cpu();
+  if (name == "cuda") return Device{DeviceType::CUDA, 0};
+  if (name.starts_with("cuda:") && name.size() > 5 && name.size() < 9) {
+    int index = 0;
+    for (char ch : name.substr(5)) {
+      TITAN_CHECK(ch >= '0' && ch <= '9', what, " = '", name, "': expected cpu, cuda or cuda:N");
+      index = index * 10 + (ch - '0');
+    }
+    return Device{DeviceType::CUDA, index};
+  }
+  fail(what, " = '", name, "': expected cpu, cuda or cuda:N");
+}
+
 void register_device(DeviceType type, DeviceInterface* iface) {
   TITAN_CHECK(iface->version == DeviceInterface::kVersion, "device '", iface->name,
               "' was built for device interface v", iface->version, ", core is v", DeviceInterface::kVersion);

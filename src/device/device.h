@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace titan {
 
@@ -58,6 +59,8 @@ struct DeviceInterface {
   std::string (*describe)() = nullptr;
   // Waits until the device has finished all queued work (null where work is synchronous).
   void (*synchronize)() = nullptr;
+  // Accelerators: makes device `index` this process's current one (before its first allocation or op).
+  void (*set_current)(int index) = nullptr;
 };
 
 // Registers `iface` for `type`; called from a static initializer in the device's own file.
@@ -65,5 +68,7 @@ void register_device(DeviceType type, DeviceInterface* iface);
 // Throws titan::Error if the device type is not compiled in.
 DeviceInterface& device_interface(DeviceType type);
 bool device_available(DeviceType type);
+// "cpu", "cuda" (= cuda:0) or "cuda:N". Throws titan::Error naming `what` (e.g. the config key) otherwise.
+Device parse_device(std::string_view name, std::string_view what = "device");
 
 }  // namespace titan

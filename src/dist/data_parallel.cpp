@@ -43,7 +43,7 @@ DdpReducer::DdpReducer(ProcessGroup& pg, std::vector<Tensor> grads, int64_t buck
   int64_t staging = 0;
   for (auto& b : buckets_)
     if (b.segments.size() > 1) staging = std::max(staging, b.count);
-  if (staging > 0) staging_ = Tensor::empty({staging});
+  if (staging > 0) staging_ = Tensor::empty({staging}, DType::F32, grads_[0].device());
 }
 
 void DdpReducer::all_reduce_mean() {
@@ -53,16 +53,18 @@ void DdpReducer::all_reduce_mean() {
       pg_.all_reduce(grads_[s.tensor].f32() + s.offset, s.count, ReduceOp::Avg);
       continue;
     }
+    // Small segments travel together through one staging buffer (on the gradients' device).
     float* st = staging_.f32();
+    auto copy = device_interface(staging_.device().type).copy;
     int64_t at = 0;
     for (auto& s : b.segments) {
-      std::memcpy(st + at, grads_[s.tensor].f32() + s.offset, s.count * sizeof(float));
+      copy(st + at, grads_[s.tensor].f32() + s.offset, s.count * sizeof(float));
       at += s.count;
     }
     pg_.all_reduce(st, b.count, ReduceOp::Avg);
     at = 0;
     for (auto& s : b.segments) {
-      std::memcpy(grads_[s.tensor].f32() + s.offset, st + at, s.count * sizeof(float));
+      copy(grads_[s.tensor].f32() + s.offset, st + at, s.count * sizeof(float));
       at += s.count;
     }
   }

@@ -183,6 +183,7 @@ struct ElementwiseKernels {
   void (*to_bf16)(uint16_t* dst, const float* src, int64_t n);    // nearest even; NaN stays NaN
   void (*from_bf16)(float* dst, const uint16_t* src, int64_t n);  // exact
   void (*fill)(float* x, float value, int64_t n);
+  void (*scale)(float* x, float a, int64_t n);  // x *= a
 };
 
 // Router of a sparse layer (HF Qwen3MoeTopKRouter, torchtitan's expert bias) and its statistics.

@@ -12,11 +12,15 @@ AdamW::AdamW(std::vector<Tensor> params, std::vector<Tensor> grads, const AdamWC
     : params_(std::move(params)), grads_(std::move(grads)), config_(config) {
   TITAN_CHECK(params_.size() == grads_.size(), "AdamW: ", params_.size(), " parameter buffers but ",
               grads_.size(), " gradient buffers");
-  for (auto& p : params_) {
-    m_.push_back(Tensor::zeros(p.shape()));
-    v_.push_back(Tensor::zeros(p.shape()));
+  // The state lives beside the parameters, on their device, and the step runs there.
+  const Device device = params_.empty() ? Device::cpu() : params_[0].device();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    TITAN_CHECK(params_[i].device() == device && grads_[i].device() == device, "AdamW: buffer ", i, " is on ",
+                params_[i].device().str(), " / ", grads_[i].device().str(), ", buffer 0 on ", device.str());
+    m_.push_back(Tensor::zeros(params_[i].shape(), DType::F32, device));
+    v_.push_back(Tensor::zeros(params_[i].shape(), DType::F32, device));
   }
-  kernel_ = &get_kernel<AdamWKernels>(DeviceType::CPU, impl);
+  kernel_ = &get_kernel<AdamWKernels>(device.type, impl);
 }
 
 void AdamW::step(float lr, float grad_scale) {
@@ -34,24 +38,13 @@ int64_t AdamW::state_bytes() const {
 
 double grad_sq_norm(const std::vector<Tensor>& grads) {
   double total = 0;
-  for (auto& g : grads) {
-    const float* p = g.f32();
-    const int64_t n = g.numel();
-    double s = 0;
-#pragma omp parallel for simd reduction(+ : s) schedule(static)
-    for (int64_t i = 0; i < n; ++i) s += (double)p[i] * p[i];
-    total += s;
-  }
+  for (auto& g : grads)
+    total += get_kernel<SumSquaresKernels>(g.device().type).sum_squares(g.f32(), g.numel());
   return total;
 }
 
 void scale_grads(std::vector<Tensor>& grads, float coef) {
-  for (auto& g : grads) {
-    float* p = g.f32();
-    const int64_t n = g.numel();
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) p[i] *= coef;
-  }
+  for (auto& g : grads) get_kernel<ElementwiseKernels>(g.device().type).scale(g.f32(), coef, g.numel());
 }
 
 float clip_coefficient(double norm, double max_norm) {

@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "core/error.h"
+#include "device/device.h"
 
 namespace titan {
 
@@ -27,6 +28,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"job", "dump_folder", &c.job.dump_folder},
       {"job", "description", &c.job.description},
       {"job", "print_config", &c.job.print_config},
+      {"job", "device", &c.job.device},
       {"model", "name", &c.model.name},
       {"model", "flavor", &c.model.flavor},
       {"model", "hf_assets_path", &c.model.hf_assets_path},
@@ -283,6 +285,7 @@ void TrainConfig::validate() const {
   check_choice("model.name", model.name, {"qwen3"});
   check_choice("optimizer.name", optimizer.name, {"AdamW"});
   check_choice("model.moe_aux_loss", model.moe_aux_loss, {"auto", "on", "off"});
+  parse_device(job.device, "job.device");
   check_choice("lr_scheduler.decay_type", lr_scheduler.decay_type, {"linear", "sqrt", "cosine", "constant"});
   check_choice("training.dataset_format", training.dataset_format,
                {"auto", "text", "jsonl", "tokens", "chat"});

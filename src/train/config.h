@@ -14,6 +14,8 @@ struct JobConfig {
   std::string dump_folder = "./outputs";
   std::string description = "";
   bool print_config = true;
+  // Where the model trains: "cpu", "cuda" (rank r of a multi-process run on GPU r mod #GPUs) or "cuda:N".
+  std::string device = "cpu";
 };
 
 struct ModelConfig {

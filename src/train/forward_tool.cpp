@@ -61,7 +61,10 @@ void run_forward_tool(const ForwardToolOptions& opts) {
   const TokenBatch batch = read_token_batch_json(opts.input_path);
   const Qwen3Config config = Qwen3Config::from_hf_file(opts.model_dir + "/config.json");
   const bool bf16_base = !opts.lora_dir.empty() && opts.lora_bf16_base;
-  Qwen3Model model(config, opts.kernels, nullptr, /*allocate=*/!bf16_base);
+  TITAN_CHECK(opts.lora_dir.empty() || opts.device.type == DeviceType::CPU,
+              "--lora runs on the cpu only so far (got --device ", opts.device.str(), ")");
+  if (opts.device.type != DeviceType::CPU) device_interface(opts.device.type).set_current(opts.device.index);
+  Qwen3Model model(config, opts.kernels, nullptr, /*allocate=*/!bf16_base, opts.device);
   std::unique_ptr<FrozenBf16Base> frozen;
   std::unique_ptr<LoraAdapters> lora;
   if (!opts.lora_dir.empty()) {
@@ -86,7 +89,9 @@ void run_forward_tool(const ForwardToolOptions& opts) {
   fo.keep_logits = true;
   fo.compute_grad = opts.grads || opts.steps > 0;
   ForwardResult r = model.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T, fo);
-  out.emplace_back("logits", model.logits().clone());
+  // Outputs are host copies (clones on the cpu: later steps overwrite the model's buffers).
+  auto host = [](const Tensor& t) { return t.clone().to(Device::cpu()); };
+  out.emplace_back("logits", host(model.logits()));
   out.emplace_back("loss", Tensor::from_vector({static_cast<float>(r.loss)}, {}));
   // MoE: HF load_balancing_loss_func value (added to `loss` times router_aux_loss_coef when the config has
   // output_router_logits).
@@ -94,7 +99,7 @@ void run_forward_tool(const ForwardToolOptions& opts) {
     out.emplace_back("aux_loss", Tensor::from_vector({static_cast<float>(r.aux_loss)}, {}));
   if (fo.compute_grad) model.backward();
   if (opts.grads)
-    for (auto& p : trainable) out.emplace_back("grad." + p.name, p.grad.clone());
+    for (auto& p : trainable) out.emplace_back("grad." + p.name, host(p.grad));
 
   if (opts.steps > 0) {
     AdamWConfig ac{opts.lr, opts.beta1, opts.beta2, opts.eps, opts.weight_decay};
@@ -113,7 +118,7 @@ void run_forward_tool(const ForwardToolOptions& opts) {
       optimizer.step(opts.lr);
     }
     out.emplace_back("losses", Tensor::from_vector(losses, {opts.steps}));
-    for (auto& p : trainable) out.emplace_back("param." + p.name, p.value.clone());
+    for (auto& p : trainable) out.emplace_back("param." + p.name, host(p.value));
   }
   save_safetensors(opts.output_path, out, {{"format", "pt"}});
 }

@@ -21,6 +21,7 @@ struct ForwardToolOptions {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   double max_norm = 0;  // <= 0: no clipping
   DType dtype = DType::F32;
+  Device device;  // where the model lives and runs (inputs and outputs stay in host memory)
   KernelChoice kernels;
   // LoRA: a PEFT adapter dir (adapter_config.json + adapter_model.safetensors) put on the model; the base is
   // frozen, grads/params are written for the adapter tensors only (PEFT names), AdamW steps the adapters.

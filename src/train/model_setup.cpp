@@ -30,18 +30,18 @@ Qwen3Config resolve_model_config(const TrainConfig& cfg) {
   return c;
 }
 
-void validate_kernel_choice(const std::map<std::string, std::string>& kernels) {
+void validate_kernel_choice(const std::map<std::string, std::string>& kernels, DeviceType device) {
   for (auto& [op, impl] : kernels) {
     auto ops = KernelRegistry::global().ops();
     std::string valid_ops;
     for (auto& o : ops) valid_ops += (valid_ops.empty() ? "" : ", ") + o;
     TITAN_CHECK(std::find(ops.begin(), ops.end(), op) != ops.end(), "kernels.", op,
                 ": unknown op (valid: ", valid_ops, ")");
-    auto impls = KernelRegistry::global().impls(op, DeviceType::CPU);
+    auto impls = KernelRegistry::global().impls(op, device);
     std::string valid;
     for (auto& i : impls) valid += (valid.empty() ? "" : ", ") + i;
     TITAN_CHECK(std::find(impls.begin(), impls.end(), impl) != impls.end(), "kernels.", op, " = '", impl,
-                "': no such implementation (valid: ", valid, ")");
+                "': no such implementation on ", device_type_name(device), " (valid: ", valid, ")");
   }
 }
 

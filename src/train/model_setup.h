@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "device/device.h"
 #include "models/qwen3/config.h"
 #include "train/config.h"
 
@@ -15,6 +16,7 @@ Qwen3Config resolve_model_config(const TrainConfig& config);
 
 // Every [kernels] entry names a registered op and one of its implementations (errors list the valid
 // ones).
-void validate_kernel_choice(const std::map<std::string, std::string>& kernels);
+void validate_kernel_choice(const std::map<std::string, std::string>& kernels,
+                            DeviceType device = DeviceType::CPU);
 
 }  // namespace titan

@@ -116,7 +116,7 @@ StepOutcome Trainer::train_step(int64_t step) {
   dp_->reduce_grads();
   if (mc_.num_experts > 0 && mc_.load_balance_coeff > 0) {
     // Aux-loss-free balancing: global routed-token counts, then the expert-bias update.
-    if (world_ > 1) pg_->all_reduce(model_->expert_token_counts(), dist::ReduceOp::Sum);
+    if (world_ > 1) tensor_pg().all_reduce(model_->expert_token_counts(), dist::ReduceOp::Sum);
     model_->update_expert_bias();
   }
   // Clipping (torch's clip_grad_norm_) is applied inside the optimizer step: one pass fewer over the

@@ -10,6 +10,7 @@
 #include "device/device.h"
 #include "dist/data_parallel_plan.h"
 #include "dist/expert_parallel.h"
+#include "dist/nccl.h"
 #include "dist/runtime.h"
 #include "models/qwen3/lora.h"
 #include "models/qwen3/model.h"
@@ -64,9 +65,33 @@ void Trainer::build_process_group_and_plan() {
     plan_.grad_bytes = adapters * 4;
     plan_.optimizer_bytes = adapters * 8;
   }
+  select_device();
   if (cfg_.job.print_config && lead_)
     std::printf("# titan train: resolved config\n%s", cfg_.to_toml().c_str());
   if (lead_) std::printf("# plan\n%s\n", plan_.describe().c_str());
+}
+
+// job.device: an accelerator is picked per rank (rank r on GPU r mod #GPUs for "cuda"), and its
+// gradients and parameters travel through NCCL between ranks. What is not yet on the GPU says so here.
+void Trainer::select_device() {
+  device_ = parse_device(cfg_.job.device, "job.device");
+  if (device_.type == DeviceType::CPU) return;
+  TITAN_CHECK(!cfg_.lora.enable, "job.device = '", cfg_.job.device, "': LoRA trains on the cpu only so far");
+  TITAN_CHECK(plan_.dp_shard <= 1, "job.device = '", cfg_.job.device,
+              "': FSDP (data_parallel_shard_degree > 1) runs on the cpu only so far; use "
+              "parallelism.data_parallel_replicate_degree (DDP) on GPUs");
+  TITAN_CHECK(plan_.expert_parallel <= 1, "job.device = '", cfg_.job.device,
+              "': expert parallel runs on the cpu only so far");
+  DeviceInterface& d = device_interface(device_.type);
+  const int count = d.device_count();
+  TITAN_CHECK(count > 0, "job.device = '", cfg_.job.device,
+              "': the CUDA runtime finds no GPU on this machine");
+  if (world_ > 1 && cfg_.job.device == "cuda") device_.index = static_cast<int>(rank_ % count);
+  d.set_current(device_.index);
+  if (world_ > 1) device_pg_ = dist::make_nccl_group(*pg_);
+  if (lead_)
+    std::printf("device: %s (%d GPU(s) visible)%s\n", device_.str().c_str(), count,
+                world_ > 1 ? ", NCCL between ranks" : "");
 }
 
 // Validates everything that can be checked without allocating the model.
@@ -90,11 +115,11 @@ void Trainer::build_data() {
 }
 
 void Trainer::build_model() {
-  validate_kernel_choice(cfg_.kernels);
+  validate_kernel_choice(cfg_.kernels, device_.type);
   if (cfg_.lora.enable) return build_lora_model();
   // Expert parallel: groups of expert_parallel_degree consecutive ranks split every sparse layer's experts.
   ep_group_ = dist::make_expert_group(*pg_, static_cast<int>(plan_.expert_parallel));
-  model_ = std::make_unique<Qwen3Model>(mc_, cfg_.kernels, ep_group_.get());
+  model_ = std::make_unique<Qwen3Model>(mc_, cfg_.kernels, ep_group_.get(), true, device_);
   model_->init_weights(cfg_.training.seed);
   model_->set_activation_checkpointing(cfg_.activation_checkpoint.mode == "full");
   export_model_ = model_.get();
@@ -113,7 +138,7 @@ void Trainer::build_parallelism() {
   stream_ = plan_.dp_shard > 1;
   if (bf16_ && !stream_) build_mixed_precision_master();
   dp_ = std::make_unique<dist::DataParallelPlan>(
-      *pg_, static_cast<int>(plan_.dp_replicate), static_cast<int>(plan_.dp_shard),
+      tensor_pg(), static_cast<int>(plan_.dp_replicate), static_cast<int>(plan_.dp_shard),
       master_.empty() ? model_->flat_params() : master_, model_->flat_grads(), int64_t(25) << 20, stream_,
       dist::ExpertParallelLayout{ep_group_, model_->expert_offsets()});
   streamer_ = std::make_unique<PlanStreamer>(*dp_);

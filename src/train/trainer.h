@@ -122,11 +122,17 @@ class Trainer {
   void export_lora(const std::string& dir);
   void export_hf(const std::string& dir);
   void write_sample();
+  void build_host_copy();
 
   TrainConfig cfg_;
   TrainResult result_;
   dist::ProcessGroup* pg_ = nullptr;
   int64_t world_ = 1, rank_ = 0;
+  Device device_;  // job.device: where the model, gradients and optimizer state live
+  // Collectives over device buffers (gradients, parameters): NCCL on GPUs, else pg_ itself.
+  std::shared_ptr<dist::ProcessGroup> device_pg_;
+  dist::ProcessGroup& tensor_pg() { return device_pg_ ? *device_pg_ : *pg_; }
+  void select_device();
   bool lead_ = true;  // rank 0 prints and writes the artifacts
   Qwen3Config mc_;
   RunPlan plan_;

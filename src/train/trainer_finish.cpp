@@ -22,6 +22,7 @@ void Trainer::gather_final_model() {
   finished_model_ = true;
   // LoRA keeps its frozen base where it is (a bf16 base is never expanded to f32 in full).
   if (model_->param_streamer() && !lora_) model_->set_param_streamer(nullptr);
+  if (model_->device().type != DeviceType::CPU) return build_host_copy();
   if (ep_group_ && (cfg_.checkpoint.last_save_in_hf || cfg_.training.sample_tokens > 0)) {
     NamedTensors all = model_->gathered_state_dict();  // collective over the expert group
     if (lead_) {
@@ -31,6 +32,15 @@ void Trainer::gather_final_model() {
       export_model_ = gathered_.get();
     }
   }
+}
+
+// A model on an accelerator is exported and sampled from a copy in host memory (rank 0).
+void Trainer::build_host_copy() {
+  if (!lead_) return;
+  gathered_ = std::make_unique<Qwen3Model>(mc_);  // the cpu's default kernels
+  gathered_->load_state_dict(model_->state_dict());
+  if (mc_.is_moe()) gathered_->expert_bias().copy_from(model_->expert_bias());
+  export_model_ = gathered_.get();
 }
 
 // HF export (rank 0): config.json + safetensors (+ tokenizer.json) into `dir`.

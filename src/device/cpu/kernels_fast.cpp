@@ -277,6 +277,14 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float l
   }
 }
 
+// Threads reduce partial sums in double (the gradient norm over every gradient buffer).
+double sum_squares(const float* x, int64_t n) {
+  double s = 0;
+#pragma omp parallel for simd reduction(+ : s) schedule(static)
+  for (int64_t i = 0; i < n; ++i) s += (double)x[i] * x[i];
+  return s;
+}
+
 const MatmulKernels kMatmul{matmul_forward, matmul_backward};
 const RmsNormKernels kRmsNorm{rmsnorm_forward, rmsnorm_backward};
 const RopeKernels kRope{rope_forward, rope_backward};
@@ -288,6 +296,7 @@ const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy};
 const AdamWKernels kAdamW{adamw_step};
+const SumSquaresKernels kSumSquares{sum_squares};
 
 TITAN_REGISTER_KERNEL(MatmulKernels, CPU, "blas", kMatmul, 10);
 TITAN_REGISTER_KERNEL(RmsNormKernels, CPU, "fast", kRmsNorm, 10);
@@ -297,6 +306,7 @@ TITAN_REGISTER_KERNEL(SwigluKernels, CPU, "fast", kSwiglu, 10);
 TITAN_REGISTER_KERNEL(EmbeddingKernels, CPU, "fast", kEmbedding, 10);
 TITAN_REGISTER_KERNEL(CrossEntropyKernels, CPU, "fast", kCrossEntropy, 10);
 TITAN_REGISTER_KERNEL(AdamWKernels, CPU, "fast", kAdamW, 10);
+TITAN_REGISTER_KERNEL(SumSquaresKernels, CPU, "fast", kSumSquares, 10);
 
 }  // namespace
 }  // namespace titan

@@ -185,7 +185,12 @@ void ep_combine(float* out, float* dtw, const float* rows, const int64_t* pos, i
   }
 }
 
-const ElementwiseKernels kElementwise{add, round_bf16, to_bf16, from_bf16, fill};
+void scale(float* x, float a, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) x[i] *= a;
+}
+
+const ElementwiseKernels kElementwise{add, round_bf16, to_bf16, from_bf16, fill, scale};
 const MoeRouterKernels kMoeRouter{softmax_rows, select_topk,     count_tokens,
                                   aux_stats,    router_backward, update_bias};
 const ExpertParallelKernels kExpertParallel{ep_pack, ep_unpack, ep_gather_rows, ep_pack_grads, ep_combine};

@@ -102,6 +102,11 @@ void zero(void* dst, size_t n) {
 void copy_on_device(void* dst, const void* src, size_t n) {
   if (n) TITAN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, cuda_stream()));
 }
+void set_current(int index) {
+  const int n = gpu_count();
+  TITAN_CHECK(index >= 0 && index < n, "cuda:", index, " requested, but the CUDA runtime finds ", n, " GPU(s)");
+  TITAN_CUDA_CHECK(cudaSetDevice(index));
+}
 int one_thread() {
   return 1;
 }
@@ -137,6 +142,7 @@ struct CudaDeviceRegistration {
     iface.copy_from_host = copy_from_host;
     iface.zero = zero;
     iface.copy = copy_on_device;
+    iface.set_current = set_current;
     iface.num_threads = one_thread;
     iface.device_count = gpu_count;
     iface.describe = describe;
