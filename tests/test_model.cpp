@@ -37,7 +37,7 @@ class GoldenQwen3 : public ::testing::TestWithParam<std::string> {};
 
 // Runs one fixture (forward, gradients, AdamW steps) and compares every tensor at the stated tolerances.
 void expect_fixture_reproduced(const std::string& fixture, const KernelChoice& kernels,
-                               const std::string& label) {
+                               const std::string& label, Device device = Device::cpu()) {
   const std::string dir = source_path("tests/golden/qwen3/" + fixture);
   const nlohmann::json meta = read_meta(dir);
   TempDir tmp;
@@ -49,6 +49,7 @@ void expect_fixture_reproduced(const std::string& fixture, const KernelChoice& k
   o.steps = meta["steps"].get<int64_t>();
   testing::set_adamw_from_meta(o, meta);
   o.kernels = kernels;
+  o.device = device;
   run_forward_tool(o);
 
   SafetensorsFile got(o.output_path);
@@ -76,6 +77,12 @@ void expect_fixture_reproduced(const std::string& fixture, const KernelChoice& k
 
 TEST_P(GoldenQwen3, MatchesTransformers) {
   expect_fixture_reproduced(GetParam(), {}, GetParam());
+}
+
+// The same fixtures with the model on the GPU (titan forward --device cuda), at the same tolerances.
+TEST_P(GoldenQwen3, MatchesTransformersOnCuda) {
+  TITAN_SKIP_WITHOUT_CUDA_GPU();
+  expect_fixture_reproduced(GetParam(), {}, GetParam() + " on cuda", Device{DeviceType::CUDA, 0});
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenQwen3, ::testing::ValuesIn(golden_cases()),
@@ -136,6 +143,39 @@ TEST(Qwen3Golden, ForwardCliReproducesFixture) {
   for (auto& [key, _] : want.entries())
     if (key.starts_with("param.")) params.expect_close(key, got.load(key), "titan forward");
   params.expect_total_close("titan forward");
+}
+
+TEST(Qwen3Golden, ForwardCliDeviceErrorsAreClear) {
+  const std::string dir = source_path("tests/golden/qwen3/untied_gqa4");
+  TempDir tmp;
+  const std::string base = "forward --model " + dir + " --input " + dir + "/input.json --output " +
+                           (tmp / "o.safetensors") + " --device ";
+  std::string out;
+  EXPECT_NE(testing::run_titan(base + "tpu", &out), 0);
+  EXPECT_NE(out.find("--device = 'tpu': expected cpu, cuda or cuda:N"), std::string::npos) << out;
+  if (!testing::have_cuda_gpu()) {  // a build without CUDA, or no GPU: said so, nothing written
+    EXPECT_NE(testing::run_titan(base + "cuda", &out), 0);
+    EXPECT_TRUE(out.find("not available in this build") != std::string::npos ||
+                out.find("finds no GPU") != std::string::npos)
+        << out;
+  }
+  EXPECT_FALSE(std::filesystem::exists(tmp / "o.safetensors"));
+}
+
+TEST(Qwen3Golden, ForwardCliOnCudaReproducesFixture) {
+  TITAN_SKIP_WITHOUT_CUDA_GPU();
+  const std::string dir = source_path("tests/golden/qwen3/untied_gqa4");
+  TempDir tmp;
+  std::string out;
+  ASSERT_EQ(testing::run_titan("forward --device cuda --model " + dir + " --input " + dir +
+                                   "/input.json --grads --output " + (tmp / "o.safetensors"),
+                               &out),
+            0)
+      << out;
+  SafetensorsFile got(tmp / "o.safetensors");
+  testing::GoldenParams params(dir);
+  EXPECT_LE(rel_error(got.load("logits"), params.want().load("logits")), 1e-5);
+  EXPECT_LE(rel_error(got.load("loss"), params.want().load("loss")), 1e-6);
 }
 
 TEST(Qwen3Golden, Bf16ComputeWithinTolerance) {

@@ -88,6 +88,17 @@ TEST_P(GoldenQwen3Moe, MatchesTransformers) {
   expect_matches_fixture(o.output_path, dir, GetParam(), true);
 }
 
+// The same fixtures with the model on the GPU (titan forward --device cuda), at the same tolerances.
+TEST_P(GoldenQwen3Moe, MatchesTransformersOnCuda) {
+  TITAN_SKIP_WITHOUT_CUDA_GPU();
+  const std::string dir = source_path("tests/golden/qwen3_moe/" + GetParam());
+  TempDir tmp;
+  ForwardToolOptions o = golden_options(dir, tmp / "out.safetensors", true);
+  o.device = Device{DeviceType::CUDA, 0};
+  run_forward_tool(o);
+  expect_matches_fixture(o.output_path, dir, GetParam() + " on cuda", true);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenQwen3Moe, ::testing::ValuesIn(golden_cases()),
                          [](const auto& info) { return info.param; });
 

@@ -94,6 +94,55 @@ TEST(Trainer, SameSeedGivesBitIdenticalLosses) {
   EXPECT_NE(run_training(parse_train_args(args)).losses, ra.losses);
 }
 
+// One GPU trains the same run as the CPU: the same loss sequence up to f32 summation order.
+TEST(Trainer, CudaLossSequenceMatchesCpu) {
+  TITAN_SKIP_WITHOUT_CUDA_GPU();
+  TempDir a, b;
+  auto cpu = run_training(parse_train_args(small_run_args(a, 10)));
+  auto args = small_run_args(b, 10);
+  args.push_back("--job.device=cuda");
+  auto gpu = run_training(parse_train_args(args));
+  ASSERT_EQ(gpu.losses.size(), cpu.losses.size());
+  for (size_t i = 0; i < cpu.losses.size(); ++i)
+    EXPECT_NEAR(gpu.losses[i], cpu.losses[i], 1e-4 * cpu.losses[i]) << "step " << i + 1;
+  for (const char* mode : {"--training.mixed_precision_param=bfloat16", "--activation_checkpoint.mode=full"}) {
+    TempDir c, d;
+    auto cpu_args = small_run_args(c, 5), gpu_args = small_run_args(d, 5);
+    cpu_args.push_back(mode), gpu_args.push_back(mode), gpu_args.push_back("--job.device=cuda");
+    auto want = run_training(parse_train_args(cpu_args)).losses;
+    auto got = run_training(parse_train_args(gpu_args)).losses;
+    ASSERT_EQ(got.size(), want.size()) << mode;
+    // bf16: the GEMM engines differ (oneDNN vs cuBLASLt) on bf16-rounded activations.
+    const double tol = std::string(mode).find("bfloat16") != std::string::npos ? 1e-2 : 1e-4;
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], tol * want[i]) << mode << " " << i;
+  }
+}
+
+TEST(Trainer, DeviceSettingIsCheckedAndNamed) {
+  TempDir a;
+  auto args = small_run_args(a, 1);
+  args.push_back("--job.device=tpu");
+  try {
+    parse_train_args(args);
+    ADD_FAILURE() << "job.device = tpu accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("job.device = 'tpu': expected cpu, cuda or cuda:N"), std::string::npos)
+        << e.what();
+  }
+  if (!testing::have_cuda_gpu()) {
+    args.back() = "--job.device=cuda";
+    try {
+      run_training(parse_train_args(args));
+      ADD_FAILURE() << "job.device = cuda ran without a GPU";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_TRUE(msg.find("not available in this build") != std::string::npos ||
+                  msg.find("finds no GPU") != std::string::npos)
+          << msg;
+    }
+  }
+}
+
 TEST(Trainer, GradientAccumulationEqualsTheLargerBatch) {
   // global 4 = local 2 x 2 accumulation steps == local 4 in one step (same windows, same mean).
   TempDir a, b;

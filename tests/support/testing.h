@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "device/device.h"
 
 namespace titan::testing {
 
@@ -58,6 +59,16 @@ struct TempDir {
 };
 
 // Runs the titan binary with `args`; returns the exit status; stdout+stderr go to *output if given.
+// A CUDA GPU this build can use (the GPU tests skip elsewhere, saying why).
+inline bool have_cuda_gpu() {
+  return device_available(DeviceType::CUDA) && device_interface(DeviceType::CUDA).device_count() > 0;
+}
+#define TITAN_SKIP_WITHOUT_CUDA_GPU()                                                                   \
+  do {                                                                                                  \
+    if (!::titan::testing::have_cuda_gpu())                                                             \
+      GTEST_SKIP() << "no CUDA GPU here (or a build without CUDA): this GPU test runs on GPU machines"; \
+  } while (0)
+
 inline int run_titan(const std::string& args, std::string* output = nullptr) {
   TempDir tmp;
   std::string log = tmp / "out.txt";

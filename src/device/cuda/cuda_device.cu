@@ -104,6 +104,7 @@ void copy_on_device(void* dst, const void* src, size_t n) {
 }
 void set_current(int index) {
   const int n = gpu_count();
+  TITAN_CHECK(n > 0, "cuda:", index, " requested, but the CUDA runtime finds no GPU");
   TITAN_CHECK(index >= 0 && index < n, "cuda:", index, " requested, but the CUDA runtime finds ", n, " GPU(s)");
   TITAN_CUDA_CHECK(cudaSetDevice(index));
 }
