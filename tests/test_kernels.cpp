@@ -501,11 +501,196 @@ TEST(Kernels, SumSquaresAllImplementations) {
 }
 
 // Every registered op has an all-implementations test above; a new op must add one here.
+// ---- Glue of the model step: elementwise, moe_router, expert_parallel ------------------------------------
+// One implementation each; checked against the math written out here (not against their own loops).
+
+TEST(Kernels, ElementwiseMatchesTheMath) {
+  for (auto& name : impls<ElementwiseKernels>()) {
+    const auto& k = get_kernel<ElementwiseKernels>(DeviceType::CPU, name);
+    const int64_t n = 70001;  // above the threading threshold
+    auto x = randn(n, 11), y = randn(n, 12);
+    x[0] = std::nanf(""), x[1] = 1.0f + 0x1.0p-8f, x[2] = 1.0f + 3 * 0x1.0p-8f, x[3] = -0.0f;
+    auto sum = y;
+    k.add(sum.data(), x.data(), n);
+    for (int64_t i = 4; i < n; ++i) ASSERT_EQ(sum[i], y[i] + x[i]) << name << " add at " << i;
+    auto r = x;
+    k.round_bf16(r.data(), n);
+    EXPECT_TRUE(std::isnan(r[0]));
+    EXPECT_EQ(r[1], 1.0f) << "a tie rounds to the even neighbour";
+    EXPECT_EQ(r[2], 1.0f + 4 * 0x1.0p-8f) << "a tie rounds to the even neighbour";
+    EXPECT_TRUE(std::signbit(r[3]));
+    std::vector<uint16_t> h(n);
+    k.to_bf16(h.data(), x.data(), n);
+    std::vector<float> back(n);
+    k.from_bf16(back.data(), h.data(), n);
+    for (int64_t i = 1; i < n; ++i) {
+      ASSERT_EQ(h[i], f32_to_bf16(x[i])) << name << " to_bf16 at " << i;
+      ASSERT_EQ(back[i], r[i]) << name << " from_bf16(to_bf16(x)) == round_bf16(x) at " << i;
+    }
+    k.fill(back.data(), 2.5f, n);
+    EXPECT_EQ(std::count(back.begin(), back.end(), 2.5f), n);
+  }
+}
+
+// Top-k by sorting: descending score, ties to the lower index (torch.topk on CPU).
+std::vector<int32_t> topk_by_sort(const float* p, const float* bias, int64_t E, int64_t k) {
+  std::vector<int32_t> ids(E);
+  for (int64_t e = 0; e < E; ++e) ids[e] = (int32_t)e;
+  auto score = [&](int32_t e) { return bias ? p[e] + bias[e] : p[e]; };
+  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return score(a) > score(b); });
+  ids.resize(k);
+  return ids;
+}
+
+TEST(Kernels, MoeRouterMatchesTheMath) {
+  const int64_t N = 37, E = 12, k = 3;
+  for (auto& name : impls<MoeRouterKernels>()) {
+    const auto& r = get_kernel<MoeRouterKernels>(DeviceType::CPU, name);
+    auto logits = randn(N * E, 21, 2.0f), bias = randn(E, 22, 0.05f);
+    for (int64_t e = 0; e < E; ++e) logits[5 * E + e] = 0.5f;  // row 5: every expert ties
+    auto probs = logits;
+    r.softmax(probs.data(), N, E);
+    for (int64_t n = 0; n < N; ++n) {
+      double z = 0;
+      for (int64_t e = 0; e < E; ++e) z += std::exp((double)logits[n * E + e]);
+      for (int64_t e = 0; e < E; ++e)
+        ASSERT_NEAR(probs[n * E + e], std::exp((double)logits[n * E + e]) / z, 1e-7) << name;
+    }
+    for (bool norm : {false, true})
+      for (const float* b : {(const float*)nullptr, (const float*)bias.data()}) {
+        std::vector<int32_t> idx(N * k);
+        std::vector<float> w(N * k);
+        r.select_topk(idx.data(), w.data(), probs.data(), b, N, E, k, norm);
+        for (int64_t n = 0; n < N; ++n) {
+          auto want = topk_by_sort(probs.data() + n * E, b, E, k);
+          double S = 0;
+          for (int64_t s = 0; s < k; ++s) S += probs[n * E + want[s]];
+          for (int64_t s = 0; s < k; ++s) {
+            ASSERT_EQ(idx[n * k + s], want[s]) << name << " row " << n;
+            const double p = probs[n * E + want[s]];
+            ASSERT_NEAR(w[n * k + s], norm ? p / S : p, 1e-7) << name;
+          }
+        }
+      }
+    // Statistics: counted by hand.
+    std::vector<int32_t> idx(N * k);
+    std::vector<float> w(N * k);
+    r.select_topk(idx.data(), w.data(), probs.data(), nullptr, N, E, k, true);
+    std::vector<float> counts(E, 1.0f);
+    std::vector<double> c2(E, 2.0), psum(E, 3.0);
+    r.count_tokens(counts.data(), idx.data(), N * k, E);
+    r.aux_stats(c2.data(), psum.data(), idx.data(), probs.data(), N, E, k);
+    for (int64_t e = 0; e < E; ++e) {
+      const auto hits = std::count(idx.begin(), idx.end(), (int32_t)e);
+      double ps = 0;
+      for (int64_t n = 0; n < N; ++n) ps += probs[n * E + e];
+      EXPECT_EQ(counts[e], 1.0f + hits);
+      EXPECT_EQ(c2[e], 2.0 + hits);
+      EXPECT_NEAR(psum[e], 3.0 + ps, 1e-12);
+    }
+    // Backward against central differences in double of
+    //   L(logits) = sum_s g[s] * w_s(softmax(logits)) + sum_e dbias[e] * softmax(logits)_e
+    // with the selection held fixed (no row here is near a tie except row 5, left out).
+    auto g = randn(N * k, 23), dbias = randn(E, 24);
+    std::vector<float> dlogits(N * E, 7.0f);  // overwritten
+    for (bool norm : {false, true}) {
+      r.select_topk(idx.data(), w.data(), probs.data(), nullptr, N, E, k, norm);
+      r.backward(dlogits.data(), probs.data(), idx.data(), g.data(), dbias.data(), N, E, k, norm);
+      for (int64_t n = 0; n < N; ++n) {
+        if (n == 5) continue;
+        auto loss = [&](const std::vector<double>& lg) {
+          double z = 0, S = 0, L = 0;
+          std::vector<double> p(E);
+          for (int64_t e = 0; e < E; ++e) z += std::exp(lg[e]);
+          for (int64_t e = 0; e < E; ++e) p[e] = std::exp(lg[e]) / z, L += dbias[e] * p[e];
+          for (int64_t s = 0; s < k; ++s) S += p[idx[n * k + s]];
+          for (int64_t s = 0; s < k; ++s) L += g[n * k + s] * p[idx[n * k + s]] / (norm ? S : 1.0);
+          return L;
+        };
+        std::vector<double> lg(logits.begin() + n * E, logits.begin() + (n + 1) * E);
+        for (int64_t e = 0; e < E; ++e) {
+          const double h = 1e-5, x0 = lg[e];
+          lg[e] = x0 + h;
+          const double up = loss(lg);
+          lg[e] = x0 - h;
+          const double down = loss(lg);
+          lg[e] = x0;
+          ASSERT_NEAR(dlogits[n * E + e], (up - down) / (2 * h), 2e-5) << name << " norm " << norm;
+        }
+      }
+    }
+    // torchtitan's bias update: sign(mean - count), centred; the counts are cleared.
+    std::vector<float> cnt = {5, 1, 3, 3, 0, 6, 3, 3, 3, 3, 3, 3}, b(E, 0.25f);
+    r.update_bias(b.data(), cnt.data(), E, 0.01);
+    const double mean = 36.0 / 12.0;  // 3: experts with 3 tokens get no push
+    double shift = 0;
+    for (float c : {5, 1, 3, 3, 0, 6, 3, 3, 3, 3, 3, 3}) shift += (c < mean) - (c > mean);
+    shift *= 0.01 / 12.0;
+    const float want[] = {-1, 1, 0, 0, 1, -1, 0, 0, 0, 0, 0, 0};
+    for (int64_t e = 0; e < E; ++e) {
+      EXPECT_NEAR(b[e], 0.25 + 0.01 * want[e] - shift, 1e-7) << e;
+      EXPECT_EQ(cnt[e], 0.0f);
+    }
+  }
+}
+
+TEST(Kernels, ExpertParallelPackingMatchesTheMath) {
+  const int64_t N = 11, k = 3, H = 5, El = 4, S = N * k;
+  for (auto& name : impls<ExpertParallelKernels>()) {
+    const auto& ep = get_kernel<ExpertParallelKernels>(DeviceType::CPU, name);
+    auto x = randn(N * H, 31), w = randn(S, 32);
+    std::vector<int32_t> idx(S);
+    std::vector<int64_t> order(S), pos(S);
+    std::mt19937 rng(33);
+    for (auto& i : idx) i = (int32_t)(rng() % (3 * El));     // 3 ranks' experts
+    for (int64_t i = 0; i < S; ++i) order[i] = (i * 7) % S;  // a permutation (7 is prime to 33)
+    for (int64_t i = 0; i < S; ++i) pos[order[i]] = i;
+    std::vector<float> send(S * (H + 2));
+    ep.pack(send.data(), x.data(), w.data(), idx.data(), order.data(), S, k, H, El);
+    std::vector<float> rx(S * H), rw(S);
+    std::vector<int32_t> ridx(S);
+    EXPECT_EQ(ep.unpack(rx.data(), rw.data(), ridx.data(), send.data(), S, H, El), 0);
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t slot = order[i];
+      for (int64_t h = 0; h < H; ++h) ASSERT_EQ(rx[i * H + h], x[(slot / k) * H + h]);
+      ASSERT_EQ(rw[i], w[slot]);
+      ASSERT_EQ(ridx[i], idx[slot] % El);
+    }
+    send[3 * (H + 2) + H + 1] = (float)El;  // a row naming a foreign expert is counted
+    EXPECT_EQ(ep.unpack(rx.data(), rw.data(), ridx.data(), send.data(), S, H, El), 1);
+    std::vector<float> g(S * H);
+    ep.gather_rows(g.data(), x.data(), order.data(), S, k, H);
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t h = 0; h < H; ++h) ASSERT_EQ(g[i * H + h], x[(order[i] / k) * H + h]);
+    // Returned rows back to tokens, slots in order: out[n] = sum_s rows[pos[n*k+s]].
+    auto rows = randn(S * (H + 1), 34);
+    auto dx = randn(S * H, 35), dw = randn(S, 36);
+    std::vector<float> packed(S * (H + 1));
+    ep.pack_grads(packed.data(), dx.data(), dw.data(), S, H);
+    for (int64_t r = 0; r < S; ++r) {
+      for (int64_t h = 0; h < H; ++h) ASSERT_EQ(packed[r * (H + 1) + h], dx[r * H + h]);
+      ASSERT_EQ(packed[r * (H + 1) + H], dw[r]);
+    }
+    std::vector<float> out(N * H, 9.0f), acc(N * H, 1.0f), dtw(S, 2.0f);
+    ep.combine(out.data(), nullptr, rows.data(), pos.data(), N, k, H, H + 1, false);
+    ep.combine(acc.data(), dtw.data(), rows.data(), pos.data(), N, k, H, H + 1, true);
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t h = 0; h < H; ++h) {
+        float want = 0.0f;
+        for (int64_t s = 0; s < k; ++s) want += rows[pos[n * k + s] * (H + 1) + h];
+        ASSERT_EQ(out[n * H + h], want);
+        ASSERT_NEAR(acc[n * H + h], 1.0f + want, 1e-6);
+      }
+      for (int64_t s = 0; s < k; ++s) ASSERT_EQ(dtw[n * k + s], 2.0f + rows[pos[n * k + s] * (H + 1) + H]);
+    }
+  }
+}
+
 TEST(KernelRegistry, EveryRegisteredOpIsCoveredByATest) {
   const std::vector<std::string> covered = {
-      "adamw",  "attention",   "attention_kv", "cross_entropy",    "embedding",
-      "matmul", "matmul_bf16", "moe_experts",  "moe_experts_bf16", "rmsnorm",
-      "rope",   "rope_qk",     "swiglu",       "sum_squares"};
+      "adamw",           "attention", "attention_kv", "cross_entropy", "elementwise",      "embedding",
+      "expert_parallel", "matmul",    "matmul_bf16",  "moe_experts",   "moe_experts_bf16", "moe_router",
+      "rmsnorm",         "rope",      "rope_qk",      "swiglu",        "sum_squares"};
   for (auto& op : KernelRegistry::global().ops())
     EXPECT_NE(std::find(covered.begin(), covered.end(), op), covered.end())
         << "op '" << op << "' has no all-implementations test in tests/test_kernels.cpp";

@@ -171,8 +171,8 @@ void ep_pack_grads(float* dst, const float* dx, const float* dw, int64_t R, int6
   }
 }
 
-void ep_combine(float* out, float* dtw, const float* rows, const int64_t* pos, int64_t N, int64_t k, int64_t H,
-                int64_t row, bool accumulate) {
+void ep_combine(float* out, float* dtw, const float* rows, const int64_t* pos, int64_t N, int64_t k,
+                int64_t H, int64_t row, bool accumulate) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     float* o = out + n * H;
@@ -186,8 +186,8 @@ void ep_combine(float* out, float* dtw, const float* rows, const int64_t* pos, i
 }
 
 const ElementwiseKernels kElementwise{add, round_bf16, to_bf16, from_bf16, fill};
-const MoeRouterKernels kMoeRouter{softmax_rows, select_topk,     count_tokens, aux_stats,
-                                  router_backward, update_bias};
+const MoeRouterKernels kMoeRouter{softmax_rows, select_topk,     count_tokens,
+                                  aux_stats,    router_backward, update_bias};
 const ExpertParallelKernels kExpertParallel{ep_pack, ep_unpack, ep_gather_rows, ep_pack_grads, ep_combine};
 
 }  // namespace

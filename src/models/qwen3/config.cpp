@@ -161,7 +161,9 @@ Qwen3Config Qwen3Config::from_hf_json(const nlohmann::json& j, const std::string
   return c;
 }
 
-Qwen3Config Qwen3Config::from_hf_file(const std::string& path) { return from_hf_json(read_json_file(path), path); }
+Qwen3Config Qwen3Config::from_hf_file(const std::string& path) {
+  return from_hf_json(read_json_file(path), path);
+}
 
 void Qwen3Config::validate(const std::string& where) const {
   auto positive = [&](int64_t v, const char* name) {

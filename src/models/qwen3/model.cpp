@@ -295,8 +295,9 @@ void Qwen3Model::set_param_streamer(ParamStreamer* streamer) {
     flat_params_[g] = from->gather_params(g).clone();
     from->release_params(g);
     round_bf16_if(flat_params_[g].f32(), flat_params_[g].numel());
-    flat_grads_[g] =
-        frozen_ && !frozen_scratch_grads(g) ? Tensor() : Tensor::zeros({group_numel_[g]}, DType::F32, device_);
+    flat_grads_[g] = frozen_ && !frozen_scratch_grads(g)
+                         ? Tensor()
+                         : Tensor::zeros({group_numel_[g]}, DType::F32, device_);
   }
   make_param_views();
 }

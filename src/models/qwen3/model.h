@@ -318,9 +318,9 @@ class Qwen3Model {
   // per expert (E), then the router probabilities summed per expert (E); aux_host_ is their host copy.
   Tensor aux_stats_;
   std::vector<double> aux_host_;
-  std::vector<float> aux_dprob_;                   // (E) d aux / d probs[n,e] (same for every row)
-  Tensor aux_scaled_;                              // (E) aux_scale_ * aux_dprob_ (backward, on the device)
-  float aux_scale_ = 0.0f;                         // d loss / d aux of the last forward
+  std::vector<float> aux_dprob_;  // (E) d aux / d probs[n,e] (same for every row)
+  Tensor aux_scaled_;             // (E) aux_scale_ * aux_dprob_ (backward, on the device)
+  float aux_scale_ = 0.0f;        // d loss / d aux of the last forward
   double aux_loss_ = 0;
   // Expert parallel.
   dist::ProcessGroup* ep_ = nullptr;
@@ -334,9 +334,9 @@ class Qwen3Model {
     Tensor x, w, gu, act;                              // received rows (R,H), weights (R), saved acts
     Tensor idx, order, row_of, offsets;                // i32: local expert of each row, kernel tables
   };
-  std::vector<EpLayer> ep_layers_;                                              // per sparse layer
-  Tensor ep_send_, ep_recv_, ep_rows_, ep_scratch_, ep_dx_, ep_dw_;             // shared scratch (device)
-  std::vector<int32_t> ep_idx_host_;                                            // routing, host copy
+  std::vector<EpLayer> ep_layers_;                                   // per sparse layer
+  Tensor ep_send_, ep_recv_, ep_rows_, ep_scratch_, ep_dx_, ep_dw_;  // shared scratch (device)
+  std::vector<int32_t> ep_idx_host_;                                 // routing, host copy
 };
 
 }  // namespace titan

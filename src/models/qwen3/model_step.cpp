@@ -371,13 +371,14 @@ void Qwen3Model::moe_experts_ep_forward(int64_t l, float* out) {
   for (int64_t i = 0; i < S; ++i) pos[order[i]] = i;
   ensure(s.send_order, S, DType::I64).view_at(0, {S}).copy_from_host(order.data());
   ensure(s.pos_of_slot, S, DType::I64).view_at(0, {S}).copy_from_host(pos.data());
-  ep_kernels_->pack(ensure(ep_send_, S * row).f32(), a.ln2, a.topk_w, a.topk_idx, s.send_order.data<int64_t>(),
-                    S, k, H, El);
+  ep_kernels_->pack(ensure(ep_send_, S * row).f32(), a.ln2, a.topk_w, a.topk_idx,
+                    s.send_order.data<int64_t>(), S, k, H, El);
   s.exchange = std::make_unique<dist::AllToAllExchange>(*ep_, counts, row);
   const int64_t R = s.exchange->total_recv();
   s.exchange->dispatch(ep_send_.f32(), ensure(ep_recv_, R * row).f32());
   ensure(s.x, R * H), ensure(s.w, R), ensure(s.idx, R, DType::I32);
-  const int64_t bad = ep_kernels_->unpack(s.x.f32(), s.w.f32(), s.idx.data<int32_t>(), ep_recv_.f32(), R, H, El);
+  const int64_t bad =
+      ep_kernels_->unpack(s.x.f32(), s.w.f32(), s.idx.data<int32_t>(), ep_recv_.f32(), R, H, El);
   TITAN_CHECK(bad == 0, "expert parallel: received ", bad, " rows for experts outside this rank's ", El);
   ensure(s.gu, R * 2 * Im), ensure(s.act, R * Im);
   ensure(s.order, R, DType::I32), ensure(s.row_of, R, DType::I32);
@@ -385,11 +386,14 @@ void Qwen3Model::moe_experts_ep_forward(int64_t l, float* out) {
   ensure(ep_scratch_, moe_experts_scratch_floats(R, 1, H, Im));
   ensure(ep_rows_, R * H);
   if (R > 0) {
-    MoeExpertsBuffers buf{s.gu.f32(),           s.act.f32(),
-                          s.order.data<int32_t>(), s.row_of.data<int32_t>(),
-                          s.offsets.data<int32_t>(), ep_scratch_.f32()};
-    moe_->forward(ep_rows_.f32(), buf, s.x.f32(), s.idx.data<int32_t>(), s.w.f32(), w.wgu, w.wdown, R, 1, El, H,
-                  Im);
+    MoeExpertsBuffers buf{s.gu.f32(),
+                          s.act.f32(),
+                          s.order.data<int32_t>(),
+                          s.row_of.data<int32_t>(),
+                          s.offsets.data<int32_t>(),
+                          ep_scratch_.f32()};
+    moe_->forward(ep_rows_.f32(), buf, s.x.f32(), s.idx.data<int32_t>(), s.w.f32(), w.wgu, w.wdown, R, 1, El,
+                  H, Im);
   }
   dist::AllToAllExchange back(*s.exchange, H);
   back.combine(ep_rows_.f32(), ensure(ep_send_, S * H).f32());
@@ -418,9 +422,12 @@ void Qwen3Model::moe_experts_ep_backward(int64_t l, const float* dresid, float* 
     zero(ensure(ep_dx_, R * H).f32(), R * H);
     zero(ensure(ep_dw_, R).f32(), R);
     ensure(ep_scratch_, moe_experts_scratch_floats(R, 1, H, Im));
-    MoeExpertsBuffers buf{s.gu.f32(),           s.act.f32(),
-                          s.order.data<int32_t>(), s.row_of.data<int32_t>(),
-                          s.offsets.data<int32_t>(), ep_scratch_.f32()};
+    MoeExpertsBuffers buf{s.gu.f32(),
+                          s.act.f32(),
+                          s.order.data<int32_t>(),
+                          s.row_of.data<int32_t>(),
+                          s.offsets.data<int32_t>(),
+                          ep_scratch_.f32()};
     moe_->backward(ep_dx_.f32(), ep_dw_.f32(), g.wgu, g.wdown, buf, ep_rows_.f32(), s.x.f32(),
                    s.idx.data<int32_t>(), s.w.f32(), w.wgu, w.wdown, R, 1, El, H, Im);
     ep_kernels_->pack_grads(ep_recv_.f32(), ep_dx_.f32(), ep_dw_.f32(), R, H);
