@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <iterator>
 #include <random>
 #include <string>
 
@@ -16,6 +18,8 @@
 #include "dist/nccl.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
+#include "models/qwen3/config.h"
+#include "models/qwen3/model.h"
 #include "support/testing.h"
 
 namespace titan {
@@ -69,9 +73,9 @@ const K& cuda_op() {
 TEST(Cuda, EveryCudaOpHasACpuReference) {
   if (!device_available(DeviceType::CUDA)) GTEST_SKIP() << "titan was built without CUDA";
   auto& reg = KernelRegistry::global();
-  for (const char* op :
-       {"matmul", "matmul_bf16", "rmsnorm", "rope", "rope_qk", "attention", "swiglu", "embedding",
-        "cross_entropy", "adamw", "sum_squares", "moe_experts", "moe_experts_bf16"}) {
+  for (const char* op : {"matmul", "matmul_bf16", "rmsnorm", "rope", "rope_qk", "attention", "swiglu",
+                         "embedding", "cross_entropy", "adamw", "sum_squares", "moe_experts",
+                         "moe_experts_bf16", "elementwise", "moe_router", "expert_parallel"}) {
     EXPECT_FALSE(reg.impls(op, DeviceType::CUDA).empty()) << op << " has no CUDA implementation";
     auto cpu = reg.impls(op, DeviceType::CPU);
     EXPECT_NE(std::find(cpu.begin(), cpu.end(), "reference"), cpu.end()) << op;
@@ -425,6 +429,356 @@ TEST(Cuda, EnvListsGpus) {
   EXPECT_NE(text.find("cuda:0 "), std::string::npos) << text;
   EXPECT_NE(text.find("compute "), std::string::npos) << text;
   EXPECT_NE(text.find("kernels (cuda):"), std::string::npos) << text;
+}
+
+// ---- Glue of the model step (ops elementwise, moe_router, expert_parallel) --------------------------------
+// Bit patterns of floats: equality that also holds for NaN.
+std::vector<uint32_t> bits(const std::vector<float>& v) {
+  std::vector<uint32_t> b(v.size());
+  std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+  return b;
+}
+float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Every elementwise op bit for bit, on random values plus the edge cases of bf16 rounding: ties (low half
+// exactly 0x8000) to an even and to an odd bf16, a carry into the exponent, the largest float (rounds to
+// inf), infinities, signed zeros, denormals and NaNs (quiet, signalling, negative: a NaN must stay a NaN).
+TEST(Cuda, ElementwiseMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const auto& ref = cpu_ref<ElementwiseKernels>();
+  const auto& op = cuda_op<ElementwiseKernels>();
+  auto x = randn(1001, 110, 3.0f);
+  const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3f807fffu, 0x3fffff80u, 0x7f7fffffu,
+                              0xff7fffffu, 0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u, 0x00000001u,
+                              0x00408000u, 0x807f8000u, 0x7fc00000u, 0x7f800001u, 0xffc12345u, 0x7fffffffu};
+  for (size_t i = 0; i < std::size(special); ++i) x[i * 7] = from_bits(special[i]);
+  const int64_t n = static_cast<int64_t>(x.size());
+  auto y = randn(x.size(), 111);
+  // add: y += x
+  auto add_r = y;
+  ref.add(add_r.data(), x.data(), n);
+  DevF dy(y), dx(x);
+  op.add(dy.p, dx.p, n);
+  EXPECT_EQ(bits(dy.read()), bits(add_r)) << "add";
+  // round_bf16 in place
+  auto round_r = x;
+  ref.round_bf16(round_r.data(), n);
+  DevF dround(x);
+  op.round_bf16(dround.p, n);
+  EXPECT_EQ(bits(dround.read()), bits(round_r)) << "round_bf16";
+  EXPECT_TRUE(std::isnan(dround.read()[15 * 7])) << "a NaN rounded to bf16 is a NaN";
+  // to_bf16
+  std::vector<uint16_t> h_r(x.size());
+  ref.to_bf16(h_r.data(), x.data(), n);
+  Dev<uint16_t> dh(x.size());
+  op.to_bf16(dh.p, dx.p, n);
+  EXPECT_EQ(dh.read(), h_r) << "to_bf16";
+  EXPECT_EQ(h_r[0], 0x3f80u);  // the oracle's ties: to even (down), then to even (up)
+  EXPECT_EQ(h_r[7], 0x3f82u);
+  // from_bf16: every one of the 65536 bf16 values
+  std::vector<uint16_t> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> f_r(all.size());
+  ref.from_bf16(f_r.data(), all.data(), static_cast<int64_t>(all.size()));
+  Dev<uint16_t> dall(all);
+  DevF df(all.size(), 7.0f);
+  op.from_bf16(df.p, dall.p, static_cast<int64_t>(all.size()));
+  EXPECT_EQ(bits(df.read()), bits(f_r)) << "from_bf16";
+  // fill (and a size no block divides)
+  DevF dfill(x.size(), 1.0f);
+  op.fill(dfill.p, -2.5f, n - 1);
+  auto fill_r = std::vector<float>(x.size(), -2.5f);
+  fill_r.back() = 1.0f;
+  EXPECT_EQ(dfill.read(), fill_r) << "fill";
+}
+
+// Router logits with ties: row 5 all equal (top-k by index), row 6 with repeated values around the top.
+std::vector<float> router_logits(int64_t N, int64_t E, uint64_t seed) {
+  auto x = randn(N * E, seed, 2.0f);
+  if (N > 6) {
+    for (int64_t e = 0; e < E; ++e) x[5 * E + e] = 0.25f;
+    for (int64_t e = 0; e < E; e += 3) x[6 * E + e] = 4.0f;
+  }
+  return x;
+}
+
+void check_router(int64_t N, int64_t E, int64_t k, uint64_t seed) {
+  const auto& ref = cpu_ref<MoeRouterKernels>();
+  const auto& op = cuda_op<MoeRouterKernels>();
+  const std::string shape = "N=" + std::to_string(N) + " E=" + std::to_string(E) + " k=" + std::to_string(k);
+  // softmax in place
+  auto logits = router_logits(N, E, seed);
+  auto probs = logits;
+  ref.softmax(probs.data(), N, E);
+  DevF dprobs(logits);
+  op.softmax(dprobs.p, N, E);
+  EXPECT_LE(rel(dprobs.read(), probs), 1e-6) << "softmax " << shape;
+  // select_topk on the same (CPU) probabilities, with and without a bias (ties in it too), with and
+  // without renormalisation: the same experts in the same order, the same weights.
+  std::vector<float> bias = randn(E, seed + 1, 0.05f);
+  if (E > 2) bias[1] = bias[2] = 0.0f;
+  DevF dp(probs), dbias(bias);
+  for (bool with_bias : {false, true})
+    for (bool norm : {false, true}) {
+      std::vector<int32_t> idx_r(N * k, -7);
+      std::vector<float> w_r(N * k, -7.0f);
+      ref.select_topk(idx_r.data(), w_r.data(), probs.data(), with_bias ? bias.data() : nullptr, N, E, k,
+                      norm);
+      Dev<int32_t> didx(N * k, -7);
+      DevF dw(N * k, -7.0f);
+      op.select_topk(didx.p, dw.p, dp.p, with_bias ? dbias.p : nullptr, N, E, k, norm);
+      const std::string what = shape + " bias=" + std::to_string(with_bias) + " norm=" + std::to_string(norm);
+      EXPECT_EQ(didx.read(), idx_r) << "select_topk idx " << what;
+      EXPECT_EQ(dw.read(), w_r) << "select_topk weights " << what;
+    }
+  std::vector<int32_t> idx(N * k);
+  std::vector<float> w(N * k);
+  ref.select_topk(idx.data(), w.data(), probs.data(), nullptr, N, E, k, true);
+  Dev<int32_t> didx(idx);
+  // count_tokens (f32, accumulating) and aux_stats (double, accumulating)
+  std::vector<float> counts_r(E, 0.5f);
+  ref.count_tokens(counts_r.data(), idx.data(), N * k, E);
+  DevF dcounts(E, 0.5f);
+  op.count_tokens(dcounts.p, didx.p, N * k, E);
+  EXPECT_EQ(dcounts.read(), counts_r) << "count_tokens " << shape;
+  std::vector<double> c_r(E, 2.0), ps_r(E, 0.125);
+  ref.aux_stats(c_r.data(), ps_r.data(), idx.data(), probs.data(), N, E, k);
+  Dev<double> dc(E, 2.0), dps(E, 0.125);
+  op.aux_stats(dc.p, dps.p, didx.p, dp.p, N, E, k);
+  EXPECT_EQ(dc.read(), c_r) << "aux_stats counts " << shape;
+  const auto ps = dps.read();
+  for (int64_t e = 0; e < E; ++e) EXPECT_NEAR(ps[e], ps_r[e], 1e-12 * std::abs(ps_r[e])) << "prob_sum " << e;
+  // backward (overwrites dlogits), with and without the aux term and the renormalisation
+  auto dw = randn(N * k, seed + 2), dbias_aux = randn(E, seed + 3, 0.1f);
+  DevF ddw(dw), ddb(dbias_aux);
+  for (bool aux : {false, true})
+    for (bool norm : {false, true}) {
+      std::vector<float> dl_r(N * E, 3.0f);
+      ref.backward(dl_r.data(), probs.data(), idx.data(), dw.data(), aux ? dbias_aux.data() : nullptr, N, E,
+                   k, norm);
+      DevF ddl(N * E, 3.0f);
+      op.backward(ddl.p, dp.p, didx.p, ddw.p, aux ? ddb.p : nullptr, N, E, k, norm);
+      EXPECT_LE(rel(ddl.read(), dl_r), 1e-6)
+          << "router backward " << shape << " aux=" << aux << " norm=" << norm;
+    }
+}
+
+TEST(Cuda, MoeRouterMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  check_router(37, 12, 3, 120);
+  check_router(5, 160, 8, 121);  // several experts per lane, more than a block of threads per row
+  check_router(3, 512, 2, 122);  // the largest router
+  check_router(9, 1, 1, 123);    // one expert
+}
+
+// update_bias: the CPU's bias step bit for bit (counts above, below and equal to the mean), counts zeroed.
+TEST(Cuda, MoeRouterUpdateBiasMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t E : {int64_t(12), int64_t(300)}) {
+    std::vector<float> counts(E), bias = randn(E, 130, 0.01f);
+    for (int64_t e = 0; e < E; ++e) counts[e] = float(e % 3);  // mean 1: above, below and equal to it
+    auto bias_r = bias, counts_r = counts;
+    cpu_ref<MoeRouterKernels>().update_bias(bias_r.data(), counts_r.data(), E, 1e-3);
+    DevF db(bias), dc(counts);
+    cuda_op<MoeRouterKernels>().update_bias(db.p, dc.p, E, 1e-3);
+    EXPECT_EQ(db.read(), bias_r) << "E=" << E;
+    EXPECT_EQ(dc.read(), std::vector<float>(E, 0.0f)) << "E=" << E;
+    EXPECT_NE(bias_r, bias);
+  }
+}
+
+// Expert-parallel row packing, bit for bit: a permuted send order, local expert indices, malformed rows.
+TEST(Cuda, ExpertParallelGlueMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const auto& ref = cpu_ref<ExpertParallelKernels>();
+  const auto& op = cuda_op<ExpertParallelKernels>();
+  const int64_t N = 37, k = 3, H = 40, E = 12, El = 4, S = N * k;
+  auto x = randn(N * H, 140), w = randn(S, 141);
+  std::vector<int32_t> idx(S);
+  std::mt19937_64 rng(142);
+  for (auto& e : idx) e = int32_t(rng() % E);
+  std::vector<int64_t> order(S), pos(S);
+  for (int64_t i = 0; i < S; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), rng);
+  for (int64_t i = 0; i < S; ++i) pos[order[i]] = i;
+  Dev<int32_t> didx(idx);
+  Dev<int64_t> dorder(order), dpos(pos);
+  DevF dx(x), dw(w);
+  // pack
+  std::vector<float> send_r(S * (H + 2));
+  ref.pack(send_r.data(), x.data(), w.data(), idx.data(), order.data(), S, k, H, El);
+  DevF dsend(S * (H + 2), 9.0f);
+  op.pack(dsend.p, dx.p, dw.p, didx.p, dorder.p, S, k, H, El);
+  EXPECT_EQ(dsend.read(), send_r) << "pack";
+  // unpack of the packed rows (all well formed), then with two malformed rows (expert El and -1)
+  for (int bad_rows : {0, 2}) {
+    auto recv = send_r;
+    if (bad_rows) recv[3 * (H + 2) + H + 1] = float(El), recv[50 * (H + 2) + H + 1] = -1.0f;
+    const int64_t R = S;
+    std::vector<float> ux_r(R * H), uw_r(R);
+    std::vector<int32_t> ui_r(R);
+    const int64_t bad_r = ref.unpack(ux_r.data(), uw_r.data(), ui_r.data(), recv.data(), R, H, El);
+    EXPECT_EQ(bad_r, bad_rows);
+    DevF drecv(recv), ux(R * H), uw(R);
+    Dev<int32_t> ui(R);
+    EXPECT_EQ(op.unpack(ux.p, uw.p, ui.p, drecv.p, R, H, El), bad_r) << "unpack: malformed rows";
+    EXPECT_EQ(ux.read(), ux_r) << "unpack x";
+    EXPECT_EQ(uw.read(), uw_r) << "unpack w";
+    EXPECT_EQ(ui.read(), ui_r) << "unpack idx";
+  }
+  // gather_rows
+  auto src = randn(N * H, 143);
+  std::vector<float> g_r(S * H);
+  ref.gather_rows(g_r.data(), src.data(), order.data(), S, k, H);
+  DevF dsrc(src), dg(S * H);
+  op.gather_rows(dg.p, dsrc.p, dorder.p, S, k, H);
+  EXPECT_EQ(dg.read(), g_r) << "gather_rows";
+  // pack_grads
+  auto gdx = randn(S * H, 144), gdw = randn(S, 145);
+  std::vector<float> pg_r(S * (H + 1));
+  ref.pack_grads(pg_r.data(), gdx.data(), gdw.data(), S, H);
+  DevF dgdx(gdx), dgdw(gdw), dpg(S * (H + 1));
+  op.pack_grads(dpg.p, dgdx.p, dgdw.p, S, H);
+  EXPECT_EQ(dpg.read(), pg_r) << "pack_grads";
+  // combine: [rows | dw] back to tokens (accumulating, with dtw) and plain rows (overwriting, no dtw)
+  DevF dpgr(pg_r);
+  for (bool accumulate : {false, true}) {
+    auto out0 = randn(N * H, 146), dtw0 = randn(S, 147);
+    auto out_r = out0, dtw_r = dtw0;
+    ref.combine(out_r.data(), accumulate ? dtw_r.data() : nullptr, pg_r.data(), pos.data(), N, k, H, H + 1,
+                accumulate);
+    DevF dout(out0), ddtw(dtw0);
+    op.combine(dout.p, accumulate ? ddtw.p : nullptr, dpgr.p, dpos.p, N, k, H, H + 1, accumulate);
+    EXPECT_EQ(dout.read(), out_r) << "combine accumulate=" << accumulate;
+    EXPECT_EQ(ddtw.read(), dtw_r) << "combine dtw accumulate=" << accumulate;
+  }
+  std::vector<float> plain_r(N * H, 5.0f);
+  ref.combine(plain_r.data(), nullptr, g_r.data(), pos.data(), N, k, H, H, false);
+  DevF dplain(N * H, 5.0f);
+  op.combine(dplain.p, nullptr, dg.p, dpos.p, N, k, H, H, false);
+  EXPECT_EQ(dplain.read(), plain_r) << "combine of H-wide rows";
+}
+
+// ---- The model on the GPU
+// ---------------------------------------------------------------------------------- A tiny Qwen3 on the GPU
+// against the same model on the CPU: one training step (forward with the logits kept, backward), every flat
+// gradient compared. Dense (tied embeddings) and MoE (3 layers, the middle one dense; 8 experts top-2,
+// renormalised, the aux loss in the loss; a variant with the aux-loss-free expert bias).
+Qwen3Config tiny_qwen3(bool moe, double load_balance_coeff = 0.0) {
+  Qwen3Config c = Qwen3Config::flavor(moe ? "debug_moe" : "debug");
+  c.vocab_size = 128;
+  c.hidden_size = 64;
+  c.intermediate_size = 96;
+  c.num_hidden_layers = moe ? 3 : 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  if (moe) {
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 32;
+    c.norm_topk_prob = true;
+    c.mlp_only_layers = {1};
+    c.output_router_logits = true;
+    c.router_aux_loss_coef = 0.01;
+    c.load_balance_coeff = load_balance_coeff;
+  }
+  return c;
+}
+
+std::vector<float> host_floats(const Tensor& t) {
+  const Tensor h = t.to(Device::cpu());
+  return std::vector<float>(h.f32(), h.f32() + h.numel());
+}
+
+struct StepResult {
+  ForwardResult r;
+  std::vector<float> logits;
+  std::vector<std::vector<float>> grads;  // per flat buffer
+};
+
+// B = 2, T = 9; distinct token ids (the embedding gradient then gets one add per element, so a GPU step is
+// bit-reproducible), every fourth label ignored.
+StepResult train_step(Qwen3Model& m) {
+  const int64_t B = 2, T = 9, V = m.config().vocab_size;
+  std::vector<int32_t> ids(B * T), labels(B * T);
+  for (int64_t n = 0; n < B * T; ++n) {
+    ids[n] = int32_t((n * 37 + 5) % V);
+    labels[n] = n % 4 == 2 ? -100 : int32_t((n * 53 + 11) % V);
+  }
+  m.zero_grad();
+  ForwardOptions opts;
+  opts.keep_logits = true;
+  StepResult s;
+  s.r = m.forward(ids.data(), labels.data(), B, T, opts);
+  m.backward();
+  s.logits = host_floats(m.logits());
+  for (auto& g : m.flat_grads()) s.grads.push_back(host_floats(g));
+  return s;
+}
+
+void expect_close(const StepResult& a, const StepResult& ref, double tol_loss, double tol_logits,
+                  double tol_grads, const std::string& what) {
+  EXPECT_EQ(a.r.num_valid, ref.r.num_valid) << what;
+  EXPECT_NEAR(a.r.loss, ref.r.loss, tol_loss * std::abs(ref.r.loss)) << what << " loss";
+  EXPECT_NEAR(a.r.aux_loss, ref.r.aux_loss, tol_loss * std::abs(ref.r.aux_loss)) << what << " aux loss";
+  EXPECT_LE(rel(a.logits, ref.logits), tol_logits) << what << " logits";
+  ASSERT_EQ(a.grads.size(), ref.grads.size()) << what;
+  for (size_t g = 0; g < ref.grads.size(); ++g)
+    EXPECT_LE(rel(a.grads[g], ref.grads[g]), tol_grads) << what << " gradient of flat buffer " << g;
+}
+
+void expect_bit_equal(const StepResult& a, const StepResult& b, const std::string& what) {
+  EXPECT_EQ(a.r.loss, b.r.loss) << what;
+  EXPECT_EQ(a.r.aux_loss, b.r.aux_loss) << what;
+  EXPECT_EQ(a.logits, b.logits) << what << " logits";
+  ASSERT_EQ(a.grads.size(), b.grads.size()) << what;
+  for (size_t g = 0; g < a.grads.size(); ++g)
+    EXPECT_EQ(a.grads[g], b.grads[g]) << what << " flat buffer " << g;
+}
+
+// `device`: where the second model lives (the GPU; the CPU as a check of the harness itself).
+void check_model_against_cpu(const Qwen3Config& cfg, const std::string& name, Device device) {
+  Qwen3Model cpu(cfg);
+  cpu.init_weights(3);
+  Qwen3Model dev(cfg, {}, nullptr, true, device);
+  dev.load_state_dict(cpu.state_dict());
+  // f32: the same step
+  const StepResult c = train_step(cpu), d = train_step(dev);
+  expect_close(d, c, 1e-5, 1e-5, 1e-4, name + " f32");
+  if (cfg.load_balance_coeff > 0) {
+    // The expert token counts of the step, then the bias update (counts cleared), then a step routed
+    // with the bias.
+    EXPECT_EQ(host_floats(dev.expert_token_counts()), host_floats(cpu.expert_token_counts())) << name;
+    cpu.update_expert_bias();
+    dev.update_expert_bias();
+    const auto bias = host_floats(cpu.expert_bias());
+    EXPECT_EQ(host_floats(dev.expert_bias()), bias) << name << " expert bias";
+    EXPECT_NE(bias, std::vector<float>(bias.size(), 0.0f)) << name;
+    EXPECT_EQ(host_floats(dev.expert_token_counts()), std::vector<float>(bias.size(), 0.0f)) << name;
+    expect_close(train_step(dev), train_step(cpu), 1e-5, 1e-5, 1e-4, name + " f32 with the expert bias");
+  }
+  // Activation checkpointing recomputes each layer bit for bit: the same step, the same bits.
+  const StepResult plain = train_step(dev);
+  dev.set_activation_checkpointing(true);
+  expect_bit_equal(train_step(dev), plain, name + " activation checkpointing");
+  dev.set_activation_checkpointing(false);
+  // bf16 compute on both (the parameters rounded in place on each side) against the CPU's bf16 path.
+  cpu.set_bf16_compute(true);
+  dev.set_bf16_compute(true);
+  expect_close(train_step(dev), train_step(cpu), 2e-2, 2e-2, 2e-2, name + " bf16");
+}
+
+TEST(Cuda, Qwen3ModelMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const Device cuda{DeviceType::CUDA, 0};
+  check_model_against_cpu(tiny_qwen3(false), "dense", cuda);
+  check_model_against_cpu(tiny_qwen3(true), "moe", cuda);
+  check_model_against_cpu(tiny_qwen3(true, 1e-3), "moe+expert bias", cuda);
 }
 
 }  // namespace
