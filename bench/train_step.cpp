@@ -196,8 +196,8 @@ int main(int argc, char** argv) try {
   if (c.num_experts > 0) c.norm_topk_prob = true;
   auto& dev = titan::device_interface(device.type);
   if (on_gpu)
-    TITAN_CHECK(dev.device_count && dev.device_count() > device.index, "bench_train_step: --device ",
-                device_name, ": no such GPU (", dev.device_count ? dev.device_count() : 0, " found)");
+    TITAN_CHECK(dev.device_count && dev.device_count() > device.index, "--device ", device_name,
+                ": no such GPU (", dev.device_count ? dev.device_count() : 0, " found)");
   auto sync = [&] {
     if (dev.synchronize) dev.synchronize();
   };
