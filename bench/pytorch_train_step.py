@@ -94,6 +94,11 @@ def parse_args(argv=None):
                     help="peak for MFU in TFLOP/s (default 989.4 on a GPU, none on the CPU)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
     ap.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
+    ap.add_argument("--compile-scope", choices=["model", "blocks"], default="model",
+                    help="model: torch.compile(model), one graph of the whole forward incl. the loss; blocks: "
+                         "each decoder layer compiled in place (torchtitan's way; the layers share one "
+                         "compiled graph, so compilation is ~layers times shorter; embedding, head and loss "
+                         "stay eager)")
     ap.add_argument("--optim-impl", choices=["default", "foreach", "fused"], default="default",
                     help="AdamW implementation (default: torch's choice; single-tensor on CPU)")
     ap.add_argument("--lr", type=float, default=1e-4)
@@ -208,7 +213,12 @@ def main(argv=None):
     impl_kw = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[args.optim_impl]
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=args.weight_decay, **impl_kw)
-    fwd = torch.compile(model) if args.compile else model
+    fwd = model
+    if args.compile and args.compile_scope == "model":
+        fwd = torch.compile(model)
+    elif args.compile:
+        for layer in model.model.layers:
+            layer.compile()
 
     gen = torch.Generator().manual_seed(args.seed + 1)
     ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen).to(device)
@@ -231,7 +241,7 @@ def main(argv=None):
 
     print(f"pytorch train step: torch {torch.__version__} transformers {transformers.__version__} "
           f"threads={torch.get_num_threads()} device={device} dtype={args.dtype} attn={attn_used} "
-          f"compile={args.compile} optim={args.optim_impl} params={nparams} tokens/step={tokens}", file=sys.stderr)
+          f"compile={args.compile and args.compile_scope} optim={args.optim_impl} params={nparams} tokens/step={tokens}", file=sys.stderr)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -283,6 +293,7 @@ def main(argv=None):
         "dtype": args.dtype,
         "attn": attn_used,
         "compile": args.compile,
+        "compile_scope": args.compile_scope if args.compile else None,
         "optim_impl": args.optim_impl,
         "params": nparams,
         "preset": args.preset,
