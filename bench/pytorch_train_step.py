@@ -170,6 +170,8 @@ def main(argv=None):
 
     device = torch.device(args.device)
     if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     # bf16 (autocast) keeps f32 parameters; bf16-pure casts the model.
     param_dtype = torch.bfloat16 if args.dtype == "bf16-pure" else torch.float32

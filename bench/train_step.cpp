@@ -136,6 +136,7 @@ int main(int argc, char** argv) try {
           head_chunk = 0;
   double peak_tflops = on_gpu ? 989.4 : 0.0;
   std::string init = on_gpu ? "tiled" : "hf";
+  int64_t device_ops = on_gpu;  // AdamW and the gradient norm through the device's registry ops
   titan::KernelChoice kernels;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
@@ -145,7 +146,9 @@ int main(int argc, char** argv) try {
     else if (k == "--init") {  // hf: Qwen3Model::init_weights (CPU default); tiled: init_tiled (GPU default)
       init = argv[i + 1];
       TITAN_CHECK(init == "hf" || init == "tiled", "--init '", init, "' is not hf or tiled");
-    } else if (k == "--peak-tflops")
+    } else if (k == "--device-ops")  // 1 on the CPU: the GPU path's optimizer code on the CPU ops (a check)
+      device_ops = v || on_gpu;
+    else if (k == "--peak-tflops")
       peak_tflops = std::atof(argv[i + 1]);
     else if (k == "--kernel") {  // op=impl
       std::string s = argv[i + 1];
@@ -213,7 +216,7 @@ int main(int argc, char** argv) try {
   // CPU: titan's AdamW and grad_sq_norm as the trainer runs them; a GPU: the same ops on the device.
   std::unique_ptr<titan::AdamW> cpu_opt;
   std::unique_ptr<DeviceAdamW> dev_opt;
-  if (on_gpu)
+  if (device_ops)
     dev_opt = std::make_unique<DeviceAdamW>(model.flat_params(), model.flat_grads(), adamw_cfg, device);
   else
     cpu_opt = std::make_unique<titan::AdamW>(model.flat_params(), model.flat_grads(), adamw_cfg);
@@ -242,12 +245,12 @@ int main(int argc, char** argv) try {
     model.backward();
     sync();
     auto t3 = clock::now();
-    const double sq =
-        on_gpu ? device_grad_sq_norm(model.flat_grads(), device) : titan::grad_sq_norm(model.flat_grads());
+    const double sq = device_ops ? device_grad_sq_norm(model.flat_grads(), device)
+                                 : titan::grad_sq_norm(model.flat_grads());
     const float coef =
         titan::clip_coefficient(std::sqrt(sq), 1.0);  // clip_grad_norm_(max_norm=1) fused into AdamW
     auto t4 = clock::now();
-    if (on_gpu)
+    if (device_ops)
       dev_opt->step(1e-4f, coef);
     else
       cpu_opt->step(1e-4f, coef);
@@ -285,7 +288,7 @@ int main(int argc, char** argv) try {
   std::printf(
       "{\"impl\":\"titan\",\"summary\":true,\"device\":\"%s\",\"bf16\":%s,\"threads\":%d,\"params\":%lld,"
       "\"steps\":%zu,\"tokens_per_step\":%.0f,\"median_seconds\":%.6f,\"median_tokens_per_s\":%.2f,"
-      "\"flops_per_token\":%.6g,\"peak_tflops\":%.2f,\"median_mfu\":%.4f,\"peak_alloc_gib\":%.3f,"
+      "\"flops_per_token\":%.0f,\"peak_tflops\":%.2f,\"median_mfu\":%.4f,\"peak_alloc_gib\":%.3f,"
       "\"peak_alloc_bytes\":%lld,\"activation_gib\":%.3f,\"peak_rss_bytes\":%.0f,\"kernels\":\"%s\"}\n",
       device.str().c_str(), bf16 ? "true" : "false", omp_get_max_threads(),
       static_cast<long long>(model.num_params()), times.size(), tokens, med, med > 0 ? tokens / med : 0.0,
