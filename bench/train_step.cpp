@@ -3,14 +3,16 @@
 //   bench_train_step [--flavor 0.6B | --preset 1.7B] [--hidden 1024 --layers 4 --heads 16 --kv-heads 8
 //                     --head-dim 128 --intermediate 3072 --vocab 151936 --tied 1 --experts 0 --top-k 0
 //                     --moe-intermediate 0] [--seq 512 --batch 1 --steps 5 --warmup 1 --ac 0 --bf16 0]
-//                    [--device cpu|cuda[:i]] [--peak-tflops 989.4] [--init hf|tiled] [--serve 1]
+//                    [--device cpu|cuda[:i]] [--peak-tflops 989.4] [--init hf|tiled] [--device-ops 0]
+//                    [--serve 1]
 // --flavor 0.6B cuts the 0.6B shape to 4 layers (the CPU default); --preset NAME is the released shape of
 // Qwen3Config::flavor(NAME) with all its layers. --device cuda: parameters, gradients, activations and the
 // AdamW state live on the GPU; the gradient norm (sum_squares op) and AdamW (adamw op) run there too;
 // seq defaults to 2048 and the peak for MFU to 989.4 TFLOP/s (H100/H200 dense bf16). Each phase ends with
 // a device synchronization, so step and phase times are the GPU's. MFU = flops_per_token * tokens/s / peak
 // with flops_per_token = Qwen3Config::training_flops_per_token(seq) (torchtitan's 6N + 12*L*heads*hd*seq,
-// N = GEMM weights incl. lm_head); 0 when no peak is given (CPU default).
+// N = GEMM weights incl. lm_head); 0 when no peak is given (CPU default). --device-ops 1 runs the GPU path's
+// optimizer code (DeviceAdamW, device_grad_sq_norm) on the CPU's ops: a check of that code without a GPU.
 // --serve 1: after the warm-up print {"ready":true}, then run one measured step per "step" line read from
 // stdin and print the summary at "quit" (bench/compare_pytorch.py interleaves frameworks step by step).
 // The summary carries the process's peak resident set (VmHWM).
