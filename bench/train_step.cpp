@@ -1,8 +1,18 @@
 // One Qwen3 training step (forward + backward + clip + AdamW) timed in titan; prints one JSON line per
 // measured step and a summary, in the same format as bench/pytorch_train_step.py.
-//   bench_train_step [--flavor 0.6B] [--hidden 1024 --layers 4 --heads 16 --kv-heads 8 --head-dim 128
-//                     --intermediate 3072 --vocab 151936 --tied 1 --experts 0 --top-k 0 --moe-intermediate 0]
-//                    [--seq 512 --batch 1 --steps 5 --warmup 1 --ac 0 --bf16 0] [--serve 1]
+//   bench_train_step [--flavor 0.6B | --preset 1.7B] [--hidden 1024 --layers 4 --heads 16 --kv-heads 8
+//                     --head-dim 128 --intermediate 3072 --vocab 151936 --tied 1 --experts 0 --top-k 0
+//                     --moe-intermediate 0] [--seq 512 --batch 1 --steps 5 --warmup 1 --ac 0 --bf16 0]
+//                    [--device cpu|cuda[:i]] [--peak-tflops 989.4] [--init hf|tiled] [--device-ops 0]
+//                    [--serve 1]
+// --flavor 0.6B cuts the 0.6B shape to 4 layers (the CPU default); --preset NAME is the released shape of
+// Qwen3Config::flavor(NAME) with all its layers. --device cuda: parameters, gradients, activations and the
+// AdamW state live on the GPU; the gradient norm (sum_squares op) and AdamW (adamw op) run there too;
+// seq defaults to 2048 and the peak for MFU to 989.4 TFLOP/s (H100/H200 dense bf16). Each phase ends with
+// a device synchronization, so step and phase times are the GPU's. MFU = flops_per_token * tokens/s / peak
+// with flops_per_token = Qwen3Config::training_flops_per_token(seq) (torchtitan's 6N + 12*L*heads*hd*seq,
+// N = GEMM weights incl. lm_head); 0 when no peak is given (CPU default). --device-ops 1 runs the GPU path's
+// optimizer code (DeviceAdamW, device_grad_sq_norm) on the CPU's ops: a check of that code without a GPU.
 // --serve 1: after the warm-up print {"ready":true}, then run one measured step per "step" line read from
 // stdin and print the summary at "quit" (bench/compare_pytorch.py interleaves frameworks step by step).
 // The summary carries the process's peak resident set (VmHWM).
@@ -10,16 +20,20 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "device/device.h"
+#include "kernels/registry.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 
@@ -32,21 +46,112 @@ double peak_rss_bytes() {
     if (line.rfind("VmHWM:", 0) == 0) return std::atof(line.c_str() + 6) * 1024.0;
   return 0;
 }
+
+// AdamW over flat buffers on any device through the device's adamw op, with its m/v state on that device
+// (titan::AdamW keeps host tensors and the CPU op).
+class DeviceAdamW {
+ public:
+  DeviceAdamW(std::vector<titan::Tensor> params, std::vector<titan::Tensor> grads,
+              const titan::AdamWConfig& cfg, titan::Device device)
+      : params_(std::move(params)),
+        grads_(std::move(grads)),
+        cfg_(cfg),
+        kernel_(&titan::get_kernel<titan::AdamWKernels>(device.type)) {
+    for (auto& p : params_) {
+      m_.push_back(titan::Tensor::zeros(p.shape(), titan::DType::F32, device));
+      v_.push_back(titan::Tensor::zeros(p.shape(), titan::DType::F32, device));
+    }
+  }
+  void step(float lr, float grad_scale) {
+    ++step_;
+    for (size_t i = 0; i < params_.size(); ++i)
+      kernel_->step(params_[i].f32(), grads_[i].f32(), m_[i].f32(), v_[i].f32(), params_[i].numel(), lr,
+                    cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_, grad_scale);
+  }
+
+ private:
+  std::vector<titan::Tensor> params_, grads_, m_, v_;
+  titan::AdamWConfig cfg_;
+  const titan::AdamWKernels* kernel_;
+  int64_t step_ = 0;
+};
+
+// Sum of squares of every gradient buffer through the device's sum_squares op (waits for the device).
+double device_grad_sq_norm(const std::vector<titan::Tensor>& grads, titan::Device device) {
+  const auto& k = titan::get_kernel<titan::SumSquaresKernels>(device.type);
+  double total = 0;
+  for (auto& g : grads)
+    if (g.defined()) total += k.sum_squares(g.f32(), g.numel());
+  return total;
+}
+
+// A quick stand-in for init_weights on big shapes (init_weights draws every weight on one host thread,
+// ~40 s at 1.7B): RMSNorm weights 1, every matrix a tiling of one block of 2^20 N(0, std) draws. The
+// values are random-looking (a GPU's GEMM rate depends on the data), the step's work is the same.
+void init_tiled(titan::Qwen3Model& model, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, static_cast<float>(model.config().initializer_range));
+  std::vector<float> block(size_t(1) << 20);
+  for (auto& x : block) x = normal(rng);
+  int64_t largest = 0, largest_1d = 0;
+  for (auto& p : model.params()) {
+    int64_t& m = p.shape.size() == 1 ? largest_1d : largest;
+    m = std::max(m, p.value.numel());
+  }
+  std::vector<float> host(static_cast<size_t>(largest)), ones(static_cast<size_t>(largest_1d), 1.0f);
+  for (size_t i = 0; i < host.size(); i += block.size())
+    std::memcpy(host.data() + i, block.data(), std::min(block.size(), host.size() - i) * sizeof(float));
+  size_t shift = 0;  // a different phase of the block per tensor
+  for (auto& p : model.params()) {
+    const size_t start = (shift += 7919) % block.size();
+    p.value.copy_from_host(p.shape.size() == 1
+                               ? ones.data()
+                               : host.data() + (start < host.size() - p.value.numel() ? start : 0));
+  }
+}
+
+// "cpu", "cuda", "cuda:1".
+titan::Device parse_device(const std::string& s) {
+  titan::Device d;
+  const std::string type = s.substr(0, s.find(':'));
+  if (type == "cuda")
+    d.type = titan::DeviceType::CUDA;
+  else if (type != "cpu")
+    titan::fail("--device '", s, "' is not cpu, cuda or cuda:N");
+  if (s.find(':') != std::string::npos) d.index = std::atoi(s.c_str() + s.find(':') + 1);
+  return d;
+}
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::string flavor = "0.6B";
-  for (int i = 1; i + 1 < argc; i += 2)
+int main(int argc, char** argv) try {
+  std::string flavor = "0.6B", preset, device_name = "cpu";
+  for (int i = 1; i + 1 < argc; i += 2) {
     if (std::string(argv[i]) == "--flavor") flavor = argv[i + 1];
-  titan::Qwen3Config c = titan::Qwen3Config::flavor(flavor);
-  if (flavor == "0.6B") c.num_hidden_layers = 4;
-  int64_t seq = 512, batch = 1, steps = 5, warmup = 1, ac = 0, serve = 0, bf16 = 0, head_chunk = 0;
+    if (std::string(argv[i]) == "--preset") preset = argv[i + 1];
+    if (std::string(argv[i]) == "--device") device_name = argv[i + 1];
+  }
+  const titan::Device device = parse_device(device_name);
+  const bool on_gpu = device.type != titan::DeviceType::CPU;
+  titan::Qwen3Config c = titan::Qwen3Config::flavor(preset.empty() ? flavor : preset);
+  if (preset.empty() && flavor == "0.6B") c.num_hidden_layers = 4;
+  int64_t seq = on_gpu ? 2048 : 512, batch = 1, steps = 5, warmup = 1, ac = 0, serve = 0, bf16 = 0,
+          head_chunk = 0;
+  double peak_tflops = on_gpu ? 989.4 : 0.0;
+  std::string init = on_gpu ? "tiled" : "hf";
+  int64_t device_ops = on_gpu;  // AdamW and the gradient norm through the device's registry ops
   titan::KernelChoice kernels;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     int64_t v = std::atoll(argv[i + 1]);
-    if (k == "--flavor")
+    if (k == "--flavor" || k == "--preset" || k == "--device")
       continue;
+    else if (k == "--init") {  // hf: Qwen3Model::init_weights (CPU default); tiled: init_tiled (GPU default)
+      init = argv[i + 1];
+      TITAN_CHECK(init == "hf" || init == "tiled", "--init '", init, "' is not hf or tiled");
+    } else if (k == "--device-ops")  // 1 on the CPU: the GPU path's optimizer code on the CPU ops (a check)
+      device_ops = v || on_gpu;
+    else if (k == "--peak-tflops")
+      peak_tflops = std::atof(argv[i + 1]);
     else if (k == "--kernel") {  // op=impl
       std::string s = argv[i + 1];
       kernels[s.substr(0, s.find('='))] = s.substr(s.find('=') + 1);
@@ -94,13 +199,33 @@ int main(int argc, char** argv) {
     }
   }
   if (c.num_experts > 0) c.norm_topk_prob = true;
-  titan::Qwen3Model model(c, kernels);
-  model.init_weights(0);
+  auto& dev = titan::device_interface(device.type);
+  if (on_gpu)
+    TITAN_CHECK(dev.device_count && dev.device_count() > device.index, "--device ", device_name,
+                ": no such GPU (", dev.device_count ? dev.device_count() : 0, " found)");
+  auto sync = [&] {
+    if (dev.synchronize) dev.synchronize();
+  };
+  titan::Qwen3Model model(c, kernels, nullptr, true, device);
+  if (init == "tiled")
+    init_tiled(model, 0);
+  else
+    model.init_weights(0);
   model.set_activation_checkpointing(ac != 0);
   model.set_head_chunk_rows(head_chunk);
   if (bf16) model.set_bf16_compute(true);
-  titan::AdamW opt(model.flat_params(), model.flat_grads(),
-                   titan::AdamWConfig{1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f});
+  const titan::AdamWConfig adamw_cfg{1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f};
+  // CPU: titan's AdamW and grad_sq_norm as the trainer runs them; a GPU: the same ops on the device.
+  std::unique_ptr<titan::AdamW> cpu_opt;
+  std::unique_ptr<DeviceAdamW> dev_opt;
+  if (device_ops)
+    dev_opt = std::make_unique<DeviceAdamW>(model.flat_params(), model.flat_grads(), adamw_cfg, device);
+  else
+    cpu_opt = std::make_unique<titan::AdamW>(model.flat_params(), model.flat_grads(), adamw_cfg);
+  const double flops_per_token = c.training_flops_per_token(seq);
+  auto mfu = [&](double tokens_per_s) {
+    return peak_tflops > 0 ? flops_per_token * tokens_per_s / (peak_tflops * 1e12) : 0.0;
+  };
   std::mt19937 rng(0);
   std::vector<int32_t> ids(batch * seq);
   for (auto& x : ids) x = static_cast<int32_t>(rng() % c.vocab_size);
@@ -108,26 +233,40 @@ int main(int argc, char** argv) {
   const double tokens = static_cast<double>(batch * seq);
   auto one_step = [&](int64_t s, bool measured) {
     using clock = std::chrono::steady_clock;
-    auto since = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    auto since = [](clock::time_point a, clock::time_point b) {
+      return std::chrono::duration<double>(b - a).count();
+    };
+    sync();
     auto t0 = clock::now();
     model.zero_grad();
+    sync();
     auto t1 = clock::now();
     auto r = model.forward(ids.data(), ids.data(), batch, seq);
+    sync();
     auto t2 = clock::now();
     model.backward();
+    sync();
     auto t3 = clock::now();
-    const double norm = std::sqrt(titan::grad_sq_norm(model.flat_grads()));
+    const double sq = device_ops ? device_grad_sq_norm(model.flat_grads(), device)
+                                 : titan::grad_sq_norm(model.flat_grads());
+    const float coef =
+        titan::clip_coefficient(std::sqrt(sq), 1.0);  // clip_grad_norm_(max_norm=1) fused into AdamW
     auto t4 = clock::now();
-    opt.step(1e-4f, titan::clip_coefficient(norm, 1.0));  // clip_grad_norm_(max_norm=1) fused into AdamW
+    if (device_ops)
+      dev_opt->step(1e-4f, coef);
+    else
+      cpu_opt->step(1e-4f, coef);
+    sync();
     auto t5 = clock::now();
     double dt = since(t0, t5);
     if (measured) {
       times.push_back(dt);
-      std::printf("{\"impl\":\"titan\",\"step\":%lld,\"seconds\":%.6f,\"tokens_per_s\":%.2f,\"loss\":%.6f,"
-                  "\"phases\":{\"zero_grad\":%.4f,\"forward\":%.4f,\"backward\":%.4f,\"clip\":%.4f,"
-                  "\"optimizer\":%.4f}}\n",
-                  static_cast<long long>(s), dt, tokens / dt, r.loss, since(t0, t1), since(t1, t2),
-                  since(t2, t3), since(t3, t4), since(t4, t5));
+      std::printf(
+          "{\"impl\":\"titan\",\"step\":%lld,\"seconds\":%.6f,\"tokens_per_s\":%.2f,\"mfu\":%.4f,"
+          "\"loss\":%.6f,\"phases\":{\"zero_grad\":%.4f,\"forward\":%.4f,\"backward\":%.4f,"
+          "\"clip\":%.4f,\"optimizer\":%.4f}}\n",
+          static_cast<long long>(s), dt, tokens / dt, mfu(tokens / dt), r.loss, since(t0, t1), since(t1, t2),
+          since(t2, t3), since(t3, t4), since(t4, t5));
       std::fflush(stdout);
     }
   };
@@ -144,15 +283,22 @@ int main(int argc, char** argv) {
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
   const double med = sorted.empty() ? 0 : sorted[sorted.size() / 2];
-  const auto& stats = titan::device_interface(titan::DeviceType::CPU).allocator->stats;
+  // Peak bytes allocated on the model's device (the GPU's memory under --device cuda).
+  const auto& stats = dev.allocator->stats;
   std::string names;
   for (auto& [op, impl] : model.kernel_names()) names += (names.empty() ? "" : ",") + op + "=" + impl;
   std::printf(
-      "{\"impl\":\"titan\",\"summary\":true,\"threads\":%d,\"params\":%lld,\"median_seconds\":%.6f,"
-      "\"median_tokens_per_s\":%.2f,\"peak_alloc_gib\":%.3f,\"activation_gib\":%.3f,\"peak_rss_bytes\":%.0f,"
-      "\"kernels\":\"%s\"}\n",
-      omp_get_max_threads(), static_cast<long long>(model.num_params()), med, tokens / med,
-      stats.peak.load() / double(1 << 30), model.activation_bytes() / double(1 << 30), peak_rss_bytes(),
+      "{\"impl\":\"titan\",\"summary\":true,\"device\":\"%s\",\"bf16\":%s,\"threads\":%d,\"params\":%lld,"
+      "\"steps\":%zu,\"tokens_per_step\":%.0f,\"median_seconds\":%.6f,\"median_tokens_per_s\":%.2f,"
+      "\"flops_per_token\":%.0f,\"peak_tflops\":%.2f,\"median_mfu\":%.4f,\"peak_alloc_gib\":%.3f,"
+      "\"peak_alloc_bytes\":%lld,\"activation_gib\":%.3f,\"peak_rss_bytes\":%.0f,\"kernels\":\"%s\"}\n",
+      device.str().c_str(), bf16 ? "true" : "false", omp_get_max_threads(),
+      static_cast<long long>(model.num_params()), times.size(), tokens, med, med > 0 ? tokens / med : 0.0,
+      flops_per_token, peak_tflops, med > 0 ? mfu(tokens / med) : 0.0, stats.peak.load() / double(1 << 30),
+      static_cast<long long>(stats.peak.load()), model.activation_bytes() / double(1 << 30), peak_rss_bytes(),
       names.c_str());
   return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_train_step: %s\n", e.what());
+  return 1;
 }

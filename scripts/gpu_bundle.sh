@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs the CUDA test, the titan binary and the CUDA bench of a build with the non-system shared libraries
+# Packs the CUDA test, the titan binary and the CUDA benches of a build with the non-system shared libraries
 # they load (OpenBLAS, oneDNN, Open MPI, ...; not glibc, libstdc++ or CUDA's own: cuBLASLt and NCCL come
 # from the GPU machine) for scripts/gpu_check.sh.
 #   bash scripts/gpu_bundle.sh build out.tar.xz
@@ -8,7 +8,7 @@ BUILD=$(realpath "${1:?build dir}")
 DEST=$(realpath -m "${2:?output .tar.xz}")
 STAGE=$(mktemp -d)
 mkdir -p "$STAGE/lib"
-for b in titan test_cuda bench_cuda_ops; do
+for b in titan test_cuda bench_cuda_ops bench_train_step; do
   [ -x "$BUILD/$b" ] && cp "$BUILD/$b" "$STAGE/"
 done
 ldd "$STAGE"/titan "$STAGE"/test_cuda | awk '/=> \//{print $3}' | sort -u |
