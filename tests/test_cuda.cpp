@@ -494,6 +494,13 @@ TEST(Cuda, ElementwiseMatchesReference) {
   auto fill_r = std::vector<float>(x.size(), -2.5f);
   fill_r.back() = 1.0f;
   EXPECT_EQ(dfill.read(), fill_r) << "fill";
+  // scale (the gradient clip outside the optimizer)
+  const auto y = randn(1001, 111);  // (GPUs canonicalise NaN payloads in arithmetic: no specials here)
+  std::vector<float> scaled_r = y;
+  ref.scale(scaled_r.data(), 0.375f, n);
+  DevF dscaled(y);
+  op.scale(dscaled.p, 0.375f, n);
+  EXPECT_EQ(bits(dscaled.read()), bits(scaled_r)) << "scale";
 }
 
 // Router logits with ties: row 5 all equal (top-k by index), row 6 with repeated values around the top.

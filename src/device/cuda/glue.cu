@@ -51,6 +51,9 @@ __global__ void from_bf16_kernel(float* dst, const uint16_t* src, int64_t n) {
 __global__ void fill_kernel(float* x, float value, int64_t n) {
   TITAN_GRID_STRIDE(i, n) x[i] = value;
 }
+__global__ void scale_kernel(float* x, float a, int64_t n) {
+  TITAN_GRID_STRIDE(i, n) x[i] *= a;
+}
 
 void add(float* y, const float* x, int64_t n) {
   if (n <= 0) return;
@@ -75,6 +78,11 @@ void from_bf16(float* dst, const uint16_t* src, int64_t n) {
 void fill(float* x, float value, int64_t n) {
   if (n <= 0) return;
   fill_kernel<<<blocks_for(n, kThreads), kThreads, 0, cuda_stream()>>>(x, value, n);
+  TITAN_CUDA_LAUNCH_CHECK();
+}
+void scale(float* x, float a, int64_t n) {
+  if (n <= 0) return;
+  scale_kernel<<<blocks_for(n, kThreads), kThreads, 0, cuda_stream()>>>(x, a, n);
   TITAN_CUDA_LAUNCH_CHECK();
 }
 
@@ -397,7 +405,7 @@ void ep_combine(float* out, float* dtw, const float* rows, const int64_t* pos, i
 
 #undef TITAN_GRID_STRIDE
 
-const ElementwiseKernels kElementwise{add, round_bf16, to_bf16, from_bf16, fill};
+const ElementwiseKernels kElementwise{add, round_bf16, to_bf16, from_bf16, fill, scale};
 const MoeRouterKernels kMoeRouter{softmax,   select_topk,     count_tokens,
                                   aux_stats, router_backward, update_bias};
 const ExpertParallelKernels kExpertParallel{ep_pack, ep_unpack, ep_gather_rows, ep_pack_grads, ep_combine};
