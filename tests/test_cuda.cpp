@@ -495,10 +495,10 @@ TEST(Cuda, ElementwiseMatchesReference) {
   fill_r.back() = 1.0f;
   EXPECT_EQ(dfill.read(), fill_r) << "fill";
   // scale (the gradient clip outside the optimizer)
-  const auto y = randn(1001, 111);  // (GPUs canonicalise NaN payloads in arithmetic: no specials here)
-  std::vector<float> scaled_r = y;
+  const auto plain = randn(1001, 111);  // (GPUs canonicalise NaN payloads in arithmetic: no specials here)
+  std::vector<float> scaled_r = plain;
   ref.scale(scaled_r.data(), 0.375f, n);
-  DevF dscaled(y);
+  DevF dscaled(plain);
   op.scale(dscaled.p, 0.375f, n);
   EXPECT_EQ(bits(dscaled.read()), bits(scaled_r)) << "scale";
 }
