@@ -3,7 +3,7 @@
 //   bench_train_step [--flavor 0.6B | --preset 1.7B] [--hidden 1024 --layers 4 --heads 16 --kv-heads 8
 //                     --head-dim 128 --intermediate 3072 --vocab 151936 --tied 1 --experts 0 --top-k 0
 //                     --moe-intermediate 0] [--seq 512 --batch 1 --steps 5 --warmup 1 --ac 0 --bf16 0]
-//                    [--device cpu|cuda[:i]] [--peak-tflops 989.4] [--init hf|tiled] [--device-ops 0]
+//                    [--device cpu|cuda[:i]] [--peak-tflops 989.4] [--init hf|tiled]
 //                    [--serve 1]
 // --flavor 0.6B cuts the 0.6B shape to 4 layers (the CPU default); --preset NAME is the released shape of
 // Qwen3Config::flavor(NAME) with all its layers. --device cuda: parameters, gradients, activations and the
@@ -11,8 +11,8 @@
 // seq defaults to 2048 and the peak for MFU to 989.4 TFLOP/s (H100/H200 dense bf16). Each phase ends with
 // a device synchronization, so step and phase times are the GPU's. MFU = flops_per_token * tokens/s / peak
 // with flops_per_token = Qwen3Config::training_flops_per_token(seq) (torchtitan's 6N + 12*L*heads*hd*seq,
-// N = GEMM weights incl. lm_head); 0 when no peak is given (CPU default). --device-ops 1 runs the GPU path's
-// optimizer code (DeviceAdamW, device_grad_sq_norm) on the CPU's ops: a check of that code without a GPU.
+// N = GEMM weights incl. lm_head); 0 when no peak is given (CPU default). AdamW and the gradient norm are
+// titan's (optim/optimizer.h): their state and ops are on the parameters' device.
 // --serve 1: after the warm-up print {"ready":true}, then run one measured step per "step" line read from
 // stdin and print the summary at "quit" (bench/compare_pytorch.py interleaves frameworks step by step).
 // The summary carries the process's peak resident set (VmHWM).
@@ -45,44 +45,6 @@ double peak_rss_bytes() {
   while (std::getline(f, line))
     if (line.rfind("VmHWM:", 0) == 0) return std::atof(line.c_str() + 6) * 1024.0;
   return 0;
-}
-
-// AdamW over flat buffers on any device through the device's adamw op, with its m/v state on that device
-// (titan::AdamW keeps host tensors and the CPU op).
-class DeviceAdamW {
- public:
-  DeviceAdamW(std::vector<titan::Tensor> params, std::vector<titan::Tensor> grads,
-              const titan::AdamWConfig& cfg, titan::Device device)
-      : params_(std::move(params)),
-        grads_(std::move(grads)),
-        cfg_(cfg),
-        kernel_(&titan::get_kernel<titan::AdamWKernels>(device.type)) {
-    for (auto& p : params_) {
-      m_.push_back(titan::Tensor::zeros(p.shape(), titan::DType::F32, device));
-      v_.push_back(titan::Tensor::zeros(p.shape(), titan::DType::F32, device));
-    }
-  }
-  void step(float lr, float grad_scale) {
-    ++step_;
-    for (size_t i = 0; i < params_.size(); ++i)
-      kernel_->step(params_[i].f32(), grads_[i].f32(), m_[i].f32(), v_[i].f32(), params_[i].numel(), lr,
-                    cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_, grad_scale);
-  }
-
- private:
-  std::vector<titan::Tensor> params_, grads_, m_, v_;
-  titan::AdamWConfig cfg_;
-  const titan::AdamWKernels* kernel_;
-  int64_t step_ = 0;
-};
-
-// Sum of squares of every gradient buffer through the device's sum_squares op (waits for the device).
-double device_grad_sq_norm(const std::vector<titan::Tensor>& grads, titan::Device device) {
-  const auto& k = titan::get_kernel<titan::SumSquaresKernels>(device.type);
-  double total = 0;
-  for (auto& g : grads)
-    if (g.defined()) total += k.sum_squares(g.f32(), g.numel());
-  return total;
 }
 
 // A quick stand-in for init_weights on big shapes (init_weights draws every weight on one host thread,
@@ -138,7 +100,6 @@ int main(int argc, char** argv) try {
           head_chunk = 0;
   double peak_tflops = on_gpu ? 989.4 : 0.0;
   std::string init = on_gpu ? "tiled" : "hf";
-  int64_t device_ops = on_gpu;  // AdamW and the gradient norm through the device's registry ops
   titan::KernelChoice kernels;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
@@ -148,9 +109,7 @@ int main(int argc, char** argv) try {
     else if (k == "--init") {  // hf: Qwen3Model::init_weights (CPU default); tiled: init_tiled (GPU default)
       init = argv[i + 1];
       TITAN_CHECK(init == "hf" || init == "tiled", "--init '", init, "' is not hf or tiled");
-    } else if (k == "--device-ops")  // 1 on the CPU: the GPU path's optimizer code on the CPU ops (a check)
-      device_ops = v || on_gpu;
-    else if (k == "--peak-tflops")
+    } else if (k == "--peak-tflops")
       peak_tflops = std::atof(argv[i + 1]);
     else if (k == "--kernel") {  // op=impl
       std::string s = argv[i + 1];
@@ -215,13 +174,8 @@ int main(int argc, char** argv) try {
   model.set_head_chunk_rows(head_chunk);
   if (bf16) model.set_bf16_compute(true);
   const titan::AdamWConfig adamw_cfg{1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f};
-  // CPU: titan's AdamW and grad_sq_norm as the trainer runs them; a GPU: the same ops on the device.
-  std::unique_ptr<titan::AdamW> cpu_opt;
-  std::unique_ptr<DeviceAdamW> dev_opt;
-  if (device_ops)
-    dev_opt = std::make_unique<DeviceAdamW>(model.flat_params(), model.flat_grads(), adamw_cfg, device);
-  else
-    cpu_opt = std::make_unique<titan::AdamW>(model.flat_params(), model.flat_grads(), adamw_cfg);
+  // titan's AdamW and grad_sq_norm as the trainer runs them (on the model's device).
+  titan::AdamW optimizer(model.flat_params(), model.flat_grads(), adamw_cfg);
   const double flops_per_token = c.training_flops_per_token(seq);
   auto mfu = [&](double tokens_per_s) {
     return peak_tflops > 0 ? flops_per_token * tokens_per_s / (peak_tflops * 1e12) : 0.0;
@@ -247,15 +201,11 @@ int main(int argc, char** argv) try {
     model.backward();
     sync();
     auto t3 = clock::now();
-    const double sq = device_ops ? device_grad_sq_norm(model.flat_grads(), device)
-                                 : titan::grad_sq_norm(model.flat_grads());
+    const double sq = titan::grad_sq_norm(model.flat_grads());
     const float coef =
         titan::clip_coefficient(std::sqrt(sq), 1.0);  // clip_grad_norm_(max_norm=1) fused into AdamW
     auto t4 = clock::now();
-    if (device_ops)
-      dev_opt->step(1e-4f, coef);
-    else
-      cpu_opt->step(1e-4f, coef);
+    optimizer.step(1e-4f, coef);
     sync();
     auto t5 = clock::now();
     double dt = since(t0, t5);
