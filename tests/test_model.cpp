@@ -152,7 +152,7 @@ TEST(Qwen3Golden, ForwardCliDeviceErrorsAreClear) {
                            (tmp / "o.safetensors") + " --device ";
   std::string out;
   EXPECT_NE(testing::run_titan(base + "tpu", &out), 0);
-  EXPECT_NE(out.find("--device = 'tpu': expected cpu, cuda or cuda:N"), std::string::npos) << out;
+  EXPECT_NE(out.find("--device = 'tpu': expected cpu, cuda, cuda:N or guard"), std::string::npos) << out;
   if (!testing::have_cuda_gpu()) {  // a build without CUDA, or no GPU: said so, nothing written
     EXPECT_NE(testing::run_titan(base + "cuda", &out), 0);
     EXPECT_TRUE(out.find("not available in this build") != std::string::npos ||

@@ -27,7 +27,7 @@ int forward_main(int argc, char** argv) {
   app.add_option("--eps", o.eps)->capture_default_str();
   app.add_option("--max-norm", o.max_norm, "clip gradients to this global norm (0: off)");
   app.add_option("--dtype", dtype, "compute dtype: f32 or bf16")->capture_default_str();
-  app.add_option("--device", device, "cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--device", device, "cpu, cuda, cuda:N or guard")->capture_default_str();
   app.add_option("--lora", o.lora_dir,
                  "PEFT LoRA adapter dir: frozen base, grads/params/steps of the adapter tensors only");
   app.add_flag("--lora-bf16-base", o.lora_bf16_base, "with --lora: hold the frozen base weights in bf16");

@@ -17,6 +17,8 @@ const char* device_type_name(DeviceType t) {
       return "cpu";
     case DeviceType::CUDA:
       return "cuda";
+    case DeviceType::GUARD:
+      return "guard";
   }
   return "?";
 }
@@ -40,15 +42,16 @@ void AllocatorStats::on_free(size_t n) {
 Device parse_device(std::string_view name, std::string_view what) {
   if (name == "cpu") return Device::cpu();
   if (name == "cuda") return Device{DeviceType::CUDA, 0};
+  if (name == "guard") return Device{DeviceType::GUARD, 0};
   if (name.starts_with("cuda:") && name.size() > 5 && name.size() < 9) {
     int index = 0;
     for (char ch : name.substr(5)) {
-      TITAN_CHECK(ch >= '0' && ch <= '9', what, " = '", name, "': expected cpu, cuda or cuda:N");
+      TITAN_CHECK(ch >= '0' && ch <= '9', what, " = '", name, "': expected cpu, cuda, cuda:N or guard");
       index = index * 10 + (ch - '0');
     }
     return Device{DeviceType::CUDA, index};
   }
-  fail(what, " = '", name, "': expected cpu, cuda or cuda:N");
+  fail(what, " = '", name, "': expected cpu, cuda, cuda:N or guard");
 }
 
 void register_device(DeviceType type, DeviceInterface* iface) {

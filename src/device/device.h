@@ -9,8 +9,11 @@
 
 namespace titan {
 
-enum class DeviceType : uint8_t { CPU = 0, CUDA = 1 };
-constexpr int kNumDeviceTypes = 2;
+// GUARD: host memory behind addresses the host cannot dereference, running the CPU's kernels
+// (src/device/guard/). Code that reads or writes device memory outside an op or a device copy crashes on it,
+// so the whole device path of a model or trainer can be checked on a machine without an accelerator.
+enum class DeviceType : uint8_t { CPU = 0, CUDA = 1, GUARD = 2 };
+constexpr int kNumDeviceTypes = 3;
 const char* device_type_name(DeviceType t);
 
 struct Device {
@@ -61,6 +64,8 @@ struct DeviceInterface {
   void (*synchronize)() = nullptr;
   // Accelerators: makes device `index` this process's current one (before its first allocation or op).
   void (*set_current)(int index) = nullptr;
+  // Accelerators: bytes of memory of the current device (for memory reports). Null: host memory.
+  int64_t (*memory_bytes)() = nullptr;
 };
 
 // Registers `iface` for `type`; called from a static initializer in the device's own file.
@@ -68,7 +73,8 @@ void register_device(DeviceType type, DeviceInterface* iface);
 // Throws titan::Error if the device type is not compiled in.
 DeviceInterface& device_interface(DeviceType type);
 bool device_available(DeviceType type);
-// "cpu", "cuda" (= cuda:0) or "cuda:N". Throws titan::Error naming `what` (e.g. the config key) otherwise.
+// "cpu", "cuda" (= cuda:0), "cuda:N" or "guard". Throws titan::Error naming `what` (e.g. the config key)
+// otherwise.
 Device parse_device(std::string_view name, std::string_view what = "device");
 
 }  // namespace titan

@@ -77,22 +77,36 @@ void MetricsLogger::finish() {
   std::fflush(stdout);
 }
 
-double measure_gemm_tflops(const MatmulKernels& engine) {
+double measure_gemm_tflops(const MatmulKernels& engine, Device device) {
   const int n = 2048;
-  std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
-  // As in a model under bf16 compute, the weight has a bf16 image (a bf16 engine reads it instead of
-  // converting the weight at every call; f32 engines ignore it).
-  std::vector<uint16_t> image(b.size(), f32_to_bf16(0.25f));
-  register_bf16_image(b.data(), static_cast<int64_t>(b.size()), image.data());
-  engine.forward(c.data(), a.data(), b.data(), n, n, n);
+  const size_t nn = size_t(n) * n;
+  // Operands on the engine's device (a GEMM of host buffers would be another device's work).
+  Tensor a = Tensor::empty({n, n}, DType::F32, device), b = Tensor::empty({n, n}, DType::F32, device),
+         c = Tensor::empty({n, n}, DType::F32, device);
+  a.copy_from_host(std::vector<float>(nn, 0.5f).data());
+  b.copy_from_host(std::vector<float>(nn, 0.25f).data());
+  DeviceInterface& dev = device_interface(device.type);
+  auto sync = [&] {
+    if (dev.synchronize) dev.synchronize();
+  };
+  // As in a model under bf16 compute, the weight has a bf16 image (the CPU's bf16 engine reads it instead
+  // of converting the weight at every call; f32 engines ignore it).
+  std::vector<uint16_t> image;
+  if (device.type == DeviceType::CPU) {
+    image.assign(nn, f32_to_bf16(0.25f));
+    register_bf16_image(b.f32(), static_cast<int64_t>(nn), image.data());
+  }
+  engine.forward(c.f32(), a.f32(), b.f32(), n, n, n);
+  sync();
   double best = 0;
   for (int r = 0; r < 3; ++r) {
     auto t0 = std::chrono::steady_clock::now();
-    engine.forward(c.data(), a.data(), b.data(), n, n, n);
+    engine.forward(c.f32(), a.f32(), b.f32(), n, n, n);
+    sync();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, 2.0 * n * n * n / dt / 1e12);
   }
-  unregister_bf16_image(b.data());
+  if (!image.empty()) unregister_bf16_image(b.f32());
   return best;
 }
 

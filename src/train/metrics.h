@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/tensor.h"
 #include "kernels/ops.h"
 
 namespace titan {
@@ -44,7 +45,8 @@ class MetricsLogger {
 
 // Measured rate (TFLOP/s) of a GEMM engine with the current thread count: the best of 3 square 2048
 // products out = inp @ w^T after a warm-up (the MFU denominator of a run: its model's engine).
-double measure_gemm_tflops(const MatmulKernels& engine);
+// The operands live on `device` (the engine's).
+double measure_gemm_tflops(const MatmulKernels& engine, Device device = Device::cpu());
 // Physical memory of this machine in bytes.
 int64_t physical_memory_bytes();
 

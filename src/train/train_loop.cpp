@@ -140,8 +140,11 @@ EvalResult Trainer::validate() {
 }
 
 void Trainer::log_step(int64_t step, const StepOutcome& s, double seconds) {
-  static const double phys_gib = physical_memory_bytes() / double(int64_t(1) << 30);
-  const auto& mem = device_interface(DeviceType::CPU).allocator->stats;
+  // The model's device: its allocator and its memory (host memory for the cpu).
+  const DeviceInterface& dev = device_interface(model_->device().type);
+  static const double phys_gib =
+      (dev.memory_bytes ? dev.memory_bytes() : physical_memory_bytes()) / double(int64_t(1) << 30);
+  const auto& mem = dev.allocator->stats;
   StepMetrics m;
   m.step = step;
   m.loss = s.loss;

@@ -12,6 +12,7 @@
 #include "dist/expert_parallel.h"
 #include "dist/nccl.h"
 #include "dist/runtime.h"
+#include "dist/staged_process_group.h"
 #include "models/qwen3/lora.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
@@ -88,10 +89,13 @@ void Trainer::select_device() {
               "': the CUDA runtime finds no GPU on this machine");
   if (world_ > 1 && cfg_.job.device == "cuda") device_.index = static_cast<int>(rank_ % count);
   d.set_current(device_.index);
-  if (world_ > 1) device_pg_ = dist::make_nccl_group(*pg_);
+  // Between ranks: NCCL on GPUs; other devices stage their buffers through the host group.
+  if (world_ > 1)
+    device_pg_ = device_.type == DeviceType::CUDA ? dist::make_nccl_group(*pg_)
+                                                  : dist::make_host_staged_group(*pg_, device_);
   if (lead_)
-    std::printf("device: %s (%d GPU(s) visible)%s\n", device_.str().c_str(), count,
-                world_ > 1 ? ", NCCL between ranks" : "");
+    std::printf("device: %s (%d visible)%s\n", device_.str().c_str(), count,
+                device_pg_ ? (", collectives: " + device_pg_->backend()).c_str() : "");
 }
 
 // Validates everything that can be checked without allocating the model.
@@ -220,7 +224,7 @@ void Trainer::build_metrics() {
   if (peak_tflops_ > 0) {
     if (lead_) std::printf("MFU peak: %.3f TFLOP/s (metrics.peak_tflops)\n", peak_tflops_);
   } else {
-    peak_tflops_ = measure_gemm_tflops(model_->matmul_kernels());
+    peak_tflops_ = measure_gemm_tflops(model_->matmul_kernels(), model_->device());
     if (lead_)
       std::printf(
           "MFU peak: %.3f TFLOP/s (measured rate of the model's GEMM engine, matmul=%s, %d threads)\n",

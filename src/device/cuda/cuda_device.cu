@@ -108,6 +108,12 @@ void set_current(int index) {
   TITAN_CHECK(index >= 0 && index < n, "cuda:", index, " requested, but the CUDA runtime finds ", n, " GPU(s)");
   TITAN_CUDA_CHECK(cudaSetDevice(index));
 }
+int64_t memory_bytes() {
+  size_t free_bytes = 0, total = 0;
+  cuda_stream();  // the runtime on the current device
+  TITAN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  return static_cast<int64_t>(total);
+}
 int one_thread() {
   return 1;
 }
@@ -144,6 +150,7 @@ struct CudaDeviceRegistration {
     iface.zero = zero;
     iface.copy = copy_on_device;
     iface.set_current = set_current;
+    iface.memory_bytes = memory_bytes;
     iface.num_threads = one_thread;
     iface.device_count = gpu_count;
     iface.describe = describe;
