@@ -165,30 +165,42 @@ TEST(GuardDevice, TrainingEqualsTheCpuBitForBit) {
   }
 }
 
-// DDP with the gradients on the device: the buckets' all-reduces go through the host-staged group
-// (dist/staged_process_group.h) and equal the cpu's 2-rank run bit for bit; the MFU peak is measured on
-// the device (no metrics.peak_tflops).
+// Data parallel with device buffers: DDP buckets, FSDP gathers and reduce-scatters (bf16 compute) and the
+// expert-parallel token exchange (MoE, balancing) go through the host-staged group
+// (dist/staged_process_group.h); host scalars through its host group. Each equals the cpu's 2-rank run bit
+// for bit; the MFU peak is measured on the device (no metrics.peak_tflops) in the DDP run.
 TEST(GuardDevice, DataParallelEqualsTheCpuBitForBit) {
   TempDir tmp;
   std::string common;
   for (auto& a : small_run(tmp, "unused", 4))
-    if (!a.starts_with("--job.dump_folder") && !a.starts_with("--metrics.peak_tflops") &&
-        !a.starts_with("--training.sample_tokens"))
-      common += " " + a;
-  std::vector<std::vector<double>> losses;
-  for (const char* device : {"cpu", "guard"}) {
-    const std::string dir = tmp / device;
-    const std::string cmd =
-        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 timeout 300 "
-        "mpirun --oversubscribe --bind-to none -np 2 " +
-        std::string(TITAN_BINARY) + " train" + common +
-        " --training.sample_tokens=0 --parallelism.data_parallel_replicate_degree=2 --job.device=" + device +
-        " --job.dump_folder=" + dir + " > " + dir + ".log 2>&1";
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << device << ": see " << dir << ".log";
-    losses.push_back(testing::jsonl_losses(dir + "/metrics.jsonl"));
+    if (!a.starts_with("--job.dump_folder") && !a.starts_with("--metrics.peak_tflops")) common += " " + a;
+  const std::vector<std::pair<std::string, std::string>> layouts = {
+      {"ddp", " --parallelism.data_parallel_replicate_degree=2"},
+      {"fsdp", " --training.mixed_precision_param=bfloat16 --metrics.peak_tflops=1"},
+      {"ep",
+       " --parallelism.data_parallel_replicate_degree=2 --parallelism.expert_parallel_degree=2"
+       " --model.flavor=debug_moe --model.load_balance_coeff=0.001 --metrics.peak_tflops=1"},
+  };
+  for (auto& [name, layout] : layouts) {
+    std::vector<std::vector<double>> losses;
+    std::vector<std::string> samples;
+    for (const char* device : {"cpu", "guard"}) {
+      const std::string dir = tmp / (name + "_" + device);
+      const std::string cmd =
+          "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 timeout 300 "
+          "mpirun --oversubscribe --bind-to none -np 2 " +
+          std::string(TITAN_BINARY) + " train" + common + layout + " --job.device=" + device +
+          " --job.dump_folder=" + dir + " > " + dir + ".log 2>&1";
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << name << " on " << device << ": see " << dir << ".log";
+      losses.push_back(testing::jsonl_losses(dir + "/metrics.jsonl"));
+      std::ifstream f(dir + "/sample.txt");
+      samples.emplace_back((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    }
+    ASSERT_EQ(losses[0].size(), 4u) << name;
+    EXPECT_EQ(losses[1], losses[0]) << name;
+    EXPECT_FALSE(samples[0].empty()) << name;
+    EXPECT_EQ(samples[1], samples[0]) << name;
   }
-  ASSERT_EQ(losses[0].size(), 4u);
-  EXPECT_EQ(losses[1], losses[0]);
 }
 
 // Checkpoints written from device memory resume exactly: 3 steps, stop, resume to 6 == 6 straight.

@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/ops.h"
+#include "kernels/registry.h"
 #include "optim/optimizer.h"
 
 namespace titan::dist {
@@ -74,7 +76,10 @@ void DdpReducer::all_reduce_mean() {
 
 FsdpShards::FsdpShards(ProcessGroup& shard, std::vector<Tensor> full_params, std::vector<Tensor> full_grads,
                        ProcessGroup* replicate)
-    : shard_(shard), full_params_(std::move(full_params)), full_grads_(std::move(full_grads)) {
+    : shard_(shard),
+      device_(full_params.empty() ? Device::cpu() : full_params[0].device()),
+      full_params_(std::move(full_params)),
+      full_grads_(std::move(full_grads)) {
   TITAN_CHECK(full_params_.size() == full_grads_.size(), "FSDP: ", full_params_.size(),
               " parameter buffers but ", full_grads_.size(), " gradient buffers");
   for (size_t g = 0; g < full_params_.size(); ++g) {
@@ -88,8 +93,9 @@ FsdpShards::FsdpShards(ProcessGroup& shard, std::vector<Tensor> full_params, std
   load_shards(full_params_);
 }
 
-FsdpShards::FsdpShards(ProcessGroup& shard, const std::vector<int64_t>& group_numels, ProcessGroup* replicate)
-    : shard_(shard), owned_(true), numel_(group_numels) {
+FsdpShards::FsdpShards(ProcessGroup& shard, const std::vector<int64_t>& group_numels, ProcessGroup* replicate,
+                       Device device)
+    : shard_(shard), owned_(true), device_(device), numel_(group_numels) {
   full_params_.resize(numel_.size());
   full_grads_.resize(numel_.size());
   setup(replicate);
@@ -101,8 +107,8 @@ void FsdpShards::setup(ProcessGroup* replicate) {
   for (int64_t numel : numel_) {
     const int64_t s = (numel + n - 1) / n;
     shard_numel_.push_back(s);
-    shard_params_.push_back(Tensor::zeros({s}));
-    shard_grads_.push_back(Tensor::zeros({s}));
+    shard_params_.push_back(Tensor::zeros({s}, DType::F32, device_));
+    shard_grads_.push_back(Tensor::zeros({s}, DType::F32, device_));
   }
 }
 
@@ -128,7 +134,7 @@ Tensor FsdpShards::take_buffer(int64_t numel, bool zero) {
     pool_.erase(pool_.begin() + best);
     if (zero) t.zero_();
   } else {
-    t = zero ? Tensor::zeros({numel}) : Tensor::empty({numel});
+    t = zero ? Tensor::zeros({numel}, DType::F32, device_) : Tensor::empty({numel}, DType::F32, device_);
   }
   return t;
 }
@@ -154,7 +160,7 @@ void FsdpShards::gather_params(int g) {
   float* dst = full.f32();
   // In place: this rank's shard is first copied to its slot in the full buffer.
   const int64_t valid = shard_valid(g);
-  if (valid > 0) std::memcpy(dst + shard_offset(g), shard_params_[g].f32(), valid * sizeof(float));
+  if (valid > 0) full.view_at(shard_offset(g), {valid}).copy_from(shard_params_[g].view_at(0, {valid}));
   // This rank's slot starts at min(offset, numel) (an empty tail shard sits at the end).
   shard_.all_gather(dst + std::min(shard_offset(g), numel_[g]), dst, counts(g), CommType::F32);
 }
@@ -173,16 +179,14 @@ void FsdpShards::reduce_scatter_grads(int g, bool accumulate) {
   float* out = shard_grads_[g].f32();
   if (accumulate) {
     if (!scratch_.defined() || scratch_.numel() < shard_numel_[g])
-      scratch_ = Tensor::empty({shard_numel_[g]});
+      scratch_ = Tensor::empty({shard_numel_[g]}, DType::F32, device_);
     out = scratch_.f32();
   }
   shard_.reduce_scatter(full.f32(), out, counts(g), CommType::F32, ReduceOp::Avg);
   // HSDP: every replica reduced the same shard of different data; average those too.
   if (replicate_ && replicate_->size() > 1) replicate_->all_reduce(out, valid, ReduceOp::Avg);
-  if (accumulate) {
-    float* acc = shard_grads_[g].f32();
-    for (int64_t i = 0; i < valid; ++i) acc[i] += out[i];
-  }
+  if (accumulate && valid > 0)
+    get_kernel<ElementwiseKernels>(device_.type).add(shard_grads_[g].f32(), out, valid);
   if (owned_) give_back(full_grads_[g]);
 }
 
@@ -198,8 +202,7 @@ void FsdpShards::load_shards(const std::vector<Tensor>& full) {
                 " elements, expected ", numel_[g]);
     shard_params_[g].zero_();
     const int64_t valid = shard_valid(g);
-    if (valid > 0)
-      std::memcpy(shard_params_[g].f32(), full[g].f32() + shard_offset(g), valid * sizeof(float));
+    if (valid > 0) shard_params_[g].view_at(0, {valid}).copy_from(full[g].view_at(shard_offset(g), {valid}));
   }
 }
 
@@ -228,14 +231,15 @@ bool replicas_in_sync(ProcessGroup& pg, const std::vector<Tensor>& tensors) {
   // FNV-1a over the bytes, folded to 52 bits so it is exact in a double for the max/min comparison.
   std::vector<double> sums;
   for (const Tensor& t : tensors) {
-    const unsigned char* p = static_cast<const unsigned char*>(t.raw());
+    const Tensor host = t.to(Device::cpu());  // (the same tensor on the cpu)
+    const unsigned char* p = static_cast<const unsigned char*>(host.raw());
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
     sums.push_back(double(h >> 12));
   }
   std::vector<double> hi = sums, lo = sums;
-  pg.all_reduce(hi.data(), int64_t(hi.size()), ReduceOp::Max);
-  pg.all_reduce(lo.data(), int64_t(lo.size()), ReduceOp::Min);
+  pg.host_group().all_reduce(hi.data(), int64_t(hi.size()), ReduceOp::Max);
+  pg.host_group().all_reduce(lo.data(), int64_t(lo.size()), ReduceOp::Min);
   return hi == lo;
 }
 
@@ -243,7 +247,7 @@ bool replicas_in_sync(ProcessGroup& pg, const std::vector<Tensor>& tensors) {
 
 double global_grad_norm(const std::vector<Tensor>& grads, ProcessGroup* shard_group) {
   double sq = grad_sq_norm(grads);
-  if (shard_group && shard_group->size() > 1) sq = shard_group->all_reduce(sq, ReduceOp::Sum);
+  if (shard_group && shard_group->size() > 1) sq = shard_group->host_group().all_reduce(sq, ReduceOp::Sum);
   return std::sqrt(sq);
 }
 

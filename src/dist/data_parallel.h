@@ -77,8 +77,9 @@ class FsdpShards {
   // ZeRO-3 memory mode: full buffers of these sizes are allocated by gather_params()/full_grads() and
   // dropped by release_params()/reduce_scatter_grads() (a freed buffer is re-used for the next group of
   // a fitting size). Shards start at zero: fill them with load_shards() or shard_params().
-  FsdpShards(ProcessGroup& shard, const std::vector<int64_t>& group_numels,
-             ProcessGroup* replicate = nullptr);
+  // device: where the shards and full buffers live (the model's).
+  FsdpShards(ProcessGroup& shard, const std::vector<int64_t>& group_numels, ProcessGroup* replicate = nullptr,
+             Device device = Device::cpu());
 
   int num_groups() const { return int(numel_.size()); }
   int64_t group_numel(int g) const { return numel_[g]; }
@@ -119,6 +120,7 @@ class FsdpShards {
   ProcessGroup& shard_;
   ProcessGroup* replicate_ = nullptr;
   bool owned_ = false;
+  Device device_;
   std::vector<int64_t> numel_, shard_numel_;
   std::vector<Tensor> full_params_, full_grads_, shard_params_, shard_grads_;
   std::vector<Tensor> pool_;  // released full buffers (owned mode)

@@ -58,8 +58,9 @@ DataParallelPlan::DataParallelPlan(ProcessGroup& world, int replicate_degree, in
     std::vector<int64_t> numels;
     for (auto& p : params_) numels.push_back(p.numel());
     if (replicate_ > 1) mesh_ = make_hsdp_mesh(world, shard_);
-    fsdp_ = replicate_ > 1 ? std::make_unique<FsdpShards>(*mesh_.shard, numels, mesh_.replicate.get())
-                           : std::make_unique<FsdpShards>(world, numels);
+    const Device device = params_.empty() ? Device::cpu() : params_[0].device();
+    fsdp_ = replicate_ > 1 ? std::make_unique<FsdpShards>(*mesh_.shard, numels, mesh_.replicate.get(), device)
+                           : std::make_unique<FsdpShards>(world, numels, nullptr, device);
     fsdp_->load_shards(params_);
     params_.clear();
     grads_.clear();
@@ -165,8 +166,8 @@ void DataParallelPlan::reduce_grads() {
 double DataParallelPlan::grad_norm() {
   if (ep_group_) {
     // Non-expert gradients are replicated (count once); each expert lives on one rank of the group.
-    const double sq =
-        grad_sq_norm(dense_grads_) + ep_group_->all_reduce(grad_sq_norm(expert_grads_), ReduceOp::Sum);
+    const double sq = grad_sq_norm(dense_grads_) +
+                      ep_group_->host_group().all_reduce(grad_sq_norm(expert_grads_), ReduceOp::Sum);
     return std::sqrt(sq);
   }
   return dist::global_grad_norm(optimizer_grads(), grad_shard_group());

@@ -76,11 +76,11 @@ class DataParallelPlan {
 
   // ZeRO-3 streaming (stream_params): only the shards persist.
   bool streams_params() const { return stream_; }
-  Tensor gather_params(int g);   // all-gather group g into a pooled full buffer
-  void release_params(int g);    // the buffer goes back to the pool
-  Tensor grad_buffer(int g);     // a zeroed full gradient buffer for group g
-  void reduce_grads(int g);      // reduce-scatter (accumulating) into the shard gradients; drops the buffer
-  void zero_grads();             // shard gradients := 0 (start of an accumulation window)
+  Tensor gather_params(int g);  // all-gather group g into a pooled full buffer
+  void release_params(int g);   // the buffer goes back to the pool
+  Tensor grad_buffer(int g);    // a zeroed full gradient buffer for group g
+  void reduce_grads(int g);     // reduce-scatter (accumulating) into the shard gradients; drops the buffer
+  void zero_grads();            // shard gradients := 0 (start of an accumulation window)
 
   // Makes every rank's parameters (and shards) equal to rank `root`'s.
   void broadcast_from(int root);

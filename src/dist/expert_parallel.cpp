@@ -13,7 +13,7 @@ AllToAllExchange::AllToAllExchange(ProcessGroup& pg, std::vector<int64_t> send_c
   TITAN_CHECK(row_elems > 0, "expert exchange: row size must be positive");
   recv_rows_.assign(n, 0);
   // Each rank learns how many rows every other rank sends it.
-  pg.all_to_all(send_rows_.data(), recv_rows_.data(), 1, CommType::I64);
+  pg.host_group().all_to_all(send_rows_.data(), recv_rows_.data(), 1, CommType::I64);  // host counts
   for (int r = 0; r < n; ++r) {
     TITAN_CHECK(send_rows_[r] >= 0, "expert exchange: negative count for rank ", r);
     send_elems_.push_back(send_rows_[r] * row_elems);

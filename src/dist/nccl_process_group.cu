@@ -72,6 +72,7 @@ class NcclProcessGroup final : public ProcessGroup {
   int rank() const override { return boot_.rank(); }
   int size() const override { return boot_.size(); }
   int world_rank_of(int r) const override { return boot_.world_rank_of(r); }
+  ProcessGroup& host_group() override { return boot_; }
   std::string backend() const override { return "nccl"; }
 
   void all_reduce(void* buf, int64_t count, CommType type, ReduceOp op) override {

@@ -75,6 +75,10 @@ class ProcessGroup {
   // Collective over this group.
   virtual std::shared_ptr<ProcessGroup> split(int color, int key) = 0;
 
+  // The same ranks for collectives of host memory (scalars, counts, checksums). A group of device buffers
+  // (NCCL, host-staged) answers its host group; MPI and single groups answer themselves.
+  virtual ProcessGroup& host_group() { return *this; }
+
   // ---- typed conveniences (the calls the trainer normally makes) ----
   void all_reduce(float* buf, int64_t n, ReduceOp op) { all_reduce(buf, n, CommType::F32, op); }
   void all_reduce(double* buf, int64_t n, ReduceOp op) { all_reduce(buf, n, CommType::F64, op); }

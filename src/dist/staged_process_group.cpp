@@ -14,6 +14,7 @@ class HostStagedGroup final : public ProcessGroup {
   int rank() const override { return host_.rank(); }
   int size() const override { return host_.size(); }
   int world_rank_of(int r) const override { return host_.world_rank_of(r); }
+  ProcessGroup& host_group() override { return host_; }
   std::string backend() const override { return host_.backend() + "+staged:" + device_.str(); }
 
   void all_reduce(void* buf, int64_t count, CommType type, ReduceOp op) override {

@@ -78,11 +78,6 @@ void Trainer::select_device() {
   device_ = parse_device(cfg_.job.device, "job.device");
   if (device_.type == DeviceType::CPU) return;
   TITAN_CHECK(!cfg_.lora.enable, "job.device = '", cfg_.job.device, "': LoRA trains on the cpu only so far");
-  TITAN_CHECK(plan_.dp_shard <= 1, "job.device = '", cfg_.job.device,
-              "': FSDP (data_parallel_shard_degree > 1) runs on the cpu only so far; use "
-              "parallelism.data_parallel_replicate_degree (DDP) on GPUs");
-  TITAN_CHECK(plan_.expert_parallel <= 1, "job.device = '", cfg_.job.device,
-              "': expert parallel runs on the cpu only so far");
   DeviceInterface& d = device_interface(device_.type);
   const int count = d.device_count();
   TITAN_CHECK(count > 0, "job.device = '", cfg_.job.device,
@@ -122,7 +117,7 @@ void Trainer::build_model() {
   validate_kernel_choice(cfg_.kernels, device_.type);
   if (cfg_.lora.enable) return build_lora_model();
   // Expert parallel: groups of expert_parallel_degree consecutive ranks split every sparse layer's experts.
-  ep_group_ = dist::make_expert_group(*pg_, static_cast<int>(plan_.expert_parallel));
+  ep_group_ = dist::make_expert_group(tensor_pg(), static_cast<int>(plan_.expert_parallel));
   model_ = std::make_unique<Qwen3Model>(mc_, cfg_.kernels, ep_group_.get(), true, device_);
   model_->init_weights(cfg_.training.seed);
   model_->set_activation_checkpointing(cfg_.activation_checkpoint.mode == "full");

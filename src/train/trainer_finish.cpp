@@ -22,16 +22,18 @@ void Trainer::gather_final_model() {
   finished_model_ = true;
   // LoRA keeps its frozen base where it is (a bf16 base is never expanded to f32 in full).
   if (model_->param_streamer() && !lora_) model_->set_param_streamer(nullptr);
-  if (model_->device().type != DeviceType::CPU) return build_host_copy();
+  const bool on_cpu = model_->device().type == DeviceType::CPU;
   if (ep_group_ && (cfg_.checkpoint.last_save_in_hf || cfg_.training.sample_tokens > 0)) {
     NamedTensors all = model_->gathered_state_dict();  // collective over the expert group
     if (lead_) {
-      gathered_ = std::make_unique<Qwen3Model>(mc_, cfg_.kernels);
+      gathered_ = std::make_unique<Qwen3Model>(mc_, on_cpu ? cfg_.kernels : KernelChoice{});
       gathered_->load_state_dict(all);
       gathered_->expert_bias().copy_from(model_->expert_bias());
       export_model_ = gathered_.get();
     }
+    return;
   }
+  if (!on_cpu) build_host_copy();
 }
 
 // A model on an accelerator is exported and sampled from a copy in host memory (rank 0).
