@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check of the CUDA device on a machine that has the NVIDIA driver and CUDA 13 libraries but not
 # titan's build dependencies: it runs binaries built elsewhere (scripts/gpu_bundle.sh packs them with the
-# shared libraries they need) and writes its logs to $OUT (default ./gpu_out).
+# shared libraries they need) and writes its logs to $OUT (default ./gpu_out). Run it from the repository root
+# (the tests read the fixtures there):
 #   bash scripts/gpu_check.sh BUNDLE.tar.xz
 set -uo pipefail
 BUNDLE=${1:?bundle}
@@ -21,10 +22,21 @@ export TITAN_LD="/tmp/tb/lib:$(dirname "${LT:-/usr/local/cuda/lib64/x}"):$(dirna
 # The tests call the titan binary by the path it was built at.
 BUILT_AT=$(cat /tmp/tb/built_at)
 mkdir -p "$(dirname "$BUILT_AT")" && ln -sfn /tmp/tb "$BUILT_AT"
+# ... and the fixtures by the source path they were built from.
+SOURCE_AT=$(cat /tmp/tb/source_at 2>/dev/null)
+if [ -n "$SOURCE_AT" ] && [ ! -e "$SOURCE_AT/tests/golden" ]; then
+  mkdir -p "$(dirname "$SOURCE_AT")" && ln -sfn "$PWD" "$SOURCE_AT"
+fi
 run() { env LD_LIBRARY_PATH="$TITAN_LD" OMP_NUM_THREADS=8 "$@"; }
 run /tmp/tb/titan env 2>&1 | tee "$OUT/env.txt"
 run timeout 100 /tmp/tb/test_cuda --gtest_color=no 2>&1 | tee "$OUT/test_cuda.txt"
 rc=$?
+# The GPU cases of the other rooms: golden fixtures through --device cuda, the 1-GPU vs CPU loss sequence.
+for t in test_model test_moe test_train; do
+  [ -x /tmp/tb/$t ] || continue
+  run timeout 150 /tmp/tb/$t --gtest_color=no --gtest_filter='*Cuda*' 2>&1 | tee "$OUT/$t.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+done
 if [ -x /tmp/tb/bench_cuda_ops ] && [ -f bench/cuda_ops.py ]; then
   PYTHONUNBUFFERED=1 timeout 150 python3 bench/cuda_ops.py --reps 20 \
     --titan "env LD_LIBRARY_PATH=$TITAN_LD /tmp/tb/bench_cuda_ops" 2>&1 | tee "$OUT/bench.txt"
