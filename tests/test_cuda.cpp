@@ -73,13 +73,47 @@ const K& cuda_op() {
 TEST(Cuda, EveryCudaOpHasACpuReference) {
   if (!device_available(DeviceType::CUDA)) GTEST_SKIP() << "titan was built without CUDA";
   auto& reg = KernelRegistry::global();
-  for (const char* op : {"matmul", "matmul_bf16", "rmsnorm", "rope", "rope_qk", "attention", "swiglu",
-                         "embedding", "cross_entropy", "adamw", "sum_squares", "moe_experts",
-                         "moe_experts_bf16", "elementwise", "moe_router", "expert_parallel"}) {
+  for (const char* op :
+       {"matmul", "matmul_bf16", "rmsnorm", "rope", "rope_qk", "attention", "swiglu", "embedding",
+        "cross_entropy", "adamw", "sum_squares", "moe_experts", "moe_experts_bf16", "elementwise",
+        "moe_router", "expert_parallel", "gemm", "dropout"}) {
     EXPECT_FALSE(reg.impls(op, DeviceType::CUDA).empty()) << op << " has no CUDA implementation";
     auto cpu = reg.impls(op, DeviceType::CPU);
     EXPECT_NE(std::find(cpu.begin(), cpu.end(), "reference"), cpu.end()) << op;
   }
+}
+
+// The adapter ops (LoRA): the strided, scaled GEMM in every transpose form with padded leading dimensions,
+// and the counter-hash dropout mask, which must be the CPU's bits.
+TEST(Cuda, GemmAndDropoutMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const auto& ref = cpu_ref<GemmKernels>();
+  const auto& op = cuda_op<GemmKernels>();
+  const int64_t M = 37, N = 19, K = 16, pad = 5;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.0f, 1.0f}) {
+        const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+        auto A = randn((ta ? K : M) * lda, 61), B = randn((tb ? N : K) * ldb, 62), C = randn(M * ldc, 63);
+        auto want = C;
+        ref.gemm(ta, tb, M, N, K, 0.75f, A.data(), lda, B.data(), ldb, beta, want.data(), ldc);
+        DevF dA(A), dB(B), dC(C);
+        op.gemm(ta, tb, M, N, K, 0.75f, dA.p, lda, dB.p, ldb, beta, dC.p, ldc);
+        EXPECT_LT(rel(dC.read(), want), kTol) << "ta " << ta << " tb " << tb << " beta " << beta;
+      }
+  const auto& dref = cpu_ref<DropoutKernels>();
+  const auto& dop = cuda_op<DropoutKernels>();
+  const int64_t n = 100003;
+  auto x = randn(n, 64), g = randn(n, 65);
+  std::vector<float> out(n), dx(n, 0.5f);
+  dref.forward(out.data(), x.data(), n, 987654321, 0.1f);
+  dref.backward_add(dx.data(), g.data(), n, 987654321, 0.1f);
+  DevF dx_in(x), dout(n), dg(g), ddx(n, 0.5f);
+  dop.forward(dout.p, dx_in.p, n, 987654321, 0.1f);
+  dop.backward_add(ddx.p, dg.p, n, 987654321, 0.1f);
+  EXPECT_EQ(dout.read(), out) << "dropout forward: the mask and the scaling must be the CPU's bits";
+  // (dx += g * keep may be one fused multiply-add on either side)
+  EXPECT_LT(rel(ddx.read(), dx), 1e-7) << "dropout backward";
 }
 
 // Without a GPU (CI), CUDA memory is a clear titan::Error, not a crash.

@@ -4,6 +4,7 @@
 // access crashes. Also tensors across devices and device names.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -132,8 +133,8 @@ std::vector<std::string> small_run(const TempDir& tmp, const std::string& name, 
 }
 
 // The trainer on the guard device equals the cpu run: losses, validation losses, the exported HF
-// checkpoint and the sample; f32 and bf16 mixed precision with activation checkpointing and gradient
-// accumulation; MoE with the aux loss and with aux-loss-free balancing.
+// checkpoint (or the PEFT adapter) and the sample; f32 and bf16 mixed precision with activation checkpointing
+// and gradient accumulation; MoE with the aux loss and with aux-loss-free balancing; LoRA.
 TEST(GuardDevice, TrainingEqualsTheCpuBitForBit) {
   const std::vector<std::vector<std::string>> variants = {
       {},
@@ -141,6 +142,9 @@ TEST(GuardDevice, TrainingEqualsTheCpuBitForBit) {
        "--training.global_batch_size=4"},
       {"--model.flavor=debug_moe", "--model.moe_aux_loss=on"},
       {"--model.flavor=debug_moe", "--model.load_balance_coeff=0.001"},
+      // LoRA: adapters (dropout masks from the counter hash) on a frozen bf16 base streamed from the device.
+      {"--lora.enable=true", "--lora.dropout=0.1", "--activation_checkpoint.mode=full"},
+      {"--lora.enable=true", "--lora.base_dtype=float32", "--training.mixed_precision_param=bfloat16"},
   };
   for (auto& extra : variants) {
     TempDir tmp;
@@ -157,7 +161,10 @@ TEST(GuardDevice, TrainingEqualsTheCpuBitForBit) {
     EXPECT_EQ(guard.val_losses, cpu.val_losses) << label;
     EXPECT_EQ(guard.sample, cpu.sample) << label;
     ASSERT_FALSE(cpu.export_dir.empty());
-    SafetensorsFile a(guard.export_dir + "/model.safetensors"), b(cpu.export_dir + "/model.safetensors");
+    const std::string file =
+        label.find("lora") != std::string::npos ? "/adapter_model.safetensors" : "/model.safetensors";
+    SafetensorsFile a(guard.export_dir + file), b(cpu.export_dir + file);
+    ASSERT_FALSE(b.entries().empty());
     for (auto& [k, _] : b.entries()) {
       Tensor x = a.load(k), y = b.load(k);
       EXPECT_EQ(std::memcmp(x.raw(), y.raw(), y.nbytes()), 0) << label << k;

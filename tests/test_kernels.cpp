@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "core/dtype.h"
+#include "kernels/counter_hash.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 #include "support/testing.h"
@@ -689,11 +690,81 @@ TEST(Kernels, ExpertParallelPackingMatchesTheMath) {
   }
 }
 
+TEST(Kernels, GemmAllImplementations) {
+  const auto& ref = get_kernel<GemmKernels>(DeviceType::CPU, "reference");
+  const int64_t M = 7, N = 9, K = 5, pad = 3;  // leading dimensions wider than the rows
+  for (auto& name : impls<GemmKernels>())
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (float beta : {0.0f, 1.0f}) {
+          const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+          auto A = randn((ta ? K : M) * lda, 41), B = randn((tb ? N : K) * ldb, 42), C0 = randn(M * ldc, 43);
+          if (beta == 0.0f) std::fill(C0.begin(), C0.end(), std::nanf(""));  // never read
+          auto want = C0, got = C0;
+          ref.gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, beta, want.data(), ldc);
+          get_kernel<GemmKernels>(DeviceType::CPU, name)
+              .gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, beta, got.data(), ldc);
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < ldc; ++n) {
+              const float w = want[m * ldc + n], g = got[m * ldc + n];
+              if (n >= N) {  // the padding between rows is left alone
+                ASSERT_TRUE(std::isnan(w) ? std::isnan(g) : g == w) << name;
+                continue;
+              }
+              double acc = 0;  // the math written out
+              for (int64_t k = 0; k < K; ++k)
+                acc +=
+                    (double)(ta ? A[k * lda + m] : A[m * lda + k]) * (tb ? B[n * ldb + k] : B[k * ldb + n]);
+              const double expect = 0.5 * acc + (beta == 0.0f ? 0.0 : C0[m * ldc + n]);
+              ASSERT_NEAR(g, expect, 1e-5 * (1 + std::abs(expect))) << name << " ta " << ta << " tb " << tb;
+              ASSERT_NEAR(w, expect, 1e-6 * (1 + std::abs(expect))) << "reference";
+            }
+        }
+}
+
+TEST(Kernels, DropoutMaskIsTheCounterHash) {
+  const int64_t n = 100000;
+  auto x = randn(n, 51), g = randn(n, 52);
+  for (auto& name : impls<DropoutKernels>()) {
+    const auto& d = get_kernel<DropoutKernels>(DeviceType::CPU, name);
+    const float p = 0.25f, keep = 1.0f / (1.0f - p);
+    std::vector<float> out(n), dx(n, 1.0f);
+    d.forward(out.data(), x.data(), n, 12345, p);
+    d.backward_add(dx.data(), g.data(), n, 12345, p);
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const bool k = counter_uniform(12345 + i) >= p;
+      kept += k;
+      ASSERT_EQ(out[i], k ? x[i] * keep : 0.0f) << name << " " << i;
+      ASSERT_EQ(dx[i], k ? 1.0f + g[i] * keep : 1.0f) << name << " " << i;
+    }
+    EXPECT_NEAR(double(kept) / n, 1.0 - p, 0.01);  // the counter hash is uniform
+    std::vector<float> other(n);
+    d.forward(other.data(), x.data(), n, 12346, p);
+    EXPECT_NE(other, out) << "another key draws another mask";
+  }
+}
+
 TEST(KernelRegistry, EveryRegisteredOpIsCoveredByATest) {
-  const std::vector<std::string> covered = {
-      "adamw",           "attention", "attention_kv", "cross_entropy", "elementwise",      "embedding",
-      "expert_parallel", "matmul",    "matmul_bf16",  "moe_experts",   "moe_experts_bf16", "moe_router",
-      "rmsnorm",         "rope",      "rope_qk",      "swiglu",        "sum_squares"};
+  const std::vector<std::string> covered = {"adamw",
+                                            "attention",
+                                            "attention_kv",
+                                            "cross_entropy",
+                                            "dropout",
+                                            "elementwise",
+                                            "embedding",
+                                            "gemm",
+                                            "expert_parallel",
+                                            "matmul",
+                                            "matmul_bf16",
+                                            "moe_experts",
+                                            "moe_experts_bf16",
+                                            "moe_router",
+                                            "rmsnorm",
+                                            "rope",
+                                            "rope_qk",
+                                            "swiglu",
+                                            "sum_squares"};
   for (auto& op : KernelRegistry::global().ops())
     EXPECT_NE(std::find(covered.begin(), covered.end(), op), covered.end())
         << "op '" << op << "' has no all-implementations test in tests/test_kernels.cpp";

@@ -233,4 +233,22 @@ struct ExpertParallelKernels {
                   int64_t H, int64_t row, bool accumulate);
 };
 
+// General GEMM as cblas_sgemm(CblasRowMajor, ...): C (M,N) = alpha op(A) op(B) + beta C with leading
+// dimensions; op(A) (M,K) is A, or A^T of a stored (K,M); op(B) (K,N) likewise. beta = 0 never reads C.
+// For the strided and scaled products of adapters (LoRA) that MatmulKernels does not express.
+struct GemmKernels {
+  static constexpr const char* kOp = "gemm";
+  void (*gemm)(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+};
+
+// Inverted dropout with a counter-based mask (no RNG state): element i is kept when
+// u(key + i) >= p, u = the top 24 bits of splitmix64(key + i) / 2^24, and scaled by 1 / (1 - p).
+// forward: out = mask * x / (1-p);   backward_add: dx += mask * g / (1-p)  (the same key redraws the mask).
+struct DropoutKernels {
+  static constexpr const char* kOp = "dropout";
+  void (*forward)(float* out, const float* x, int64_t n, uint64_t key, float p);
+  void (*backward_add)(float* dx, const float* g, int64_t n, uint64_t key, float p);
+};
+
 }  // namespace titan

@@ -77,7 +77,6 @@ void Trainer::build_process_group_and_plan() {
 void Trainer::select_device() {
   device_ = parse_device(cfg_.job.device, "job.device");
   if (device_.type == DeviceType::CPU) return;
-  TITAN_CHECK(!cfg_.lora.enable, "job.device = '", cfg_.job.device, "': LoRA trains on the cpu only so far");
   DeviceInterface& d = device_interface(device_.type);
   const int count = d.device_count();
   TITAN_CHECK(count > 0, "job.device = '", cfg_.job.device,

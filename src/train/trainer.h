@@ -122,7 +122,6 @@ class Trainer {
   void export_lora(const std::string& dir);
   void export_hf(const std::string& dir);
   void write_sample();
-  void build_host_copy();
 
   TrainConfig cfg_;
   TrainResult result_;

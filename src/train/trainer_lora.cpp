@@ -41,12 +41,12 @@ void Trainer::build_lora_model() {
     const LoraConfig file = LoraConfig::from_peft_file(lc.adapter_path + "/adapter_config.json");
     cfg.rank = file.rank, cfg.alpha = file.alpha, cfg.target_modules = file.target_modules;
   }
-  lora_ = std::make_unique<LoraAdapters>(mc_, cfg);
+  lora_ = std::make_unique<LoraAdapters>(mc_, cfg, device_);
   if (!lc.adapter_path.empty()) {
     lora_->load_peft(lc.adapter_path);
     if (lead_) std::printf("lora: adapters from %s\n", lc.adapter_path.c_str());
   }
-  model_ = std::make_unique<Qwen3Model>(mc_, cfg_.kernels, nullptr, /*allocate=*/!bf16_base);
+  model_ = std::make_unique<Qwen3Model>(mc_, cfg_.kernels, nullptr, /*allocate=*/!bf16_base, device_);
   model_->set_lora(lora_.get());
   model_->set_activation_checkpointing(cfg_.activation_checkpoint.mode == "full");
   export_model_ = model_.get();
@@ -78,8 +78,8 @@ void Trainer::build_lora_parallelism() {
   if (bf16_) model_->set_bf16_compute(true);  // base GEMMs on bf16 operands; the adapters stay f32
   std::vector<int64_t> no_experts = {lora_->num_params()};
   dp_ = std::make_unique<dist::DataParallelPlan>(
-      *pg_, static_cast<int>(plan_.dp_replicate), static_cast<int>(plan_.dp_shard), lora_->flat_params(),
-      lora_->flat_grads(), int64_t(25) << 20, /*stream_params=*/false,
+      tensor_pg(), static_cast<int>(plan_.dp_replicate), static_cast<int>(plan_.dp_shard),
+      lora_->flat_params(), lora_->flat_grads(), int64_t(25) << 20, /*stream_params=*/false,
       dist::ExpertParallelLayout{nullptr, no_experts});
   streamer_ = std::make_unique<PlanStreamer>(*dp_);
   dp_->broadcast_from(0);

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "device/cuda/cuda_common.cuh"
+#include "kernels/counter_hash.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 
@@ -403,14 +404,37 @@ void ep_combine(float* out, float* dtw, const float* rows, const int64_t* pos, i
   }
 }
 
+
+// ---- dropout (counter-based mask, kernels/counter_hash.h: the CPU's bits) -------------------------------
+__global__ void dropout_forward_kernel(float* out, const float* x, int64_t n, uint64_t key, float p, float keep) {
+  TITAN_GRID_STRIDE(i, n) out[i] = counter_uniform(key + static_cast<uint64_t>(i)) >= p ? x[i] * keep : 0.0f;
+}
+__global__ void dropout_backward_kernel(float* dx, const float* g, int64_t n, uint64_t key, float p, float keep) {
+  TITAN_GRID_STRIDE(i, n) if (counter_uniform(key + static_cast<uint64_t>(i)) >= p) dx[i] += g[i] * keep;
+}
+void dropout_forward(float* out, const float* x, int64_t n, uint64_t key, float p) {
+  if (n <= 0) return;
+  dropout_forward_kernel<<<blocks_for(n, kThreads), kThreads, 0, cuda_stream()>>>(out, x, n, key, p,
+                                                                                   1.0f / (1.0f - p));
+  TITAN_CUDA_LAUNCH_CHECK();
+}
+void dropout_backward_add(float* dx, const float* g, int64_t n, uint64_t key, float p) {
+  if (n <= 0) return;
+  dropout_backward_kernel<<<blocks_for(n, kThreads), kThreads, 0, cuda_stream()>>>(dx, g, n, key, p,
+                                                                                    1.0f / (1.0f - p));
+  TITAN_CUDA_LAUNCH_CHECK();
+}
+
 #undef TITAN_GRID_STRIDE
 
+const DropoutKernels kDropout{dropout_forward, dropout_backward_add};
 const ElementwiseKernels kElementwise{add, round_bf16, to_bf16, from_bf16, fill, scale};
 const MoeRouterKernels kMoeRouter{softmax,   select_topk,     count_tokens,
                                   aux_stats, router_backward, update_bias};
 const ExpertParallelKernels kExpertParallel{ep_pack, ep_unpack, ep_gather_rows, ep_pack_grads, ep_combine};
 
 TITAN_REGISTER_KERNEL(ElementwiseKernels, CUDA, "cuda", kElementwise, 10);
+TITAN_REGISTER_KERNEL(DropoutKernels, CUDA, "cuda", kDropout, 10);
 TITAN_REGISTER_KERNEL(MoeRouterKernels, CUDA, "cuda", kMoeRouter, 10);
 TITAN_REGISTER_KERNEL(ExpertParallelKernels, CUDA, "cuda", kExpertParallel, 10);
 

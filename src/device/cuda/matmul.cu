@@ -58,14 +58,13 @@ Lt& lt() {
 
 // D (m,n) = alpha op(A) op(B) + beta D, column-major, A/B of `ab_type` (f32 or bf16), D f32.
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda, const void* B,
-          int64_t ldb, float* D, int64_t ldd, float beta, cudaDataType_t ab_type) {
+          int64_t ldb, float* D, int64_t ldd, float beta, cudaDataType_t ab_type, float alpha = 1.0f) {
   if (m == 0 || n == 0) return;
   if (k == 0) {  // empty sum: D = beta D
     if (beta == 0.0f) TITAN_CUDA_CHECK(cudaMemsetAsync(D, 0, sizeof(float) * m * n, cuda_stream()));
     return;
   }
   Lt& L = lt();
-  const float alpha = 1.0f;
   cublasLtMatmulDesc_t op;
   check_lt(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
   cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -181,7 +180,15 @@ void gemm_f32_or_bf16(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t
 
 namespace {
 
+// Row-major C (M,N) = alpha op(A) op(B) + beta C is column-major C^T (N,M) = alpha op(B)^T op(A)^T.
+void gemm_rowmajor(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                   const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  gemm(tb, ta, N, M, K, B, ldb, A, lda, C, ldc, beta, CUDA_R_32F, alpha);
+}
+
 const MatmulKernels kMatmul{matmul_forward, matmul_backward};
+const GemmKernels kGemm{gemm_rowmajor};
+TITAN_REGISTER_KERNEL(GemmKernels, CUDA, "cublaslt", kGemm, 10);
 const MatmulBf16Kernels kMatmulBf16{matmul_bf16_forward, matmul_bf16_backward};
 TITAN_REGISTER_KERNEL(MatmulKernels, CUDA, "cublaslt", kMatmul, 10);
 TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CUDA, "cublaslt", kMatmulBf16, 10);

@@ -143,8 +143,14 @@ const ExpertParallelKernels kExpertParallel{
     TITAN_GUARD(ExpertParallelKernels, gather_rows), TITAN_GUARD(ExpertParallelKernels, pack_grads),
     TITAN_GUARD(ExpertParallelKernels, combine)};
 
+const GemmKernels kGemm{TITAN_GUARD(GemmKernels, gemm)};
+const DropoutKernels kDropout{TITAN_GUARD(DropoutKernels, forward),
+                              TITAN_GUARD(DropoutKernels, backward_add)};
+
 }  // namespace
 
+TITAN_REGISTER_KERNEL(GemmKernels, GUARD, "cpu", kGemm, 10);
+TITAN_REGISTER_KERNEL(DropoutKernels, GUARD, "cpu", kDropout, 10);
 TITAN_REGISTER_KERNEL(MatmulKernels, GUARD, "cpu", kMatmul, 10);
 TITAN_REGISTER_KERNEL(MatmulBf16Kernels, GUARD, "cpu", kMatmulBf16, 10);
 TITAN_REGISTER_KERNEL(RmsNormKernels, GUARD, "cpu", kRmsNorm, 10);

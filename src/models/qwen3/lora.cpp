@@ -2,8 +2,6 @@
 // PEFT file I/O and merging are in lora_io.cpp.
 #include "models/qwen3/lora.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,6 +10,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "io/hf_checkpoint.h"
+#include "kernels/registry.h"
 
 namespace titan {
 
@@ -50,13 +49,6 @@ std::string peft_key(int64_t layer, LoraProj p, const char* ab) {
 }
 
 // Deterministic uniform in [0,1) from a counter (splitmix64): dropout masks that a recompute redraws.
-inline float hash_uniform(uint64_t key) {
-  uint64_t z = key + 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) * 0x1.0p-24f;
-}
 }  // namespace
 
 namespace {
@@ -93,7 +85,12 @@ int64_t lora_num_params(const Qwen3Config& model, const LoraConfig& lora) {
   return n;
 }
 
-LoraAdapters::LoraAdapters(const Qwen3Config& model, const LoraConfig& lora) : model_(model), cfg_(lora) {
+LoraAdapters::LoraAdapters(const Qwen3Config& model, const LoraConfig& lora, Device device)
+    : model_(model),
+      cfg_(lora),
+      device_(device),
+      gemm_(&get_kernel<GemmKernels>(device.type)),
+      dropout_(&get_kernel<DropoutKernels>(device.type)) {
   cfg_.validate("[lora]");
   const int64_t r = cfg_.rank;
   slot_of_.assign(model_.num_hidden_layers * kLoraProjs, -1);
@@ -105,8 +102,8 @@ LoraAdapters::LoraAdapters(const Qwen3Config& model, const LoraConfig& lora) : m
     slots_.push_back(std::move(s));
   }
   TITAN_CHECK(!slots_.empty(), "[lora]: target_modules match no projection of this model");
-  flat_params_ = {Tensor::zeros({total})};
-  flat_grads_ = {Tensor::zeros({total})};
+  flat_params_ = {Tensor::zeros({total}, DType::F32, device_)};
+  flat_grads_ = {Tensor::zeros({total}, DType::F32, device_)};
   for (auto& s : slots_) {
     for (int ab = 0; ab < 2; ++ab) {
       Param p;
@@ -126,26 +123,34 @@ void LoraAdapters::init(uint64_t seed) {
   // PEFT: kaiming_uniform_(A, a=sqrt(5)): bound = gain * sqrt(3 / fan_in), gain = sqrt(2 / (1 + 5)),
   // i.e. U(-1/sqrt(in), 1/sqrt(in)); B = 0 so the adapted model starts equal to the base.
   std::mt19937_64 rng(seed);
-  float* w = flat_params_[0].f32();
+  std::vector<float> w(static_cast<size_t>(flat_params_[0].numel()));  // drawn on the host, then copied
   for (auto& s : slots_) {
     const double bound = 1.0 / std::sqrt(static_cast<double>(s.in));
     for (int64_t i = 0; i < cfg_.rank * s.in; ++i)
       w[s.a_off + i] = static_cast<float>(((rng() >> 11) * 0x1.0p-53 * 2.0 - 1.0) * bound);
-    std::fill(w + s.b_off, w + s.b_off + s.out * cfg_.rank, 0.0f);
+    std::fill(w.begin() + s.b_off, w.begin() + s.b_off + s.out * cfg_.rank, 0.0f);
   }
+  flat_params_[0].copy_from_host(w.data());
 }
+
+uint64_t LoraAdapters::mask_key(int slot) const {
+  return (cfg_.seed * 0x100000001b3ull) ^ (pass_ << 40) ^ (static_cast<uint64_t>(slot) << 52);
+}
+
+namespace {
+// A device buffer of at least n floats (reallocated only to grow).
+float* scratch(Tensor& t, int64_t n, Device device) {
+  if (!t.defined() || t.numel() < n) t = Tensor::empty({std::max<int64_t>(n, 1)}, DType::F32, device);
+  return t.f32();
+}
+}  // namespace
 
 const float* LoraAdapters::dropped(const Slot& s, const float* x, int64_t N) {
   if (!training_ || cfg_.dropout <= 0) return x;
   const int64_t n = N * s.in;
-  if (static_cast<int64_t>(xdrop_.size()) < n) xdrop_.resize(n);
-  const float p = static_cast<float>(cfg_.dropout), keep = 1.0f / (1.0f - p);
+  float* d = scratch(xdrop_, n, device_);
   // One key space per (seed, pass, slot): the recompute under activation checkpointing draws the same mask.
-  const uint64_t base =
-      (cfg_.seed * 0x100000001b3ull) ^ (pass_ << 40) ^ (static_cast<uint64_t>(slot(s.layer, s.proj)) << 52);
-  float* d = xdrop_.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) d[i] = hash_uniform(base + i) >= p ? x[i] * keep : 0.0f;
+  dropout_->forward(d, x, n, mask_key(slot(s.layer, s.proj)), static_cast<float>(cfg_.dropout));
   return d;
 }
 
@@ -157,12 +162,11 @@ void LoraAdapters::forward(int64_t layer, LoraProj p, const float* x, int64_t N,
   const float* A = flat_params_[0].f32() + s.a_off;  // (r,in)
   const float* B = flat_params_[0].f32() + s.b_off;  // (out,r)
   const float* xd = dropped(s, x, N);
-  s.u.resize(N * r);
+  float* u = scratch(s.u, N * r, device_);
+  s.u_rows = N;
   // u (N,r) = xd (N,in) A^T;  y (N,out) += scale * u B^T
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, r, s.in, 1.0f, xd, s.in, A, s.in, 0.0f, s.u.data(),
-              r);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, s.out, r, cfg_.scale(), s.u.data(), r, B, r, 1.0f,
-              y, ldy);
+  gemm_->gemm(false, true, N, r, s.in, 1.0f, xd, s.in, A, s.in, 0.0f, u, r);
+  gemm_->gemm(false, true, N, s.out, r, cfg_.scale(), u, r, B, r, 1.0f, y, ldy);
 }
 
 void LoraAdapters::backward(int64_t layer, LoraProj p, const float* x, const float* dy, int64_t ldy,
@@ -170,35 +174,30 @@ void LoraAdapters::backward(int64_t layer, LoraProj p, const float* x, const flo
   const int si = slot(layer, p);
   if (si < 0) return;
   Slot& s = slots_[si];
-  TITAN_CHECK(static_cast<int64_t>(s.u.size()) == N * cfg_.rank, "LoRA backward without its forward");
+  TITAN_CHECK(s.u_rows == N, "LoRA backward without its forward");
   const int64_t r = cfg_.rank;
   const float sc = cfg_.scale();
   const float* A = flat_params_[0].f32() + s.a_off;
   const float* B = flat_params_[0].f32() + s.b_off;
   float* dA = flat_grads_[0].f32() + s.a_off;
   float* dB = flat_grads_[0].f32() + s.b_off;
-  if (static_cast<int64_t>(du_.size()) < N * r) du_.resize(N * r);
-  float* du = du_.data();
+  float* du = scratch(du_, N * r, device_);
+  const float* u = s.u.f32();
   // dB (out,r) += scale dy^T u;  du (N,r) = scale dy B
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s.out, r, N, sc, dy, ldy, s.u.data(), r, 1.0f, dB, r);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, r, s.out, sc, dy, ldy, B, r, 0.0f, du, r);
+  gemm_->gemm(true, false, s.out, r, N, sc, dy, ldy, u, r, 1.0f, dB, r);
+  gemm_->gemm(false, false, N, r, s.out, sc, dy, ldy, B, r, 0.0f, du, r);
   // dA (r,in) += du^T xd
   const float* xd = dropped(s, x, N);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, s.in, N, 1.0f, du, r, xd, s.in, 1.0f, dA, s.in);
+  gemm_->gemm(true, false, r, s.in, N, 1.0f, du, r, xd, s.in, 1.0f, dA, s.in);
   if (xd == x) {  // dx (N,in) += du A
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, s.in, r, 1.0f, du, r, A, s.in, 1.0f, dx, s.in);
+    gemm_->gemm(false, false, N, s.in, r, 1.0f, du, r, A, s.in, 1.0f, dx, s.in);
     return;
   }
   // Dropout: dx += mask / (1-p) * (du A), the mask redrawn from its key.
   const int64_t n = N * s.in;
-  std::vector<float> g(n);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, s.in, r, 1.0f, du, r, A, s.in, 0.0f, g.data(),
-              s.in);
-  const float pd = static_cast<float>(cfg_.dropout), keep = 1.0f / (1.0f - pd);
-  const uint64_t base = (cfg_.seed * 0x100000001b3ull) ^ (pass_ << 40) ^ (static_cast<uint64_t>(si) << 52);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    if (hash_uniform(base + i) >= pd) dx[i] += g[i] * keep;
+  float* g = scratch(dxg_, n, device_);
+  gemm_->gemm(false, false, N, s.in, r, 1.0f, du, r, A, s.in, 0.0f, g, s.in);
+  dropout_->backward_add(dx, g, n, mask_key(si), static_cast<float>(cfg_.dropout));
 }
 
 // ---- frozen bf16 base ----
@@ -234,12 +233,8 @@ FrozenBf16Base::FrozenBf16Base(Qwen3Model& model, const std::string& hf_dir, uin
       std::normal_distribution<float> normal(0.0f, static_cast<float>(std));
       for (int64_t i = 0; i < n; ++i) w[i] = normal(rng);
     }
-    auto& dst = groups_[g];
-    dst.resize(static_cast<size_t>(tmp.numel()));
-    const float* src = tmp.f32();
-    const int64_t n = tmp.numel();
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+    groups_[g] = Tensor::empty({tmp.numel()}, DType::BF16, model.device());
+    groups_[g].copy_from(tmp);  // converted to bf16 on the model's device
   }
   model.set_param_streamer(this);
 }
@@ -248,8 +243,8 @@ FrozenBf16Base::FrozenBf16Base(Qwen3Model& model, const std::string& hf_dir, uin
 FrozenBf16Base::~FrozenBf16Base() = default;
 
 Tensor FrozenBf16Base::gather_params(int group) {
-  const auto& src = groups_[group];
-  const int64_t n = static_cast<int64_t>(src.size());
+  const Tensor& src = groups_[group];
+  const int64_t n = src.numel();
   if (live_.size() < groups_.size()) live_.resize(groups_.size());
   TITAN_CHECK(!live_[group].t.defined(), "frozen bf16 base: group ", group, " gathered twice");
   // A free buffer that still holds this group, else one of the same size, else a new one.
@@ -261,13 +256,11 @@ Tensor FrozenBf16Base::gather_params(int group) {
           free_.erase(free_.begin() + static_cast<long>(i));
           return b;
         }
-    return Buffer{Tensor::empty({n}), -1};
+    return Buffer{Tensor::empty({n}, DType::F32, model_.device()), -1};
   };
   Buffer b = pick();
   if (b.group != group) {
-    float* d = b.t.f32();
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(src[i]);
+    b.t.copy_from(src);  // bf16 -> f32 on the device
     b.group = group;
   }
   live_[group] = b;
@@ -286,7 +279,7 @@ Tensor FrozenBf16Base::grad_buffer(int group) {
 
 int64_t FrozenBf16Base::bytes() const {
   int64_t n = 0;
-  for (auto& g : groups_) n += static_cast<int64_t>(g.size()) * 2;
+  for (auto& g : groups_) n += g.nbytes();
   return n;
 }
 

@@ -63,7 +63,8 @@ int64_t lora_num_params(const Qwen3Config& model, const LoraConfig& lora);
 
 class LoraAdapters {
  public:
-  LoraAdapters(const Qwen3Config& model, const LoraConfig& lora);
+  // device: where the adapters, their gradients and the adapter activations live (the model's).
+  LoraAdapters(const Qwen3Config& model, const LoraConfig& lora, Device device = Device::cpu());
 
   const LoraConfig& config() const { return cfg_; }
   // Every adapter tensor, named as PEFT saves it
@@ -106,7 +107,8 @@ class LoraAdapters {
     LoraProj proj;
     int64_t in, out;
     int64_t a_off, b_off;  // offsets of A (r,in) and B (out,r) in the flat buffers
-    std::vector<float> u;  // (N,r) saved for backward
+    Tensor u;              // (N,r) saved for backward (on the device)
+    int64_t u_rows = 0;    // N of the saved u
   };
   int slot(int64_t layer, LoraProj p) const { return slot_of_[layer * kLoraProjs + static_cast<int>(p)]; }
   // x with the slot's dropout mask applied (x itself when no dropout is active).
@@ -118,7 +120,12 @@ class LoraAdapters {
   std::vector<int> slot_of_;  // layer*7+proj -> index into slots_ (-1: none)
   std::vector<Param> params_;
   std::vector<Tensor> flat_params_, flat_grads_;
-  std::vector<float> xdrop_, du_;  // scratch
+  Tensor xdrop_, du_, dxg_;  // device scratch: dropout(x), du, the masked dx term
+  Device device_;
+  const GemmKernels* gemm_;
+  const DropoutKernels* dropout_;
+  // The slot's dropout mask key for this pass (the recompute under activation checkpointing redraws it).
+  uint64_t mask_key(int slot) const;
   bool training_ = false;
   uint64_t pass_ = 0;
 };
@@ -147,7 +154,7 @@ class FrozenBf16Base : public ParamStreamer {
 
  private:
   Qwen3Model& model_;
-  std::vector<std::vector<uint16_t>> groups_;
+  std::vector<Tensor> groups_;  // bf16, on the model's device
   // f32 buffers handed out (per group) and given back: reused without page faults, and without
   // re-converting when a buffer still holds the group asked for (the base never changes).
   struct Buffer {

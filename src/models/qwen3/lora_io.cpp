@@ -104,7 +104,7 @@ void LoraAdapters::save_peft(const std::string& dir, const std::string& base_mod
         break;
       }
   NamedTensors tensors;
-  for (auto& p : params_) tensors.emplace_back(p.name, p.value);
+  for (auto& p : params_) tensors.emplace_back(p.name, p.value.to(Device::cpu()));
   const std::string st = dir + "/adapter_model.safetensors", cfg = dir + "/adapter_config.json";
   save_safetensors(st + ".tmp", tensors, {{"format", "pt"}});
   {
@@ -146,6 +146,8 @@ void LoraAdapters::load_peft(const std::string& dir) {
 void merge_lora_into(Qwen3Model& model, const std::string& adapter_dir) {
   TITAN_CHECK(!model.param_streamer(),
               "merge_lora_into: the model's parameters are streamed; merge needs them");
+  TITAN_CHECK(model.device().type == DeviceType::CPU, "merge_lora_into: merges a model in host memory (got ",
+              model.device().str(), ")");
   LoraConfig cfg = LoraConfig::from_peft_file(adapter_dir + "/adapter_config.json");
   LoraAdapters lora(model.config(), cfg);
   lora.load_peft(adapter_dir);
