@@ -210,6 +210,27 @@ TEST(GuardDevice, DataParallelEqualsTheCpuBitForBit) {
   }
 }
 
+// A configuration's [kernels] name cpu implementations (the shipped MoE config: rope = "fused",
+// moe_experts = "grouped"); on another device those give way to its defaults, said once; a name that exists
+// nowhere is still an error naming the key.
+TEST(GuardDevice, CpuKernelChoicesGiveWayToTheDeviceDefaults) {
+  TempDir tmp;
+  std::string common;
+  for (auto& a : small_run(tmp, "run", 2)) common += " " + a;
+  std::string out;
+  ASSERT_EQ(testing::run_titan("train --config qwen3_moe_64e_top4_4l --model.flavor=debug_moe" + common +
+                                   " --job.device=guard",
+                               &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("kernels.rope = 'fused' is a cpu implementation; guard uses its default"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("kernels: attention=cpu"), std::string::npos) << out;
+  EXPECT_NE(testing::run_titan("train" + common + " --job.device=guard --kernels.rope=nosuch", &out), 0);
+  EXPECT_NE(out.find("kernels.rope = 'nosuch'"), std::string::npos) << out;
+}
+
 // Checkpoints written from device memory resume exactly: 3 steps, stop, resume to 6 == 6 straight.
 TEST(GuardDevice, CheckpointResumeIsExact) {
   TempDir tmp;

@@ -45,4 +45,29 @@ void validate_kernel_choice(const std::map<std::string, std::string>& kernels, D
   }
 }
 
+std::map<std::string, std::string> kernels_for_device(const std::map<std::string, std::string>& kernels,
+                                                      DeviceType device, std::string* notes) {
+  if (device == DeviceType::CPU) return kernels;
+  auto& reg = KernelRegistry::global();
+  auto has = [&](const std::string& op, const std::string& impl, DeviceType d) {
+    auto v = reg.impls(op, d);
+    return std::find(v.begin(), v.end(), impl) != v.end();
+  };
+  std::map<std::string, std::string> out;
+  for (auto& [op, impl] : kernels) {
+    // rope names either a rope or a rope_qk implementation (Qwen3Model's choice).
+    const bool here = has(op, impl, device) || (op == "rope" && has("rope_qk", impl, device));
+    const bool cpu =
+        has(op, impl, DeviceType::CPU) || (op == "rope" && has("rope_qk", impl, DeviceType::CPU));
+    if (!here && cpu) {
+      if (notes)
+        *notes += str_cat("kernels.", op, " = '", impl, "' is a cpu implementation; ",
+                          device_type_name(device), " uses its default\n");
+      continue;
+    }
+    out[op] = impl;
+  }
+  return out;
+}
+
 }  // namespace titan

@@ -18,5 +18,11 @@ Qwen3Config resolve_model_config(const TrainConfig& config);
 // ones).
 void validate_kernel_choice(const std::map<std::string, std::string>& kernels,
                             DeviceType device = DeviceType::CPU);
+// The [kernels] choices that apply on `device`: a configuration's kernels name cpu implementations (the
+// shipped configs pick e.g. rope = "fused"); on another device a choice that is a cpu implementation but
+// not one of this device's gives way to the device's default, said in `notes`. Anything else must exist
+// on the device (validate_kernel_choice's errors).
+std::map<std::string, std::string> kernels_for_device(const std::map<std::string, std::string>& kernels,
+                                                      DeviceType device, std::string* notes = nullptr);
 
 }  // namespace titan

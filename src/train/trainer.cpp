@@ -113,11 +113,14 @@ void Trainer::build_data() {
 }
 
 void Trainer::build_model() {
-  validate_kernel_choice(cfg_.kernels, device_.type);
+  std::string notes;
+  kernels_ = kernels_for_device(cfg_.kernels, device_.type, &notes);
+  if (lead_ && !notes.empty()) std::printf("%s", notes.c_str());
+  validate_kernel_choice(kernels_, device_.type);
   if (cfg_.lora.enable) return build_lora_model();
   // Expert parallel: groups of expert_parallel_degree consecutive ranks split every sparse layer's experts.
   ep_group_ = dist::make_expert_group(tensor_pg(), static_cast<int>(plan_.expert_parallel));
-  model_ = std::make_unique<Qwen3Model>(mc_, cfg_.kernels, ep_group_.get(), true, device_);
+  model_ = std::make_unique<Qwen3Model>(mc_, kernels_, ep_group_.get(), true, device_);
   model_->init_weights(cfg_.training.seed);
   model_->set_activation_checkpointing(cfg_.activation_checkpoint.mode == "full");
   export_model_ = model_.get();

@@ -15,6 +15,7 @@
 // called by every rank; rank 0 ("lead") prints and writes the artifacts.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -128,6 +129,7 @@ class Trainer {
   dist::ProcessGroup* pg_ = nullptr;
   int64_t world_ = 1, rank_ = 0;
   Device device_;  // job.device: where the model, gradients and optimizer state live
+  std::map<std::string, std::string> kernels_;  // cfg_.kernels as they apply on device_
   // Collectives over device buffers (gradients, parameters): NCCL on GPUs, else pg_ itself.
   std::shared_ptr<dist::ProcessGroup> device_pg_;
   dist::ProcessGroup& tensor_pg() { return device_pg_ ? *device_pg_ : *pg_; }

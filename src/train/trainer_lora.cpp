@@ -46,7 +46,7 @@ void Trainer::build_lora_model() {
     lora_->load_peft(lc.adapter_path);
     if (lead_) std::printf("lora: adapters from %s\n", lc.adapter_path.c_str());
   }
-  model_ = std::make_unique<Qwen3Model>(mc_, cfg_.kernels, nullptr, /*allocate=*/!bf16_base, device_);
+  model_ = std::make_unique<Qwen3Model>(mc_, kernels_, nullptr, /*allocate=*/!bf16_base, device_);
   model_->set_lora(lora_.get());
   model_->set_activation_checkpointing(cfg_.activation_checkpoint.mode == "full");
   export_model_ = model_.get();
