@@ -69,10 +69,13 @@ TEST(DeviceDeathTest, GuardMemoryFaultsOnHostAccess) {
 
 // The forward tool (forward, gradients, AdamW steps) of one fixture on `device`: its output file's tensors.
 std::vector<std::pair<std::string, Tensor>> forward_tool_outputs(const std::string& fixture, Device device,
-                                                                 DType dtype, const TempDir& tmp) {
+                                                                 DType dtype, const TempDir& tmp,
+                                                                 bool lora_bf16_base = false) {
   const std::string dir = testing::source_path(fixture);
   ForwardToolOptions o;
   o.model_dir = dir;
+  if (std::filesystem::exists(dir + "/adapter")) o.lora_dir = dir + "/adapter";
+  o.lora_bf16_base = lora_bf16_base;
   o.input_path = dir + "/input.json";
   o.output_path = tmp / (std::string(device_type_name(device.type)) + ".safetensors");
   o.grads = true;
@@ -100,16 +103,19 @@ void expect_bit_equal(const std::vector<std::pair<std::string, Tensor>>& got,
 
 TEST(GuardDevice, EveryFixtureEqualsTheCpuBitForBit) {
   std::vector<std::string> fixtures;
-  for (const char* root : {"tests/golden/qwen3", "tests/golden/qwen3_moe"})
+  for (const char* root : {"tests/golden/qwen3", "tests/golden/qwen3_moe", "tests/golden/lora"})
     for (auto& e : fs::directory_iterator(testing::source_path(root)))
       if (e.is_directory()) fixtures.push_back(std::string(root) + "/" + e.path().filename().string());
-  ASSERT_GE(fixtures.size(), 6u);
+  ASSERT_GE(fixtures.size(), 9u);
   for (auto& fixture : fixtures)
     for (DType dtype : {DType::F32, DType::BF16}) {
       TempDir tmp;
       const std::string label = fixture + (dtype == DType::BF16 ? " bf16" : " f32");
       expect_bit_equal(forward_tool_outputs(fixture, kGuard, dtype, tmp),
                        forward_tool_outputs(fixture, Device::cpu(), dtype, tmp), label);
+      if (fixture.find("lora") != std::string::npos && dtype == DType::F32)  // a frozen bf16 base too
+        expect_bit_equal(forward_tool_outputs(fixture, kGuard, dtype, tmp, true),
+                         forward_tool_outputs(fixture, Device::cpu(), dtype, tmp, true), label + " bf16 base");
     }
 }
 

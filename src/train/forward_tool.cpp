@@ -61,15 +61,13 @@ void run_forward_tool(const ForwardToolOptions& opts) {
   const TokenBatch batch = read_token_batch_json(opts.input_path);
   const Qwen3Config config = Qwen3Config::from_hf_file(opts.model_dir + "/config.json");
   const bool bf16_base = !opts.lora_dir.empty() && opts.lora_bf16_base;
-  TITAN_CHECK(opts.lora_dir.empty() || opts.device.type == DeviceType::CPU,
-              "--lora runs on the cpu only so far (got --device ", opts.device.str(), ")");
   if (opts.device.type != DeviceType::CPU) device_interface(opts.device.type).set_current(opts.device.index);
   Qwen3Model model(config, opts.kernels, nullptr, /*allocate=*/!bf16_base, opts.device);
   std::unique_ptr<FrozenBf16Base> frozen;
   std::unique_ptr<LoraAdapters> lora;
   if (!opts.lora_dir.empty()) {
-    lora = std::make_unique<LoraAdapters>(config,
-                                          LoraConfig::from_peft_file(opts.lora_dir + "/adapter_config.json"));
+    lora = std::make_unique<LoraAdapters>(
+        config, LoraConfig::from_peft_file(opts.lora_dir + "/adapter_config.json"), opts.device);
     lora->load_peft(opts.lora_dir);
     model.set_lora(lora.get());
   }
