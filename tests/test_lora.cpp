@@ -47,10 +47,12 @@ ForwardToolOptions fixture_options(const std::string& dir, const std::string& ou
 
 class GoldenLora : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(GoldenLora, MatchesPeft) {
-  const std::string dir = case_dir(GetParam());
+void expect_matches_peft(const std::string& name, Device device) {
+  const std::string dir = case_dir(name);
+  const std::string label = name + (device.type == DeviceType::CPU ? "" : " on " + device.str());
   TempDir tmp;
   ForwardToolOptions o = fixture_options(dir, tmp / "out.safetensors");
+  o.device = device;
   run_forward_tool(o);
   SafetensorsFile got(o.output_path);
   testing::GoldenParams params(dir);
@@ -60,15 +62,15 @@ TEST_P(GoldenLora, MatchesPeft) {
     if (key.starts_with("merged.")) continue;
     ASSERT_TRUE(got.contains(key)) << key;
     if (key.starts_with("param.")) {
-      params.expect_close(key, got.load(key), GetParam());
+      params.expect_close(key, got.load(key), label);
       ++ps;
       continue;
     }
     grads += key.starts_with("grad.");
     const double tol = key == "logits" ? 1e-5 : key.starts_with("grad.") ? 1e-4 : 1e-6;  // loss, losses
-    EXPECT_LE(rel_error(got.load(key), want.load(key)), tol) << GetParam() << " " << key;
+    EXPECT_LE(rel_error(got.load(key), want.load(key)), tol) << label << " " << key;
   }
-  params.expect_total_close(GetParam());
+  params.expect_total_close(label);
   EXPECT_GT(grads, 0);
   EXPECT_EQ(grads, ps);
   // Only adapter tensors are trainable: no base gradient or parameter in the output.
@@ -76,6 +78,16 @@ TEST_P(GoldenLora, MatchesPeft) {
     if (key.starts_with("grad.") || key.starts_with("param.")) {
       EXPECT_NE(key.find(".lora_"), std::string::npos) << key;
     }
+}
+
+TEST_P(GoldenLora, MatchesPeft) {
+  expect_matches_peft(GetParam(), Device::cpu());
+}
+
+// The same fixtures with the model and the adapters on the GPU, at the same tolerances.
+TEST_P(GoldenLora, MatchesPeftOnCuda) {
+  TITAN_SKIP_WITHOUT_CUDA_GPU();
+  expect_matches_peft(GetParam(), Device{DeviceType::CUDA, 0});
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenLora, ::testing::ValuesIn(kCases));
