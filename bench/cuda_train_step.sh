@@ -13,14 +13,9 @@ mkdir -p "$OUT" /tmp/tb
 nvidia-smi -L 2>&1 | tee "$OUT/train_step_gpu.txt"
 tar xJf "$BUNDLE" -C /tmp/tb || exit 1
 [ -x /tmp/tb/bench_train_step ] || { echo "the bundle holds no bench_train_step" | tee -a "$OUT/train_step_gpu.txt"; exit 1; }
-# cuBLASLt and NCCL come from the machine's CUDA: the toolkit's lib64, else the pip wheels'.
-LT=$(ls /usr/local/cuda/lib64/libcublasLt.so.13 /usr/local/cuda*/lib64/libcublasLt.so.13 \
-  /opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libcublasLt.so.13 \
-  /usr/local/lib/python3*/dist-packages/nvidia/cu13/lib/libcublasLt.so.13 2>/dev/null | head -1)
-NCCL=$(ls /usr/local/cuda*/lib64/libnccl.so.2 2>/dev/null | head -1)
-[ -n "$NCCL" ] || NCCL=$(find /usr /opt -name 'libnccl.so.2' 2>/dev/null | head -1)
+# cuBLASLt and NCCL come from the machine's CUDA (scripts/gpu_libs.sh).
+source "$(dirname "$0")/../scripts/gpu_libs.sh"
 echo "cuBLASLt: $LT; NCCL: $NCCL" | tee -a "$OUT/train_step_gpu.txt"
-TITAN_LD="/tmp/tb/lib:$(dirname "${LT:-/usr/local/cuda/lib64/x}"):$(dirname "${NCCL:-/usr/local/cuda/lib64/x}")"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
   2>&1 | tee -a "$OUT/train_step_gpu.txt"
 PYTHONUNBUFFERED=1 timeout "${TOTAL_TIMEOUT:-480}" python3 bench/compare_cuda_train_step.py \

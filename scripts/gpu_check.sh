@@ -10,15 +10,10 @@ OUT=${OUT:-gpu_out}
 mkdir -p "$OUT" /tmp/tb
 nvidia-smi -L 2>&1 | tee "$OUT/gpu.txt"
 tar xJf "$BUNDLE" -C /tmp/tb || exit 1
-# cuBLASLt comes from the machine's CUDA: the toolkit's lib64, else the pip wheel's.
-LT=$(ls /usr/local/cuda/lib64/libcublasLt.so.13 /usr/local/cuda*/lib64/libcublasLt.so.13 \
-  /opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libcublasLt.so.13 \
-  /usr/local/lib/python3*/dist-packages/nvidia/cu13/lib/libcublasLt.so.13 2>/dev/null | head -1)
-NCCL=$(ls /usr/local/cuda*/lib64/libnccl.so.2 2>/dev/null | head -1)
-[ -n "$NCCL" ] || NCCL=$(find /usr /opt -name 'libnccl.so.2' 2>/dev/null | head -1)
+# cuBLASLt and NCCL come from the machine's CUDA.
+source "$(dirname "$0")/gpu_libs.sh"
 echo "cuBLASLt: $LT" | tee -a "$OUT/gpu.txt"
 echo "NCCL: $NCCL" | tee -a "$OUT/gpu.txt"
-export TITAN_LD="/tmp/tb/lib:$(dirname "${LT:-/usr/local/cuda/lib64/x}"):$(dirname "${NCCL:-/usr/local/cuda/lib64/x}")"
 # The tests call the titan binary by the path it was built at.
 BUILT_AT=$(cat /tmp/tb/built_at)
 mkdir -p "$(dirname "$BUILT_AT")" && ln -sfn /tmp/tb "$BUILT_AT"

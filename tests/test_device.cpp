@@ -115,27 +115,18 @@ TEST(GuardDevice, EveryFixtureEqualsTheCpuBitForBit) {
                        forward_tool_outputs(fixture, Device::cpu(), dtype, tmp), label);
       if (fixture.find("lora") != std::string::npos && dtype == DType::F32)  // a frozen bf16 base too
         expect_bit_equal(forward_tool_outputs(fixture, kGuard, dtype, tmp, true),
-                         forward_tool_outputs(fixture, Device::cpu(), dtype, tmp, true), label + " bf16 base");
+                         forward_tool_outputs(fixture, Device::cpu(), dtype, tmp, true),
+                         label + " bf16 base");
     }
 }
 
+// The tests' small run (support/testing.h) with a held-out split, validation every 3 steps and a sample.
 std::vector<std::string> small_run(const TempDir& tmp, const std::string& name, int64_t steps) {
-  std::ofstream f(tmp / "corpus.txt");
-  for (int i = 0; i < 200; ++i) f << "the quick brown fox " << i << " jumps over the lazy dog.\n%\n";
-  return {
-      "--job.dump_folder=" + (tmp / name),
-      "--training.dataset=" + (tmp / "corpus.txt"),
-      "--model.tokenizer_path=" + testing::source_path("tests/golden/tokenizer/small"),
-      "--model.vocab_size=1024",
-      "--training.seq_len=32",
-      "--training.local_batch_size=2",
-      "--training.steps=" + std::to_string(steps),
-      "--training.sample_tokens=4",
-      "--lr_scheduler.warmup_steps=2",
-      "--metrics.peak_tflops=1",
-      "--training.val_fraction=0.05",
-      "--validation.freq=3",
-  };
+  auto args = testing::small_run_args(tmp, steps, name);
+  for (const char* a : {"--training.sample_tokens=4", "--training.val_fraction=0.05",
+                        "--validation.enable=true", "--validation.freq=3"})
+    args.push_back(a);
+  return args;
 }
 
 // The trainer on the guard device equals the cpu run: losses, validation losses, the exported HF

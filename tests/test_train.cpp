@@ -62,26 +62,7 @@ TEST(TrainConfig, OverridesApplyAfterTheFileAndRoundTripThroughToml) {
   EXPECT_EQ(d.to_toml(), c.to_toml());
 }
 
-// A small corpus and tokenizer-free setup for fast trainer tests: byte-level ids, debug-sized model.
-std::vector<std::string> small_run_args(const TempDir& tmp, int64_t steps) {
-  std::ofstream f(tmp / "corpus.txt");
-  for (int i = 0; i < 200; ++i) f << "the quick brown fox " << i << " jumps over the lazy dog.\n%\n";
-  return {
-      "--job.dump_folder=" + (tmp / "out"),
-      "--training.dataset=" + (tmp / "corpus.txt"),
-      "--model.tokenizer_path=" + testing::source_path("tests/golden/tokenizer/small"),
-      "--model.vocab_size=1024",
-      "--training.seq_len=32",
-      "--training.local_batch_size=2",
-      "--training.steps=" + std::to_string(steps),
-      "--training.sample_tokens=0",
-      "--lr_scheduler.warmup_steps=2",
-      "--metrics.peak_tflops=1",
-      // No held-out split, no validation (the validation tests turn it on).
-      "--training.val_fraction=0",
-      "--validation.enable=false",
-  };
-}
+using testing::small_run_args;
 
 TEST(Trainer, SameSeedGivesBitIdenticalLosses) {
   TempDir a, b;

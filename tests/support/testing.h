@@ -134,4 +134,27 @@ inline std::string source_path(const std::string& rel) {
   return std::string(TITAN_SOURCE_DIR) + "/" + rel;
 }
 
+// A small trainer run: a 200-document corpus written into `tmp`, the small test tokenizer, the debug model at
+// vocab 1024, seq 32, local batch 2, `steps` steps, output in tmp/<out>; no held-out split, no validation,
+// no sample (tests that want them add their own settings, which override these).
+inline std::vector<std::string> small_run_args(const TempDir& tmp, int64_t steps,
+                                               const std::string& out = "out") {
+  std::ofstream f(tmp / "corpus.txt");
+  for (int i = 0; i < 200; ++i) f << "the quick brown fox " << i << " jumps over the lazy dog.\n%\n";
+  return {
+      "--job.dump_folder=" + (tmp / out),
+      "--training.dataset=" + (tmp / "corpus.txt"),
+      "--model.tokenizer_path=" + source_path("tests/golden/tokenizer/small"),
+      "--model.vocab_size=1024",
+      "--training.seq_len=32",
+      "--training.local_batch_size=2",
+      "--training.steps=" + std::to_string(steps),
+      "--training.sample_tokens=0",
+      "--lr_scheduler.warmup_steps=2",
+      "--metrics.peak_tflops=1",
+      "--training.val_fraction=0",
+      "--validation.enable=false",
+  };
+}
+
 }  // namespace titan::testing

@@ -334,7 +334,8 @@ class Qwen3Model {
     Tensor x, w, gu, act;                              // received rows (R,H), weights (R), saved acts
     Tensor idx, order, row_of, offsets;                // i32: local expert of each row, kernel tables
   };
-  std::vector<EpLayer> ep_layers_;                                   // per sparse layer
+  std::vector<EpLayer> ep_layers_;
+  MoeExpertsBuffers ep_buffers(EpLayer& s);                          // per sparse layer
   Tensor ep_send_, ep_recv_, ep_rows_, ep_scratch_, ep_dx_, ep_dw_;  // shared scratch (device)
   std::vector<int32_t> ep_idx_host_;                                 // routing, host copy
 };

@@ -350,6 +350,16 @@ void Qwen3Model::moe_backward_layer(int64_t l, float* dresid, float aux_scale, b
   matmul_->backward(dln, g.router, dlogits, a.ln2, w.router, N, H, E, acc_dw);
 }
 
+// The expert kernel's buffers of one sparse layer's received rows (saved between forward and backward).
+MoeExpertsBuffers Qwen3Model::ep_buffers(EpLayer& s) {
+  return {s.gu.f32(),
+          s.act.f32(),
+          s.order.data<int32_t>(),
+          s.row_of.data<int32_t>(),
+          s.offsets.data<int32_t>(),
+          ep_scratch_.f32()};
+}
+
 // Expert-parallel experts of sparse layer l (forward). Every (token, expert) slot becomes one row
 // [x (H) | routing weight | local expert index] sent to the rank owning the expert; the owner runs the
 // grouped kernel on its rows with k = 1 (so it applies the weights) and sends the weighted outputs back;
@@ -386,12 +396,7 @@ void Qwen3Model::moe_experts_ep_forward(int64_t l, float* out) {
   ensure(ep_scratch_, moe_experts_scratch_floats(R, 1, H, Im));
   ensure(ep_rows_, R * H);
   if (R > 0) {
-    MoeExpertsBuffers buf{s.gu.f32(),
-                          s.act.f32(),
-                          s.order.data<int32_t>(),
-                          s.row_of.data<int32_t>(),
-                          s.offsets.data<int32_t>(),
-                          ep_scratch_.f32()};
+    const MoeExpertsBuffers buf = ep_buffers(s);
     moe_->forward(ep_rows_.f32(), buf, s.x.f32(), s.idx.data<int32_t>(), s.w.f32(), w.wgu, w.wdown, R, 1, El,
                   H, Im);
   }
@@ -422,12 +427,7 @@ void Qwen3Model::moe_experts_ep_backward(int64_t l, const float* dresid, float* 
     zero(ensure(ep_dx_, R * H).f32(), R * H);
     zero(ensure(ep_dw_, R).f32(), R);
     ensure(ep_scratch_, moe_experts_scratch_floats(R, 1, H, Im));
-    MoeExpertsBuffers buf{s.gu.f32(),
-                          s.act.f32(),
-                          s.order.data<int32_t>(),
-                          s.row_of.data<int32_t>(),
-                          s.offsets.data<int32_t>(),
-                          ep_scratch_.f32()};
+    const MoeExpertsBuffers buf = ep_buffers(s);
     moe_->backward(ep_dx_.f32(), ep_dw_.f32(), g.wgu, g.wdown, buf, ep_rows_.f32(), s.x.f32(),
                    s.idx.data<int32_t>(), s.w.f32(), w.wgu, w.wdown, R, 1, El, H, Im);
     ep_kernels_->pack_grads(ep_recv_.f32(), ep_dx_.f32(), ep_dw_.f32(), R, H);
