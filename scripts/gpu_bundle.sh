@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs the CUDA test, the test binaries with GPU cases (model, moe, train, lora), the titan binary and the
+# Packs the CUDA test, the test binaries with GPU cases (model, moe, train, lora, generate), the titan binary and the
 # CUDA benches of a build with the non-system shared libraries
 # they load (OpenBLAS, oneDNN, Open MPI, ...; not glibc, libstdc++ or CUDA's own: cuBLASLt and NCCL come
 # from the GPU machine) for scripts/gpu_check.sh.
@@ -9,7 +9,7 @@ BUILD=$(realpath "${1:?build dir}")
 DEST=$(realpath -m "${2:?output .tar.xz}")
 STAGE=$(mktemp -d)
 mkdir -p "$STAGE/lib"
-for b in titan test_cuda test_model test_moe test_train test_lora bench_cuda_ops bench_train_step; do
+for b in titan test_cuda test_model test_moe test_train test_lora test_generate bench_cuda_ops bench_train_step; do
   [ -x "$BUILD/$b" ] && cp "$BUILD/$b" "$STAGE/"
 done
 ldd "$STAGE"/titan "$STAGE"/test_* | awk '/=> \//{print $3}' | sort -u |

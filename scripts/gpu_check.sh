@@ -27,7 +27,7 @@ run /tmp/tb/titan env 2>&1 | tee "$OUT/env.txt"
 run timeout 100 /tmp/tb/test_cuda --gtest_color=no 2>&1 | tee "$OUT/test_cuda.txt"
 rc=$?
 # The GPU cases of the other rooms: golden fixtures through --device cuda, the 1-GPU vs CPU loss sequence.
-for t in test_model test_moe test_train test_lora; do
+for t in test_model test_moe test_train test_lora test_generate; do
   [ -x /tmp/tb/$t ] || continue
   run timeout 150 /tmp/tb/$t --gtest_color=no --gtest_filter='*Cuda*' 2>&1 | tee "$OUT/$t.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1

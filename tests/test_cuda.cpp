@@ -116,6 +116,23 @@ TEST(Cuda, GemmAndDropoutMatchReference) {
   EXPECT_LT(rel(ddx.read(), dx), 1e-7) << "dropout backward";
 }
 
+// attention_kv (generation): a prefill of n queries after p cached positions and a decode step, GQA, against
+// the CPU reference.
+TEST(Cuda, AttentionKVMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const auto& ref = cpu_ref<AttentionKVKernels>();
+  const auto& op = cuda_op<AttentionKVKernels>();
+  const int64_t nH = 6, nKV = 2, hd = 24;
+  for (auto [n, p] : {std::pair<int64_t, int64_t>{7, 0}, {5, 300}, {1, 1000}}) {
+    auto q = randn(n * nH * hd, 71), k = randn((p + n) * nKV * hd, 72), v = randn((p + n) * nKV * hd, 73);
+    std::vector<float> want(n * nH * hd);
+    ref.forward(want.data(), q.data(), k.data(), v.data(), n, p, nH, nKV, hd);
+    DevF dq(q), dk(k), dv(v), dout(want.size());
+    op.forward(dout.p, dq.p, dk.p, dv.p, n, p, nH, nKV, hd);
+    EXPECT_LT(rel(dout.read(), want), kTol) << "n " << n << " p " << p;
+  }
+}
+
 // Without a GPU (CI), CUDA memory is a clear titan::Error, not a crash.
 TEST(Cuda, NoGpuMeansAClearError) {
   if (!device_available(DeviceType::CUDA)) GTEST_SKIP() << "titan was built without CUDA";

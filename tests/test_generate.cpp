@@ -84,8 +84,8 @@ TEST(Generate, KVCacheForwardEqualsFullForwardBf16) {
   check_kv_against_full("moe", true, {}, 1e-2);
 }
 
-void check_greedy(const std::string& c) {
-  auto model = load_model_dir(kGolden + c, false);
+void check_greedy(const std::string& c, Device device = Device::cpu()) {
+  auto model = load_model_dir(kGolden + c, false, {}, "", device);
   const auto e = expected(c);
   const GenerationDefaults d = read_generation_defaults(kGolden + c);
   EXPECT_EQ(d.eos_ids, ids_of(e["eos_token_id"]));
@@ -114,11 +114,24 @@ TEST(Generate, GreedyEqualsHFMoE) {
   check_greedy("moe");
 }
 
+// The KV cache and the model on the guard device (host memory the host cannot read directly): the same
+// greedy tokens, so generation reaches device memory only through ops and copies.
+TEST(Generate, GreedyEqualsHFOnTheGuardDevice) {
+  check_greedy("dense", Device{DeviceType::GUARD, 0});
+  check_greedy("moe", Device{DeviceType::GUARD, 0});
+}
+
+TEST(Generate, GreedyEqualsHFOnCuda) {
+  TITAN_SKIP_WITHOUT_CUDA_GPU();
+  check_greedy("dense", Device{DeviceType::CUDA, 0});
+  check_greedy("moe", Device{DeviceType::CUDA, 0});
+}
+
 // --lora: the PEFT adapter of tests/golden/generate/dense/lora merged into the weights gives the PeftModel's
 // greedy tokens and loss (fixture by make_generate_golden.py).
-TEST(Generate, LoraAdapterEqualsPeft) {
+void check_lora_generate(Device device) {
   const std::string lora = kGolden + "dense/lora";
-  auto model = load_model_dir(kGolden + "dense", false, {}, lora);
+  auto model = load_model_dir(kGolden + "dense", false, {}, lora, device);
   const auto e = read_json_file(lora + "/expected.json");
   for (const auto& g : e["greedy"]) {
     const auto prompt = ids_of(g["prompt_ids"]);
@@ -132,6 +145,16 @@ TEST(Generate, LoraAdapterEqualsPeft) {
       eval_data_config({kGolden + "dense/eval.txt"}, kGolden + "dense", e["eval"]["seq_len"].get<int64_t>());
   const double hf = e["eval"]["loss"].get<double>();
   EXPECT_LE(std::fabs(evaluate_dataset(*model, cfg).loss() - hf) / hf, 1e-5);
+}
+
+TEST(Generate, LoraAdapterEqualsPeft) {
+  check_lora_generate(Device::cpu());
+  check_lora_generate(Device{DeviceType::GUARD, 0});  // merged in host memory, then moved
+}
+
+TEST(Generate, LoraAdapterEqualsPeftOnCuda) {
+  TITAN_SKIP_WITHOUT_CUDA_GPU();
+  check_lora_generate(Device{DeviceType::CUDA, 0});
 }
 
 TEST(Generate, StopsAtEosAndMaxNewTokens) {

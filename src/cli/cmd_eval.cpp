@@ -14,7 +14,7 @@
 namespace {
 
 int eval_main(int argc, char** argv) {
-  std::string model_dir, lora_dir, format = "auto", text_field = "text", dtype = "f32";
+  std::string model_dir, lora_dir, format = "auto", text_field = "text", dtype = "f32", device = "cpu";
   std::vector<std::string> data;
   int64_t seq_len = 2048, batch = 1;
   bool json = false;
@@ -34,6 +34,7 @@ int eval_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--text-field", text_field, "JSON Lines: the field holding the text")->capture_default_str();
   app.add_option("--dtype", dtype, "f32 or bf16")->capture_default_str();
+  app.add_option("--device", device, "cpu, cuda, cuda:N or guard")->capture_default_str();
   app.add_flag("--json", json, "print one JSON object instead of text");
   try {
     app.parse(argc, argv);
@@ -44,7 +45,8 @@ int eval_main(int argc, char** argv) {
   for (const auto& d : data) TITAN_CHECK(std::filesystem::exists(d), "--data: '", d, "' does not exist");
   const auto cfg =
       titan::eval_data_config(data, model_dir, seq_len, titan::data::parse_data_format(format), text_field);
-  auto model = titan::load_model_dir(model_dir, dtype == "bf16", {}, lora_dir);
+  auto model = titan::load_model_dir(model_dir, dtype == "bf16", {}, lora_dir,
+                                     titan::parse_device(device, "--device"));
   const auto t0 = std::chrono::steady_clock::now();
   int64_t windows = 0;
   const titan::EvalResult r = titan::evaluate_dataset(*model, cfg, batch, &windows);

@@ -32,7 +32,7 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 }
 
 int generate_main(int argc, char** argv) {
-  std::string model_dir, lora_dir, prompt, prompt_ids, dtype = "f32";
+  std::string model_dir, lora_dir, prompt, prompt_ids, dtype = "f32", device = "cpu";
   bool chat = false, greedy = false, do_sample = false, print_ids = false;
   int64_t max_new = 256, max_context = 0;
   double temperature = -1, top_p = -1;
@@ -63,6 +63,7 @@ int generate_main(int argc, char** argv) {
   app.add_option("--max-context", max_context,
                  "KV cache positions (default: prompt + max-new-tokens; --chat: min(4096, model maximum))");
   app.add_flag("--print-ids", print_ids, "after the text, print the generated ids on one line");
+  app.add_option("--device", device, "cpu, cuda, cuda:N or guard")->capture_default_str();
   app.add_option("--kernel", kernels, "kernel override op=impl (e.g. attention_kv=reference)");
   try {
     app.parse(argc, argv);
@@ -102,8 +103,8 @@ int generate_main(int argc, char** argv) {
   go.sampling.seed = seed;
   titan::Sampler check(go.sampling);  // validates the settings before the model loads
 
-  std::unique_ptr<titan::Qwen3Model> model =
-      titan::load_model_dir(model_dir, dtype == "bf16", model_kernels, lora_dir);
+  std::unique_ptr<titan::Qwen3Model> model = titan::load_model_dir(
+      model_dir, dtype == "bf16", model_kernels, lora_dir, titan::parse_device(device, "--device"));
   titan::Tokenizer tok = titan::Tokenizer::load(model_dir);
 
   if (chat) return titan::run_chat(*model, tok, model_dir, go, max_context, kc);

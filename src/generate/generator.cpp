@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "io/json_file.h"
+#include "train/model_setup.h"
 
 namespace titan {
 
@@ -74,14 +75,24 @@ GenerationDefaults read_generation_defaults(const std::string& model_dir) {
 }
 
 std::unique_ptr<Qwen3Model> load_model_dir(const std::string& dir, bool bf16, const KernelChoice& kernels,
-                                           const std::string& lora_dir) {
+                                           const std::string& lora_dir, Device device) {
   TITAN_CHECK(!dir.empty(), "--model is required");
   TITAN_CHECK(fs::is_directory(dir), "model directory '", dir, "' does not exist");
   const std::string cfg = (fs::path(dir) / "config.json").string();
   TITAN_CHECK(fs::exists(cfg), dir, ": no config.json (not an HF model directory)");
-  auto model = std::make_unique<Qwen3Model>(Qwen3Config::from_hf_file(cfg), kernels);
-  model->load_hf(dir);
-  if (!lora_dir.empty()) apply_lora_dir(*model, lora_dir);
+  const Qwen3Config config = Qwen3Config::from_hf_file(cfg);
+  if (device.type != DeviceType::CPU) device_interface(device.type).set_current(device.index);
+  auto model =
+      std::make_unique<Qwen3Model>(config, kernels_for_device(kernels, device.type), nullptr, true, device);
+  if (lora_dir.empty() || device.type == DeviceType::CPU) {
+    model->load_hf(dir);
+    if (!lora_dir.empty()) apply_lora_dir(*model, lora_dir);
+  } else {  // the adapter is merged in host memory, then the weights go to the device
+    Qwen3Model host(config);
+    host.load_hf(dir);
+    apply_lora_dir(host, lora_dir);
+    model->load_state_dict(host.state_dict());
+  }
   if (bf16) model->set_bf16_compute(true);
   // Inference never differentiates: drop the gradient buffers (as large as the weights).
   for (auto& p : model->params()) p.grad = Tensor();

@@ -40,9 +40,11 @@ GenerationDefaults read_generation_defaults(const std::string& model_dir);
 // the bf16 GEMM engines (Qwen3Model::set_bf16_compute). Inference only: the gradient buffers are dropped
 // (forward with compute_grad = false; no backward). lora_dir: a PEFT adapter merged into the f32 weights
 // first (before any bf16 rounding). Errors name the directory.
+// device: where the model lives and runs (the kernel choices give way to its defaults where they name
+// cpu implementations).
 std::unique_ptr<Qwen3Model> load_model_dir(const std::string& dir, bool bf16,
-                                           const KernelChoice& kernels = {},
-                                           const std::string& lora_dir = "");
+                                           const KernelChoice& kernels = {}, const std::string& lora_dir = "",
+                                           Device device = Device::cpu());
 
 // Merges the PEFT LoRA adapter in `adapter_dir` into the model's weights (the LoRA room's merge).
 void apply_lora_dir(Qwen3Model& model, const std::string& adapter_dir);

@@ -25,7 +25,7 @@ KVCacheModel::KVCacheModel(Qwen3Model& model, int64_t max_seq, const KernelChoic
   TITAN_CHECK(!model.param_streamer(),
               "KV cache: the model's parameters are streamed (FSDP); gather them first");
   TITAN_CHECK(model.expert_parallel_degree() == 1, "KV cache: expert-parallel models are not supported");
-  const DeviceType dev = DeviceType::CPU;
+  const DeviceType dev = model.device().type;
   const auto names = model.kernel_names();
   matmul_ = &model.matmul_kernels();
   rmsnorm_ = &get_kernel<RmsNormKernels>(dev, name_of(names, "rmsnorm"));
@@ -89,24 +89,28 @@ KVCacheModel::KVCacheModel(Qwen3Model& model, int64_t max_seq, const KernelChoic
   }
 
   const int64_t hd = c.head_dim, half = hd / 2;
+  const Device device = model.device();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    k_cache_.push_back(Tensor::empty({max_seq, c.num_key_value_heads, hd}));
-    v_cache_.push_back(Tensor::empty({max_seq, c.num_key_value_heads, hd}));
+    k_cache_.push_back(Tensor::empty({max_seq, c.num_key_value_heads, hd}, DType::F32, device));
+    v_cache_.push_back(Tensor::empty({max_seq, c.num_key_value_heads, hd}, DType::F32, device));
   }
-  // RoPE tables as Qwen3Model::build_rope_tables (HF: fp32 inv_freq and angles).
-  rope_cos_ = Tensor::empty({max_seq, half});
-  rope_sin_ = Tensor::empty({max_seq, half});
+  // RoPE tables as Qwen3Model::build_rope_tables (HF: fp32 inv_freq and angles), made on the host.
+  std::vector<float> cos(max_seq * half), sin(max_seq * half);
   for (int64_t i = 0; i < half; ++i) {
     const float exponent = static_cast<float>(2 * i) / static_cast<float>(hd);
     const float inv_freq = 1.0f / static_cast<float>(std::pow(c.rope_theta, (double)exponent));
     for (int64_t t = 0; t < max_seq; ++t) {
       const float f = static_cast<float>(t) * inv_freq;
-      rope_cos_.f32()[t * half + i] = static_cast<float>(std::cos((double)f));
-      rope_sin_.f32()[t * half + i] = static_cast<float>(std::sin((double)f));
+      cos[t * half + i] = static_cast<float>(std::cos((double)f));
+      sin[t * half + i] = static_cast<float>(std::sin((double)f));
     }
   }
-  // bf16: images of every parameter buffer for the bf16 GEMM engine (the model rounded the weights).
-  if (bf16_) {
+  rope_cos_ = Tensor::empty({max_seq, half}, DType::F32, device);
+  rope_sin_ = Tensor::empty({max_seq, half}, DType::F32, device);
+  rope_cos_.copy_from_host(cos.data());
+  rope_sin_.copy_from_host(sin.data());
+  // bf16: images of every parameter buffer for the CPU's bf16 GEMM engine (the model rounded the weights).
+  if (bf16_ && device.type == DeviceType::CPU) {
     for (auto& t : model.flat_params()) {
       if (!t.defined()) continue;
       std::vector<uint16_t> img(static_cast<size_t>(t.numel()));
@@ -139,28 +143,32 @@ void KVCacheModel::plan(int64_t n) {
   if (n <= planned_n_) return;
   const auto& c = cfg_;
   const int64_t H = c.hidden_size, I = c.intermediate_size;
-  x_ = Tensor::empty({n, H});
-  ln_ = Tensor::empty({n, H});
-  h_ = Tensor::empty({n, H});
-  rstd_ = Tensor::empty({n * std::max(c.num_attention_heads, int64_t(1))});
-  q_ = Tensor::empty({n, c.q_dim()});
-  k_ = Tensor::empty({n, c.kv_dim()});
-  att_ = Tensor::empty({n, c.q_dim()});
-  gu_ = Tensor::empty({n, 2 * I});
-  act_ = Tensor::empty({n, I});
-  logits_ = Tensor::empty({n, c.vocab_size});
+  const Device d = model_.device();
+  auto f32 = [d](Shape s) { return Tensor::empty(std::move(s), DType::F32, d); };
+  x_ = f32({n, H});
+  ln_ = f32({n, H});
+  h_ = f32({n, H});
+  rstd_ = f32({n * std::max(c.num_attention_heads, int64_t(1))});
+  q_ = f32({n, c.q_dim()});
+  k_ = f32({n, c.kv_dim()});
+  att_ = f32({n, c.q_dim()});
+  gu_ = f32({n, 2 * I});
+  act_ = f32({n, I});
+  logits_ = f32({n, c.vocab_size});
+  ids_ = Tensor::empty({n}, DType::I32, d);
+  if (d.type != DeviceType::CPU) host_logits_.resize(n * c.vocab_size);
   if (c.is_moe()) {
     const int64_t E = c.num_experts, k = c.num_experts_per_tok, Im = c.moe_intermediate_size;
-    probs_ = Tensor::empty({n, E});
-    topk_w_ = Tensor::empty({n, k});
-    topk_idx_ = Tensor::empty({n, k}, DType::I32);
-    moe_out_ = Tensor::empty({n, H});
-    moe_f32_.assign(n * k * 3 * Im + moe_experts_scratch_floats(n, k, H, Im), 0.0f);
-    moe_i32_.assign(2 * n * k + E + 1, 0);
-    moe_buf_.gu = moe_f32_.data();
+    probs_ = f32({n, E});
+    topk_w_ = f32({n, k});
+    topk_idx_ = Tensor::empty({n, k}, DType::I32, d);
+    moe_out_ = f32({n, H});
+    moe_f32_ = f32({n * k * 3 * Im + moe_experts_scratch_floats(n, k, H, Im)});
+    moe_i32_ = Tensor::empty({2 * n * k + E + 1}, DType::I32, d);
+    moe_buf_.gu = moe_f32_.f32();
     moe_buf_.act = moe_buf_.gu + n * k * 2 * Im;
     moe_buf_.scratch = moe_buf_.act + n * k * Im;
-    moe_buf_.order = moe_i32_.data();
+    moe_buf_.order = moe_i32_.data<int32_t>();
     moe_buf_.row_of = moe_buf_.order + n * k;
     moe_buf_.offsets = moe_buf_.row_of + n * k;
   }
@@ -176,7 +184,8 @@ const float* KVCacheModel::forward(const int32_t* ids, int64_t n, bool all_logit
   for (int64_t i = 0; i < n; ++i)
     TITAN_CHECK(ids[i] >= 0 && ids[i] < V, "token id ", ids[i], " is outside the vocabulary [0, ", V, ")");
   plan(n);
-  embedding_->forward(x_.f32(), ids, embed_, n, H);
+  ids_.view_at(0, {n}).copy_from_host(ids);
+  embedding_->forward(x_.f32(), ids_.data<int32_t>(), embed_, n, H);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) layer_forward(l, n);
   // Final norm and lm_head over the rows wanted.
   const int64_t r0 = all_logits ? 0 : n - 1, rows = n - r0;
@@ -186,7 +195,9 @@ const float* KVCacheModel::forward(const int32_t* ids, int64_t n, bool all_logit
   matmul_->forward(logits_.f32(), ln_.f32(), lm_head_, rows, H, V);
   if (bf16_) elementwise_->round_bf16(logits_.f32(), rows * V);
   pos_ += n;
-  return logits_.f32();
+  if (host_logits_.empty()) return logits_.f32();  // host memory already
+  logits_.view_at(0, {rows * V}).copy_to_host(host_logits_.data());
+  return host_logits_.data();
 }
 
 // x_ (n,H) -> x_: decoder layer l over n new rows at positions [pos_, pos_ + n); their k/v join the cache.

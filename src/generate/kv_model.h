@@ -73,8 +73,9 @@ class KVCacheModel {
   // Activations for n tokens.
   Tensor x_, ln_, rstd_, q_, k_, att_, h_, gu_, act_, logits_, probs_, topk_w_, moe_out_;
   Tensor topk_idx_;
-  std::vector<int32_t> moe_i32_;
-  std::vector<float> moe_f32_;
+  Tensor moe_i32_, moe_f32_;        // the expert kernel's buffers (moe_buf_ points into them)
+  Tensor ids_;                      // this call's ids on the model's device
+  std::vector<float> host_logits_;  // the returned logits when the model is not in host memory
   MoeExpertsBuffers moe_buf_{};
   std::vector<std::vector<uint16_t>> bf16_images_;
   std::vector<const float*> bf16_bases_;
