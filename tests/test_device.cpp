@@ -169,8 +169,8 @@ TEST(GuardDevice, TrainingEqualsTheCpuBitForBit) {
   }
 }
 
-// Data parallel with device buffers: DDP buckets, FSDP gathers and reduce-scatters (bf16 compute) and the
-// expert-parallel token exchange (MoE, balancing) go through the host-staged group
+// Data parallel with device buffers: DDP buckets, FSDP gathers and reduce-scatters (bf16 compute), the
+// expert-parallel token exchange (MoE, balancing) and sharded LoRA adapters go through the host-staged group
 // (dist/staged_process_group.h); host scalars through its host group. Each equals the cpu's 2-rank run bit
 // for bit; the MFU peak is measured on the device (no metrics.peak_tflops) in the DDP run.
 TEST(GuardDevice, DataParallelEqualsTheCpuBitForBit) {
@@ -184,6 +184,7 @@ TEST(GuardDevice, DataParallelEqualsTheCpuBitForBit) {
       {"ep",
        " --parallelism.data_parallel_replicate_degree=2 --parallelism.expert_parallel_degree=2"
        " --model.flavor=debug_moe --model.load_balance_coeff=0.001 --metrics.peak_tflops=1"},
+      {"lora_fsdp", " --lora.enable=true --lora.dropout=0.1 --metrics.peak_tflops=1"},
   };
   for (auto& [name, layout] : layouts) {
     std::vector<std::vector<double>> losses;
