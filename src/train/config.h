@@ -14,7 +14,8 @@ struct JobConfig {
   std::string dump_folder = "./outputs";
   std::string description = "";
   bool print_config = true;
-  // Where the model trains: "cpu", "cuda" (rank r of a multi-process run on GPU r mod #GPUs) or "cuda:N".
+  // Where the model trains: "cpu", "cuda" (each rank on GPU local_rank mod #GPUs of its node), "cuda:N" or
+  // "guard" (src/device/guard/: the CPU's kernels behind addresses the host cannot read; a check).
   std::string device = "cpu";
 };
 

@@ -81,7 +81,8 @@ void Trainer::select_device() {
   const int count = d.device_count();
   TITAN_CHECK(count > 0, "job.device = '", cfg_.job.device,
               "': the CUDA runtime finds no GPU on this machine");
-  if (world_ > 1 && cfg_.job.device == "cuda") device_.index = static_cast<int>(rank_ % count);
+  // "cuda" with several ranks: one GPU per rank of this node (local rank r on GPU r mod #GPUs).
+  if (world_ > 1 && cfg_.job.device == "cuda") device_.index = dist::env().local_rank % count;
   d.set_current(device_.index);
   // Between ranks: NCCL on GPUs; other devices stage their buffers through the host group.
   if (world_ > 1)
