@@ -20,6 +20,7 @@
 #include "kernels/registry.h"
 #include "models/qwen3/config.h"
 #include "models/qwen3/model.h"
+#include "support/moe_case.h"
 #include "support/testing.h"
 
 namespace titan {
@@ -353,81 +354,31 @@ TEST(Cuda, AdamWAndSumSquaresMatchReference) {
   EXPECT_NEAR(cuda_op<SumSquaresKernels>().sum_squares(dx.p, x.size()), want, 1e-9 * want);
 }
 
-// MoE experts: random routing with repeated experts, an expert with no tokens and one with most of them
-// (as tests/test_kernels.cpp), through the CUDA grouped kernels with all buffers on the device.
-struct MoeCase {
-  int64_t N, k, E, H, I;
-  std::vector<float> x, wgu, wdown, dout, w;
-  std::vector<int32_t> idx;
-  MoeCase(int64_t N_, int64_t k_, int64_t E_, int64_t H_, int64_t I_)
-      : N(N_),
-        k(k_),
-        E(E_),
-        H(H_),
-        I(I_),
-        x(randn(N * H, 90)),
-        wgu(randn(E * 2 * I * H, 91, 0.3f)),
-        wdown(randn(E * H * I, 92, 0.3f)),
-        dout(randn(N * H, 93)),
-        w(N * k),
-        idx(N * k) {
-    std::mt19937_64 rng(94);
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t s = 0; s < k; ++s) {
-        int32_t e;  // distinct experts per token, never expert 4, expert 0 for most tokens
-        do e = s == 0 && n % 4 != 0 ? 0 : int32_t(rng() % E);
-        while (e == 4 ||
-               std::find(idx.begin() + n * k, idx.begin() + n * k + s, e) != idx.begin() + n * k + s);
-        idx[n * k + s] = e;
-        w[n * k + s] = 0.1f + float(rng() % 1000) / 1000.0f;
-      }
-  }
-  struct Result {
-    std::vector<float> out, dx, dw, dwgu, dwdown;
-  };
-  template <class Kernels>
-  Result run_cpu(const Kernels& kk) const {
-    const int64_t R = N * k;
-    std::vector<float> gu(R * 2 * I), act(R * I), scratch(moe_experts_scratch_floats(N, k, H, I));
-    std::vector<int32_t> order(R), row_of(R), offsets(E + 1);
-    MoeExpertsBuffers buf{gu.data(), act.data(), order.data(), row_of.data(), offsets.data(), scratch.data()};
-    Result r{std::vector<float>(N * H, 9.0f), std::vector<float>(N * H, 0.5f), std::vector<float>(R, 0.25f),
-             std::vector<float>(wgu.size(), 0.1f), std::vector<float>(wdown.size(), -0.1f)};
-    kk.forward(r.out.data(), buf, x.data(), idx.data(), w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
-    kk.backward(r.dx.data(), r.dw.data(), r.dwgu.data(), r.dwdown.data(), buf, dout.data(), x.data(),
-                idx.data(), w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
-    return r;
-  }
-  template <class Kernels>
-  Result run_gpu(const Kernels& kk) const {
-    const int64_t R = N * k;
-    DevF gu(R * 2 * I), act(R * I), scratch(moe_experts_scratch_floats(N, k, H, I));
-    Dev<int32_t> order(R), row_of(R), offsets(E + 1), didx(idx);
-    MoeExpertsBuffers buf{gu.p, act.p, order.p, row_of.p, offsets.p, scratch.p};
-    DevF dx_(x), dwgu_(wgu), dwdown_(wdown), ddout(dout), dw_(w), out(N * H, 9.0f), dx(N * H, 0.5f),
-        dw(R, 0.25f), gwgu(wgu.size(), 0.1f), gwdown(wdown.size(), -0.1f);
-    kk.forward(out.p, buf, dx_.p, didx.p, dw_.p, dwgu_.p, dwdown_.p, N, k, E, H, I);
-    kk.backward(dx.p, dw.p, gwgu.p, gwdown.p, buf, ddout.p, dx_.p, didx.p, dw_.p, dwgu_.p, dwdown_.p, N, k, E,
-                H, I);
-    return {out.read(), dx.read(), dw.read(), gwgu.read(), gwdown.read()};
-  }
-  static void expect_near(const Result& a, const Result& b, double tol, const std::string& label) {
-    EXPECT_LE(rel(a.out, b.out), tol) << label << " out";
-    EXPECT_LE(rel(a.dx, b.dx), tol) << label << " dx";
-    EXPECT_LE(rel(a.dw, b.dw), tol) << label << " dw";
-    EXPECT_LE(rel(a.dwgu, b.dwgu), tol) << label << " dw_gu";
-    EXPECT_LE(rel(a.dwdown, b.dwdown), tol) << label << " dw_down";
-  }
-};
+// MoE experts: the shared case (support/moe_case.h) through the CUDA grouped kernels with all buffers on the
+// device.
+using testing::MoeCase;
+template <class Kernels>
+MoeCase::Result run_moe_on_gpu(const MoeCase& c, const Kernels& kk) {
+  const int64_t N = c.N, k = c.k, E = c.E, H = c.H, I = c.I, R = c.R();
+  DevF gu(R * 2 * I), act(R * I), scratch(moe_experts_scratch_floats(N, k, H, I));
+  Dev<int32_t> order(R), row_of(R), offsets(E + 1), didx(c.idx);
+  MoeExpertsBuffers buf{gu.p, act.p, order.p, row_of.p, offsets.p, scratch.p};
+  DevF dx_(c.x), dwgu_(c.wgu), dwdown_(c.wdown), ddout(c.dout), dw_(c.w), out(N * H, 9.0f), dx(N * H, 0.5f),
+      dw(R, 0.25f), gwgu(c.wgu.size(), 0.1f), gwdown(c.wdown.size(), -0.1f);
+  kk.forward(out.p, buf, dx_.p, didx.p, dw_.p, dwgu_.p, dwdown_.p, N, k, E, H, I);
+  kk.backward(dx.p, dw.p, gwgu.p, gwdown.p, buf, ddout.p, dx_.p, didx.p, dw_.p, dwgu_.p, dwdown_.p, N, k, E,
+              H, I);
+  return {out.read(), dx.read(), dw.read(), gwgu.read(), gwdown.read()};
+}
 
 TEST(Cuda, MoeExpertsMatchReference) {
   SKIP_WITHOUT_GPU();
-  for (const MoeCase& c : {MoeCase(23, 3, 6, 10, 7), MoeCase(37, 2, 8, 72, 24)}) {
+  for (const MoeCase& c : {MoeCase(23, 3, 6, 10, 7, 90), MoeCase(37, 2, 8, 72, 24, 90)}) {
     const std::string shape = "N=" + std::to_string(c.N) + " H=" + std::to_string(c.H);
-    MoeCase::expect_near(c.run_gpu(cuda_op<MoeExpertsKernels>()), c.run_cpu(cpu_ref<MoeExpertsKernels>()),
+    MoeCase::expect_near(run_moe_on_gpu(c, cuda_op<MoeExpertsKernels>()), c.run(cpu_ref<MoeExpertsKernels>()),
                          kTol, "f32 " + shape);
-    MoeCase::expect_near(c.run_gpu(cuda_op<MoeExpertsBf16Kernels>()),
-                         c.run_cpu(cpu_ref<MoeExpertsBf16Kernels>()), kTol, "bf16 " + shape);
+    MoeCase::expect_near(run_moe_on_gpu(c, cuda_op<MoeExpertsBf16Kernels>()),
+                         c.run(cpu_ref<MoeExpertsBf16Kernels>()), kTol, "bf16 " + shape);
   }
 }
 

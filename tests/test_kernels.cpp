@@ -10,6 +10,7 @@
 #include "kernels/counter_hash.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
+#include "support/moe_case.h"
 #include "support/testing.h"
 
 namespace titan {
@@ -331,56 +332,15 @@ TEST(Kernels, ReferenceBackwardMatchesFiniteDifferences) {
   EXPECT_LE(fd_check(lg, g, ce_loss), 2e-3);
 }
 
-// MoE experts: random routing with repeated experts, an expert with no tokens, and one with most of them.
-struct MoeCase {
-  static constexpr int64_t N = 23, k = 3, E = 6, H = 10, I = 7, R = N * k;
-  std::vector<float> x = randn(N * H, 40), wgu = randn(E * 2 * I * H, 41, 0.3f),
-                     wdown = randn(E * H * I, 42, 0.3f), dout = randn(N * H, 43), w = std::vector<float>(R);
-  std::vector<int32_t> idx = std::vector<int32_t>(R);
-  MoeCase() {
-    std::mt19937_64 rng(44);
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t s = 0; s < k; ++s) {
-        // distinct experts per token, never expert 4, expert 0 for most tokens
-        int32_t e;
-        do e = s == 0 && n % 4 != 0 ? 0 : int32_t(rng() % E);
-        while (e == 4 ||
-               std::find(idx.begin() + n * k, idx.begin() + n * k + s, e) != idx.begin() + n * k + s);
-        idx[n * k + s] = e;
-        w[n * k + s] = 0.1f + float(rng() % 1000) / 1000.0f;
-      }
-  }
-  // Forward, then backward into gradients holding other values first (they accumulate).
-  struct Result {
-    std::vector<float> out, dx, dw, dwgu, dwdown;
-  };
-  template <class Kernels>
-  Result run(const Kernels& kk) const {
-    std::vector<float> gu(R * 2 * I), act(R * I), scratch(moe_experts_scratch_floats(N, k, H, I));
-    std::vector<int32_t> order(R), row_of(R), offsets(E + 1);
-    MoeExpertsBuffers buf{gu.data(), act.data(), order.data(), row_of.data(), offsets.data(), scratch.data()};
-    Result r;
-    r.out.assign(N * H, 9.0f);  // forward overwrites
-    r.dx.assign(N * H, 0.5f), r.dw.assign(R, 0.25f), r.dwgu.assign(wgu.size(), 0.1f),
-        r.dwdown.assign(wdown.size(), -0.1f);
-    kk.forward(r.out.data(), buf, x.data(), idx.data(), w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
-    kk.backward(r.dx.data(), r.dw.data(), r.dwgu.data(), r.dwdown.data(), buf, dout.data(), x.data(),
-                idx.data(), w.data(), wgu.data(), wdown.data(), N, k, E, H, I);
-    return r;
-  }
-  static void expect_near(const Result& a, const Result& b, double tol, const std::string& label) {
-    EXPECT_LE(rel(a.out, b.out), tol) << label;
-    EXPECT_LE(rel(a.dx, b.dx), tol) << label;
-    EXPECT_LE(rel(a.dw, b.dw), tol) << label;
-    EXPECT_LE(rel(a.dwgu, b.dwgu), tol) << label;
-    EXPECT_LE(rel(a.dwdown, b.dwdown), tol) << label;
-  }
-};
+// MoE experts: the shared case (support/moe_case.h) at a small shape.
+using testing::MoeCase;
+MoeCase small_moe_case() {
+  return MoeCase(23, 3, 6, 10, 7, 40);
+}
 
 TEST(Kernels, MoeExpertsAllImplementations) {
-  const MoeCase c;
-  constexpr int64_t N = MoeCase::N, k = MoeCase::k, E = MoeCase::E, H = MoeCase::H, I = MoeCase::I,
-                    R = MoeCase::R;
+  const MoeCase c = small_moe_case();
+  const int64_t N = c.N, k = c.k, E = c.E, H = c.H, I = c.I, R = c.R();
   auto x = c.x, wgu = c.wgu, wdown = c.wdown, w = c.w;  // perturbed by the finite differences below
   const auto& dout = c.dout;
   const auto& idx = c.idx;
@@ -413,7 +373,7 @@ TEST(Kernels, MoeExpertsAllImplementations) {
 // double accumulation), which is within bf16 rounding of the f32 experts; a registered bf16 image of the
 // expert weights gives the same result as converting them.
 TEST(Kernels, MoeExpertsBf16AllImplementations) {
-  const MoeCase c;
+  const MoeCase c = small_moe_case();
   const auto want = c.run(get_kernel<MoeExpertsBf16Kernels>(DeviceType::CPU, "reference"));
   for (auto& name : impls<MoeExpertsBf16Kernels>())
     MoeCase::expect_near(c.run(get_kernel<MoeExpertsBf16Kernels>(DeviceType::CPU, name)), want, kTol, name);
