@@ -88,27 +88,13 @@ KVCacheModel::KVCacheModel(Qwen3Model& model, int64_t max_seq, const KernelChoic
     layers_.push_back(L);
   }
 
-  const int64_t hd = c.head_dim, half = hd / 2;
+  const int64_t hd = c.head_dim;
   const Device device = model.device();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     k_cache_.push_back(Tensor::empty({max_seq, c.num_key_value_heads, hd}, DType::F32, device));
     v_cache_.push_back(Tensor::empty({max_seq, c.num_key_value_heads, hd}, DType::F32, device));
   }
-  // RoPE tables as Qwen3Model::build_rope_tables (HF: fp32 inv_freq and angles), made on the host.
-  std::vector<float> cos(max_seq * half), sin(max_seq * half);
-  for (int64_t i = 0; i < half; ++i) {
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(hd);
-    const float inv_freq = 1.0f / static_cast<float>(std::pow(c.rope_theta, (double)exponent));
-    for (int64_t t = 0; t < max_seq; ++t) {
-      const float f = static_cast<float>(t) * inv_freq;
-      cos[t * half + i] = static_cast<float>(std::cos((double)f));
-      sin[t * half + i] = static_cast<float>(std::sin((double)f));
-    }
-  }
-  rope_cos_ = Tensor::empty({max_seq, half}, DType::F32, device);
-  rope_sin_ = Tensor::empty({max_seq, half}, DType::F32, device);
-  rope_cos_.copy_from_host(cos.data());
-  rope_sin_.copy_from_host(sin.data());
+  make_rope_tables(c, max_seq, device, rope_cos_, rope_sin_);  // the training model's tables
   // bf16: images of every parameter buffer for the CPU's bf16 GEMM engine (the model rounded the weights).
   if (bf16_ && device.type == DeviceType::CPU) {
     for (auto& t : model.flat_params()) {

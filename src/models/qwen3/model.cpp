@@ -615,23 +615,27 @@ int64_t Qwen3Model::activation_bytes() const {
 
 void Qwen3Model::build_rope_tables(int64_t T) {
   if (rope_T_ == T) return;
+  make_rope_tables(config_, T, device_, rope_cos_, rope_sin_);
+  rope_T_ = T;
+}
+
+void make_rope_tables(const Qwen3Config& c, int64_t T, Device device, Tensor& cos_out, Tensor& sin_out) {
   // HF: inv_freq = 1 / base^(arange(0, hd, 2)/hd) in fp32; freqs = pos * inv_freq; cos/sin in fp32.
-  const int64_t half = config_.head_dim / 2;
+  const int64_t half = c.head_dim / 2;
   std::vector<float> cos(T * half), sin(T * half);
   for (int64_t i = 0; i < half; ++i) {
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(config_.head_dim);
-    const float inv_freq = 1.0f / static_cast<float>(std::pow(config_.rope_theta, (double)exponent));
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
+    const float inv_freq = 1.0f / static_cast<float>(std::pow(c.rope_theta, (double)exponent));
     for (int64_t t = 0; t < T; ++t) {
       const float f = static_cast<float>(t) * inv_freq;
       cos[t * half + i] = static_cast<float>(std::cos((double)f));
       sin[t * half + i] = static_cast<float>(std::sin((double)f));
     }
   }
-  rope_cos_ = Tensor::empty({T, half}, DType::F32, device_);
-  rope_sin_ = Tensor::empty({T, half}, DType::F32, device_);
-  rope_cos_.copy_from_host(cos.data());
-  rope_sin_.copy_from_host(sin.data());
-  rope_T_ = T;
+  cos_out = Tensor::empty({T, half}, DType::F32, device);
+  sin_out = Tensor::empty({T, half}, DType::F32, device);
+  cos_out.copy_from_host(cos.data());
+  sin_out.copy_from_host(sin.data());
 }
 
 void Qwen3Model::set_head_chunk_rows(int64_t rows) {

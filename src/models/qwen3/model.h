@@ -94,6 +94,10 @@ class ParamStreamer {
   virtual void zero_grads() = 0;                // a new gradient-accumulation window starts
 };
 
+// RoPE tables (T, head_dim/2) of cos and sin at positions 0..T-1, as HF computes them (fp32 inv_freq and
+// angles), on `device`: the training model's and the KV cache's.
+void make_rope_tables(const Qwen3Config& c, int64_t T, Device device, Tensor& cos, Tensor& sin);
+
 class Qwen3Model {
  public:
   // expert_group: expert parallel over these ranks (nullptr or a group of one: every expert here).
