@@ -13,7 +13,7 @@ std::vector<int32_t> sample_tokens(Qwen3Model& model, std::vector<int32_t> ids, 
   const int64_t keep = std::max<int64_t>(ctx - n, 1);
   if (static_cast<int64_t>(ids.size()) > keep) ids.erase(ids.begin(), ids.end() - keep);
   const SamplingOptions sampling{true, 0.8, 40, 1.0, seed};
-  if (!model.lora() && !model.param_streamer() && model.device().type == DeviceType::CPU) {
+  if (!model.lora() && !model.param_streamer()) {
     KVCacheModel kv(model, static_cast<int64_t>(ids.size()) + n);
     GenerateOptions go;
     go.max_new_tokens = n;

@@ -31,15 +31,6 @@ void Trainer::gather_final_model() {
       gathered_->expert_bias().copy_from(model_->expert_bias());
       export_model_ = gathered_.get();
     }
-    return;
-  }
-  // A model on an accelerator is exported and sampled from a copy in host memory (the KV-cache generator
-  // runs on the cpu); LoRA runs keep their streamed base and sample through the model's own forward.
-  if (!on_cpu && !lora_ && lead_) {
-    gathered_ = std::make_unique<Qwen3Model>(mc_);  // the cpu's default kernels
-    gathered_->load_state_dict(model_->state_dict());
-    if (mc_.is_moe()) gathered_->expert_bias().copy_from(model_->expert_bias());
-    export_model_ = gathered_.get();
   }
 }
 
