@@ -37,7 +37,7 @@ int64_t padded(int64_t hd) {  // odd row stride: lane j reading row j, column d 
 template <int R>
 __global__ void flash_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
                                      int64_t T, int64_t nH, int64_t nKV, int64_t hd, float scale) {
-  extern __shared__ float smem[];
+  TITAN_DYNAMIC_SHARED(float, smem);
   const int64_t ks = hd | 1;
   float* Ks = smem;             // [kTile][ks]
   float* Vs = Ks + kTile * ks;  // [kTile][ks]
@@ -113,7 +113,7 @@ template <int R>
 __global__ void flash_backward_kernel(float* dq, float* dk, float* dv, const float* dout, const float* q,
                                       const float* k, const float* v, const float* lse, const float* D,
                                       int64_t T, int64_t nH, int64_t nKV, int64_t hd, float scale) {
-  extern __shared__ float smem[];
+  TITAN_DYNAMIC_SHARED(float, smem);
   const int64_t ks = hd | 1;
   float* Ks = smem;                  // [kTile][ks]
   float* Vs = Ks + kTile * ks;       // [kTile][ks]
@@ -219,9 +219,7 @@ struct LaunchForward {
   static void run(size_t smem, dim3 grid, float* out, float* lse, const float* q, const float* k,
                   const float* v, int64_t T, int64_t nH, int64_t nKV, int64_t hd, float scale) {
     allow_smem(flash_forward_kernel<R>, smem);
-    flash_forward_kernel<R>
-        <<<grid, kFwdWarps * 32, smem, cuda_stream()>>>(out, lse, q, k, v, T, nH, nKV, hd, scale);
-    TITAN_CUDA_LAUNCH_CHECK();
+    launch(flash_forward_kernel<R>, grid, kFwdWarps * 32, smem, out, lse, q, k, v, T, nH, nKV, hd, scale);
   }
 };
 
@@ -231,9 +229,7 @@ struct LaunchBackward {
                   const float* k, const float* v, const float* lse, const float* D, int64_t T, int64_t nH,
                   int64_t nKV, int64_t hd, float scale) {
     allow_smem(flash_backward_kernel<R>, smem);
-    flash_backward_kernel<R><<<grid, kBwdWarps * 32, smem, cuda_stream()>>>(dq, dk, dv, dout, q, k, v, lse, D,
-                                                                            T, nH, nKV, hd, scale);
-    TITAN_CUDA_LAUNCH_CHECK();
+    launch(flash_backward_kernel<R>, grid, kBwdWarps * 32, smem, dq, dk, dv, dout, q, k, v, lse, D, T, nH, nKV, hd, scale);
   }
 };
 
@@ -249,8 +245,7 @@ void flash_forward(float* out, float* lse, const float* q, const float* k, const
 
 void flash_rowdot(float* D, const float* dout, const float* out, int64_t B, int64_t T, int64_t nH,
                   int64_t hd) {
-  flash_rowdot_kernel<<<blocks_for(B * T * nH, 8), 256, 0, cuda_stream()>>>(D, dout, out, B, T, nH, hd);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(flash_rowdot_kernel, blocks_for(B * T * nH, 8), 256, 0, D, dout, out, B, T, nH, hd);
 }
 
 namespace {

@@ -38,7 +38,7 @@ template <int DP>
 __global__ void split_dkdv_kernel(float* dk, float* dv, const float* dout, const float* q, const float* k,
                                   const float* v, const float* lse, const float* D, int64_t T, int64_t nH,
                                   int64_t nKV, int64_t hd, float scale) {
-  extern __shared__ float smem[];
+  TITAN_DYNAMIC_SHARED(float, smem);
   float* Qs = smem;               // [kStage][hd]
   float* dOs = Qs + kStage * hd;  // [kStage][hd]
   float* Ls = dOs + kStage * hd;  // [kStage]
@@ -108,7 +108,7 @@ template <int DP>
 __global__ void split_dq_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v,
                                 const float* lse, const float* D, int64_t T, int64_t nH, int64_t nKV,
                                 int64_t hd, float scale) {
-  extern __shared__ float smem[];
+  TITAN_DYNAMIC_SHARED(float, smem);
   float* Ks = smem;              // [kStage][hd]
   float* Vs = Ks + kStage * hd;  // [kStage][hd]
   const int row = threadIdx.x / kGroups, g = threadIdx.x % kGroups;
@@ -176,12 +176,8 @@ void launch_split(float* dq, float* dk, float* dv, const float* dout, const floa
     TITAN_CUDA_CHECK(
         cudaFuncSetAttribute(split_dq_kernel<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
   const unsigned tiles = (unsigned)((T + kPer - 1) / kPer);
-  split_dkdv_kernel<DP><<<dim3(tiles, (unsigned)nKV, (unsigned)B), kThreads, smem_kv, cuda_stream()>>>(
-      dk, dv, dout, q, k, v, lse, D, T, nH, nKV, hd, scale);
-  TITAN_CUDA_LAUNCH_CHECK();
-  split_dq_kernel<DP><<<dim3(tiles, (unsigned)nH, (unsigned)B), kThreads, smem_q, cuda_stream()>>>(
-      dq, dout, q, k, v, lse, D, T, nH, nKV, hd, scale);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(split_dkdv_kernel<DP>, dim3(tiles, (unsigned)nKV, (unsigned)B), kThreads, smem_kv, dk, dv, dout, q, k, v, lse, D, T, nH, nKV, hd, scale);
+  launch(split_dq_kernel<DP>, dim3(tiles, (unsigned)nH, (unsigned)B), kThreads, smem_q, dq, dout, q, k, v, lse, D, T, nH, nKV, hd, scale);
 }
 
 void split_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,

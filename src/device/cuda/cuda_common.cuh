@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -46,6 +47,32 @@ struct Scratch {
 // rounds A and B to bf16 first and multiplies in bf16 with f32 accumulation. beta = 0 never reads D.
 void gemm_f32_or_bf16(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A,
                       int64_t lda, const float* B, int64_t ldb, float* D, int64_t ldd, float beta);
+
+// Launches `kernel` on the device's stream and reports a bad launch (configuration, resources) here:
+//   launch(rmsnorm_forward_kernel, grid, threads, dynamic_smem_bytes, out, rstd, inp, w, C, eps);
+// Built for the CUDA emulator (TITAN_CUDA_SIM, tests/cuda_sim/), the same call runs the kernel's threads on
+// the CPU instead.
+#ifdef TITAN_CUDA_SIM
+template <class... P, class... A>
+void launch(void (*kernel)(P...), ::titan::cuda_sim::Grid grid, dim3 block, size_t smem, A... args) {
+  const std::tuple<P...> params(static_cast<P>(args)...);
+  ::titan::cuda_sim::launch(reinterpret_cast<const void*>(kernel), grid, block, smem,
+                            ::titan::cuda_sim::pointer_args(params), [&] { std::apply(kernel, params); });
+}
+#else
+template <class... P, class... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A... args) {
+  kernel<<<grid, block, smem, cuda_stream()>>>(static_cast<P>(args)...);
+  TITAN_CUDA_LAUNCH_CHECK();
+}
+#endif
+
+// The kernel's dynamic shared memory (the launch's smem bytes) as an array of T.
+#ifdef TITAN_CUDA_SIM
+#define TITAN_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(::titan::cuda_sim::dynamic_shared())
+#else
+#define TITAN_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
 
 inline unsigned blocks_for(int64_t n, int threads) {
   int64_t b = (n + threads - 1) / threads;

@@ -58,33 +58,27 @@ __global__ void scale_kernel(float* x, float a, int64_t n) {
 
 void add(float* y, const float* x, int64_t n) {
   if (n <= 0) return;
-  add_kernel<<<blocks_for(n, kThreads), kThreads, 0, cuda_stream()>>>(y, x, n);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(add_kernel, blocks_for(n, kThreads), kThreads, 0, y, x, n);
 }
 void round_bf16(float* x, int64_t n) {
   if (n <= 0) return;
-  round_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, cuda_stream()>>>(x, n);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(round_bf16_kernel, blocks_for(n, kThreads), kThreads, 0, x, n);
 }
 void to_bf16(uint16_t* dst, const float* src, int64_t n) {
   if (n <= 0) return;
-  to_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, cuda_stream()>>>(dst, src, n);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(to_bf16_kernel, blocks_for(n, kThreads), kThreads, 0, dst, src, n);
 }
 void from_bf16(float* dst, const uint16_t* src, int64_t n) {
   if (n <= 0) return;
-  from_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, cuda_stream()>>>(dst, src, n);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(from_bf16_kernel, blocks_for(n, kThreads), kThreads, 0, dst, src, n);
 }
 void fill(float* x, float value, int64_t n) {
   if (n <= 0) return;
-  fill_kernel<<<blocks_for(n, kThreads), kThreads, 0, cuda_stream()>>>(x, value, n);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(fill_kernel, blocks_for(n, kThreads), kThreads, 0, x, value, n);
 }
 void scale(float* x, float a, int64_t n) {
   if (n <= 0) return;
-  scale_kernel<<<blocks_for(n, kThreads), kThreads, 0, cuda_stream()>>>(x, a, n);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(scale_kernel, blocks_for(n, kThreads), kThreads, 0, x, a, n);
 }
 
 // ---- moe_router -----------------------------------------------------------------------------------------
@@ -112,8 +106,7 @@ __global__ void softmax_kernel(float* x, int64_t E) {
 
 void softmax(float* x, int64_t N, int64_t E) {
   if (N <= 0 || E <= 0) return;
-  softmax_kernel<<<static_cast<unsigned>(N), kRowThreads, 0, cuda_stream()>>>(x, E);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(softmax_kernel, static_cast<unsigned>(N), kRowThreads, 0, x, E);
 }
 
 // One warp per row (4 rows per block of 128). k passes of a warp arg-max over the experts not yet taken:
@@ -166,8 +159,7 @@ void select_topk(int32_t* idx, float* w, const float* probs, const float* bias, 
   if (N <= 0 || k <= 0) return;
   constexpr int kWarps = 4;
   const unsigned blocks = static_cast<unsigned>((N + kWarps - 1) / kWarps);
-  select_topk_kernel<<<blocks, kWarps * 32, 0, cuda_stream()>>>(idx, w, probs, bias, N, E, k, norm);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(select_topk_kernel, blocks, kWarps * 32, 0, idx, w, probs, bias, N, E, k, norm);
 }
 
 // counts[idx[i]] += 1 (exact: the counts are integers far below 2^24).
@@ -177,8 +169,7 @@ __global__ void count_tokens_kernel(float* counts, const int32_t* idx, int64_t n
 
 void count_tokens(float* counts, const int32_t* idx, int64_t n_slots, int64_t /*E*/) {
   if (n_slots <= 0) return;
-  count_tokens_kernel<<<blocks_for(n_slots, kThreads), kThreads, 0, cuda_stream()>>>(counts, idx, n_slots);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(count_tokens_kernel, blocks_for(n_slots, kThreads), kThreads, 0, counts, idx, n_slots);
 }
 
 __global__ void aux_counts_kernel(double* counts, const int32_t* idx, int64_t n_slots) {
@@ -209,13 +200,11 @@ void aux_stats(double* counts, double* prob_sum, const int32_t* idx, const float
                int64_t k) {
   if (N <= 0 || E <= 0) return;
   if (k > 0) {
-    aux_counts_kernel<<<blocks_for(N * k, kThreads), kThreads, 0, cuda_stream()>>>(counts, idx, N * k);
-    TITAN_CUDA_LAUNCH_CHECK();
+    launch(aux_counts_kernel, blocks_for(N * k, kThreads), kThreads, 0, counts, idx, N * k);
   }
   const int64_t chunks = std::min<int64_t>((N + 63) / 64, 256), rows = (N + chunks - 1) / chunks;
   dim3 grid(static_cast<unsigned>((E + 31) / 32), static_cast<unsigned>(chunks)), block(32, 8);
-  aux_prob_sum_kernel<<<grid, block, 0, cuda_stream()>>>(prob_sum, probs, N, E, rows);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(aux_prob_sum_kernel, grid, block, 0, prob_sum, probs, N, E, rows);
 }
 
 // grid N, block kRowThreads; dlogits row n is the dprobs scratch, then the result (as on the CPU).
@@ -254,9 +243,7 @@ __global__ void router_backward_kernel(float* dlogits, const float* probs, const
 void router_backward(float* dlogits, const float* probs, const int32_t* idx, const float* dw,
                      const float* dprob_bias, int64_t N, int64_t E, int64_t k, bool norm) {
   if (N <= 0 || E <= 0) return;
-  router_backward_kernel<<<static_cast<unsigned>(N), kRowThreads, 0, cuda_stream()>>>(dlogits, probs, idx, dw,
-                                                                                      dprob_bias, E, k, norm);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(router_backward_kernel, static_cast<unsigned>(N), kRowThreads, 0, dlogits, probs, idx, dw, dprob_bias, E, k, norm);
 }
 
 // One block. Thread 0 takes the two means in the CPU's order (E is small), so the bias moves by exactly
@@ -283,8 +270,7 @@ __global__ void update_bias_kernel(float* bias, float* counts, int64_t E, double
 
 void update_bias(float* bias, float* counts, int64_t E, double coeff) {
   if (E <= 0) return;
-  update_bias_kernel<<<1, kThreads, 0, cuda_stream()>>>(bias, counts, E, coeff);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(update_bias_kernel, 1, kThreads, 0, bias, counts, E, coeff);
 }
 
 // ---- expert_parallel ------------------------------------------------------------------------------------
@@ -302,9 +288,7 @@ void ep_pack(float* send, const float* x, const float* w, const int32_t* idx, co
              int64_t k, int64_t H, int64_t El) {
   const int64_t total = S * (H + 2);
   if (total <= 0) return;
-  ep_pack_kernel<<<blocks_for(total, kThreads), kThreads, 0, cuda_stream()>>>(send, x, w, idx, order, S, k, H,
-                                                                              El);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(ep_pack_kernel, blocks_for(total, kThreads), kThreads, 0, send, x, w, idx, order, S, k, H, El);
 }
 
 // float -> int32 as the CPU's static_cast for every in-range value (truncation); __float2int_rz saturates
@@ -332,9 +316,7 @@ int64_t ep_unpack(float* x, float* w, int32_t* idx, const float* recv, int64_t R
   if (total <= 0) return 0;
   Scratch<unsigned long long> bad(1);
   TITAN_CUDA_CHECK(cudaMemsetAsync(bad.p, 0, sizeof(unsigned long long), cuda_stream()));
-  ep_unpack_kernel<<<blocks_for(total, kThreads), kThreads, 0, cuda_stream()>>>(x, w, idx, bad.p, recv, R, H,
-                                                                                El);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(ep_unpack_kernel, blocks_for(total, kThreads), kThreads, 0, x, w, idx, bad.p, recv, R, H, El);
   unsigned long long host = 0;
   TITAN_CUDA_CHECK(cudaMemcpyAsync(&host, bad.p, sizeof(host), cudaMemcpyDeviceToHost, cuda_stream()));
   TITAN_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
@@ -352,9 +334,7 @@ __global__ void ep_gather_rows_kernel(float* send, const float* src, const int64
 void ep_gather_rows(float* send, const float* src, const int64_t* order, int64_t S, int64_t k, int64_t H) {
   const int64_t total = S * H;
   if (total <= 0) return;
-  ep_gather_rows_kernel<<<blocks_for(total, kThreads), kThreads, 0, cuda_stream()>>>(send, src, order, S, k,
-                                                                                     H);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(ep_gather_rows_kernel, blocks_for(total, kThreads), kThreads, 0, send, src, order, S, k, H);
 }
 
 __global__ void ep_pack_grads_kernel(float* dst, const float* dx, const float* dw, int64_t R, int64_t H) {
@@ -368,8 +348,7 @@ __global__ void ep_pack_grads_kernel(float* dst, const float* dx, const float* d
 void ep_pack_grads(float* dst, const float* dx, const float* dw, int64_t R, int64_t H) {
   const int64_t total = R * (H + 1);
   if (total <= 0) return;
-  ep_pack_grads_kernel<<<blocks_for(total, kThreads), kThreads, 0, cuda_stream()>>>(dst, dx, dw, R, H);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(ep_pack_grads_kernel, blocks_for(total, kThreads), kThreads, 0, dst, dx, dw, R, H);
 }
 
 // out (N,H): one thread per element sums its token's k rows in slot order (0 + a == a, so starting from
@@ -393,14 +372,10 @@ void ep_combine(float* out, float* dtw, const float* rows, const int64_t* pos, i
                 int64_t H, int64_t row, bool accumulate) {
   if (N <= 0) return;
   if (N * H > 0) {
-    ep_combine_kernel<<<blocks_for(N * H, kThreads), kThreads, 0, cuda_stream()>>>(out, rows, pos, N, k, H,
-                                                                                   row, accumulate);
-    TITAN_CUDA_LAUNCH_CHECK();
+    launch(ep_combine_kernel, blocks_for(N * H, kThreads), kThreads, 0, out, rows, pos, N, k, H, row, accumulate);
   }
   if (dtw && N * k > 0) {
-    ep_combine_dtw_kernel<<<blocks_for(N * k, kThreads), kThreads, 0, cuda_stream()>>>(dtw, rows, pos, N * k,
-                                                                                       H, row);
-    TITAN_CUDA_LAUNCH_CHECK();
+    launch(ep_combine_dtw_kernel, blocks_for(N * k, kThreads), kThreads, 0, dtw, rows, pos, N * k, H, row);
   }
 }
 
@@ -414,15 +389,11 @@ __global__ void dropout_backward_kernel(float* dx, const float* g, int64_t n, ui
 }
 void dropout_forward(float* out, const float* x, int64_t n, uint64_t key, float p) {
   if (n <= 0) return;
-  dropout_forward_kernel<<<blocks_for(n, kThreads), kThreads, 0, cuda_stream()>>>(out, x, n, key, p,
-                                                                                   1.0f / (1.0f - p));
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(dropout_forward_kernel, blocks_for(n, kThreads), kThreads, 0, out, x, n, key, p, 1.0f / (1.0f - p));
 }
 void dropout_backward_add(float* dx, const float* g, int64_t n, uint64_t key, float p) {
   if (n <= 0) return;
-  dropout_backward_kernel<<<blocks_for(n, kThreads), kThreads, 0, cuda_stream()>>>(dx, g, n, key, p,
-                                                                                    1.0f / (1.0f - p));
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(dropout_backward_kernel, blocks_for(n, kThreads), kThreads, 0, dx, g, n, key, p, 1.0f / (1.0f - p));
 }
 
 #undef TITAN_GRID_STRIDE

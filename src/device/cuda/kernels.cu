@@ -68,20 +68,17 @@ __global__ void rmsnorm_backward_dw_kernel(float* dw, const float* dout, const f
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
                      float eps) {
   if (N == 0) return;
-  rmsnorm_forward_kernel<<<N, row_threads(C), 0, cuda_stream()>>>(out, rstd, inp, w, C, eps);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(rmsnorm_forward_kernel, N, row_threads(C), 0, out, rstd, inp, w, C, eps);
 }
 
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                       const float* rstd, int64_t N, int64_t C) {
   if (N == 0) return;
-  rmsnorm_backward_dx_kernel<<<N, row_threads(C), 0, cuda_stream()>>>(dinp, dout, inp, w, rstd, C);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(rmsnorm_backward_dx_kernel, N, row_threads(C), 0, dinp, dout, inp, w, rstd, C);
   if (!dw) return;
   const int64_t chunks = std::min<int64_t>((N + 63) / 64, 256), rows = (N + chunks - 1) / chunks;
   dim3 grid((C + 31) / 32, chunks), block(32, 8);
-  rmsnorm_backward_dw_kernel<<<grid, block, 0, cuda_stream()>>>(dw, dout, inp, rstd, N, C, rows);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(rmsnorm_backward_dw_kernel, grid, block, 0, dw, dout, inp, rstd, N, C, rows);
 }
 
 // ---- RoPE ----------------------------------------------------------------------------------------------
@@ -113,8 +110,7 @@ void rope_launch(float* out, const float* inp, const float* cos, const float* si
                  int64_t nh, int64_t hd) {
   const int64_t total = N * nh * (hd / 2);
   if (total == 0) return;
-  rope_kernel<kBackward><<<blocks_for(total, 256), 256, 0, cuda_stream()>>>(out, inp, cos, sin, N, T, nh, hd);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(rope_kernel<kBackward>, blocks_for(total, 256), 256, 0, out, inp, cos, sin, N, T, nh, hd);
 }
 
 void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int64_t N, int64_t T,
@@ -160,13 +156,11 @@ __global__ void swiglu_backward_kernel(float* dgu, const float* dout, const floa
 
 void swiglu_forward(float* out, const float* gu, int64_t N, int64_t I) {
   if (N * I == 0) return;
-  swiglu_forward_kernel<<<blocks_for(N * I, 256), 256, 0, cuda_stream()>>>(out, gu, N, I);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(swiglu_forward_kernel, blocks_for(N * I, 256), 256, 0, out, gu, N, I);
 }
 void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int64_t I) {
   if (N * I == 0) return;
-  swiglu_backward_kernel<<<blocks_for(N * I, 256), 256, 0, cuda_stream()>>>(dgu, dout, gu, N, I);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(swiglu_backward_kernel, blocks_for(N * I, 256), 256, 0, dgu, dout, gu, N, I);
 }
 
 // ---- Embedding -----------------------------------------------------------------------------------------
@@ -186,14 +180,12 @@ __global__ void embedding_backward_kernel(float* dtable, const float* dout, cons
 
 void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
   if (N * C == 0) return;
-  embedding_forward_kernel<<<blocks_for(N * C, 256), 256, 0, cuda_stream()>>>(out, ids, table, N, C);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(embedding_forward_kernel, blocks_for(N * C, 256), 256, 0, out, ids, table, N, C);
 }
 void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C,
                         int64_t V) {
   if (N * C == 0) return;
-  embedding_backward_kernel<<<blocks_for(N * C, 256), 256, 0, cuda_stream()>>>(dtable, dout, ids, N, C);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(embedding_backward_kernel, blocks_for(N * C, 256), 256, 0, dtable, dout, ids, N, C);
 }
 
 // ---- Cross-entropy -------------------------------------------------------------------------------------
@@ -229,8 +221,7 @@ double cross_entropy(float* logits, const int32_t* targets, int64_t N, int64_t V
                      bool compute_grad) {
   if (N == 0) return 0.0;
   Scratch<double> loss(N);
-  cross_entropy_kernel<<<N, 512, 0, cuda_stream()>>>(loss.p, logits, targets, V, grad_scale, compute_grad);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(cross_entropy_kernel, N, 512, 0, loss.p, logits, targets, V, grad_scale, compute_grad);
   std::vector<double> host(N);
   TITAN_CUDA_CHECK(
       cudaMemcpyAsync(host.data(), loss.p, N * sizeof(double), cudaMemcpyDeviceToHost, cuda_stream()));
@@ -267,9 +258,7 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float l
   const float decay = (float)(1.0 - (double)lr * wd);
   const float step_size = (float)(lr / bc1);
   const float bc2_sqrt = (float)std::sqrt(bc2);
-  adamw_kernel<<<blocks_for(n, 256), 256, 0, cuda_stream()>>>(p, g, m, v, n, beta1, beta2, eps, decay,
-                                                              step_size, bc2_sqrt, grad_scale);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(adamw_kernel, blocks_for(n, 256), 256, 0, p, g, m, v, n, beta1, beta2, eps, decay, step_size, bc2_sqrt, grad_scale);
 }
 
 // ---- Sum of squares (gradient norm) --------------------------------------------------------------------
@@ -287,8 +276,7 @@ double sum_squares(const float* x, int64_t n) {
   if (n == 0) return 0.0;
   Scratch<double> acc(1);
   TITAN_CUDA_CHECK(cudaMemsetAsync(acc.p, 0, sizeof(double), cuda_stream()));
-  sum_squares_kernel<<<std::min<unsigned>(blocks_for(n, 256), 1024), 256, 0, cuda_stream()>>>(acc.p, x, n);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(sum_squares_kernel, std::min<unsigned>(blocks_for(n, 256), 1024), 256, 0, acc.p, x, n);
   double host = 0;
   TITAN_CUDA_CHECK(cudaMemcpyAsync(&host, acc.p, sizeof(double), cudaMemcpyDeviceToHost, cuda_stream()));
   TITAN_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));

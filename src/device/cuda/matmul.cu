@@ -143,8 +143,7 @@ __global__ void to_bf16_kernel(__nv_bfloat16* out, const float* in, int64_t n) {
 struct Bf16Copy : Scratch<__nv_bfloat16> {
   Bf16Copy(const float* src, int64_t n) : Scratch<__nv_bfloat16>(n) {
     if (n == 0) return;
-    to_bf16_kernel<<<blocks_for(n, 256), 256, 0, cuda_stream()>>>(p, src, n);
-    TITAN_CUDA_LAUNCH_CHECK();
+    launch(to_bf16_kernel, blocks_for(n, 256), 256, 0, p, src, n);
   }
 };
 

@@ -113,23 +113,19 @@ void moe_forward(float* out, const MoeExpertsBuffers& buf, const float* x, const
   const auto off = route(buf, idx, Nk, E);
   float* xs = buf.scratch;  // (Nk, H)
   float* y = xs + Nk * H;   // (Nk, H)
-  auto s = cuda_stream();
-  gather_rows_kernel<<<Nk, 128, 0, s>>>(xs, x, buf.order, k, H);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(gather_rows_kernel, Nk, 128, 0, xs, x, buf.order, k, H);
   for (int64_t e = 0; e < E; ++e) {  // gu_e (c,2I) = xs_e W_gu_e^T
     const int64_t r0 = off[e], c = off[e + 1] - off[e];
     gemm_f32_or_bf16(kBf16, true, false, 2 * I, c, H, w_gu + e * 2 * I * H, H, xs + r0 * H, H,
                      buf.gu + r0 * 2 * I, 2 * I, 0.0f);
   }
-  moe_swiglu_kernel<<<blocks_for(Nk * I, 256), 256, 0, s>>>(buf.act, buf.gu, Nk, I);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(moe_swiglu_kernel, blocks_for(Nk * I, 256), 256, 0, buf.act, buf.gu, Nk, I);
   for (int64_t e = 0; e < E; ++e) {  // y_e (c,H) = act_e W_down_e^T
     const int64_t r0 = off[e], c = off[e + 1] - off[e];
     gemm_f32_or_bf16(kBf16, true, false, H, c, I, w_down + e * H * I, I, buf.act + r0 * I, I, y + r0 * H, H,
                      0.0f);
   }
-  combine_kernel<<<N, 128, 0, s>>>(out, y, w, buf.row_of, k, H);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(combine_kernel, N, 128, 0, out, y, w, buf.row_of, k, H);
 }
 
 template <bool kBf16>
@@ -139,25 +135,21 @@ void moe_backward(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeE
   const int64_t Nk = N * k;
   if (N == 0) return;
   std::vector<int32_t> off(E + 1);
-  auto s = cuda_stream();
-  TITAN_CUDA_CHECK(cudaMemcpyAsync(off.data(), buf.offsets, (E + 1) * 4, cudaMemcpyDeviceToHost, s));
-  TITAN_CUDA_CHECK(cudaStreamSynchronize(s));
+  TITAN_CUDA_CHECK(cudaMemcpyAsync(off.data(), buf.offsets, (E + 1) * 4, cudaMemcpyDeviceToHost, cuda_stream()));
+  TITAN_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
   float* xs = buf.scratch;     // (Nk, H)
   float* dy = xs + Nk * H;     // (Nk, H), later dxs
   float* g = dy + Nk * H;      // (Nk, I)
   float* wact = g + Nk * I;    // (Nk, I)
   float* dgu = wact + Nk * I;  // (Nk, 2I)
-  gather_rows_kernel<<<Nk, 128, 0, s>>>(xs, x, buf.order, k, H);
-  TITAN_CUDA_LAUNCH_CHECK();
-  gather_rows_kernel<<<Nk, 128, 0, s>>>(dy, dout, buf.order, k, H);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(gather_rows_kernel, Nk, 128, 0, xs, x, buf.order, k, H);
+  launch(gather_rows_kernel, Nk, 128, 0, dy, dout, buf.order, k, H);
   for (int64_t e = 0; e < E; ++e) {  // g_e (c,I) = dy_e W_down_e
     const int64_t r0 = off[e], c = off[e + 1] - off[e];
     gemm_f32_or_bf16(kBf16, false, false, I, c, H, w_down + e * H * I, I, dy + r0 * H, H, g + r0 * I, I,
                      0.0f);
   }
-  moe_backward_rows_kernel<<<Nk, 128, 0, s>>>(dw, wact, dgu, g, buf.act, buf.gu, w, buf.order, I);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(moe_backward_rows_kernel, Nk, 128, 0, dw, wact, dgu, g, buf.act, buf.gu, w, buf.order, I);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = off[e], c = off[e + 1] - off[e];
     if (c == 0) continue;
@@ -170,8 +162,7 @@ void moe_backward(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeE
     gemm_f32_or_bf16(kBf16, false, false, H, c, 2 * I, w_gu + e * 2 * I * H, H, dgu + r0 * 2 * I, 2 * I,
                      dy + r0 * H, H, 0.0f);
   }
-  scatter_dx_kernel<<<N, 128, 0, s>>>(dx, dy, buf.row_of, k, H);
-  TITAN_CUDA_LAUNCH_CHECK();
+  launch(scatter_dx_kernel, N, 128, 0, dx, dy, buf.row_of, k, H);
 }
 
 const MoeExpertsKernels kMoe{moe_forward<false>, moe_backward<false>};

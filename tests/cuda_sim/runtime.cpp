@@ -1,0 +1,612 @@
+// The CUDA emulator's runtime (see cuda_sim.h): kernel launches as fibers on the host, and the CUDA
+// runtime functions the CUDA device calls. One emulated GPU; its stream is synchronous (each call has
+// finished when it returns); device memory is host memory, tracked so that copies, memsets and kernel
+// pointer arguments outside device allocations are errors.
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "core/error.h"
+#include "cuda_sim.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define TITAN_SIM_ASAN 1
+#endif
+
+namespace titan::cuda_sim {
+namespace {
+
+constexpr size_t kStackBytes = 256 << 10;
+constexpr size_t kDefaultSmem = 48 << 10;       // dynamic shared memory without an opt-in
+constexpr size_t kMaxSmemOptin = 227 << 10;      // sm_90 (H100, H200)
+constexpr unsigned kFullMask = 0xffffffffu;
+
+std::string where_str(const std::source_location& w) {
+  std::string f = w.file_name();
+  const size_t slash = f.find_last_of('/');
+  if (slash != std::string::npos) f = f.substr(slash + 1);
+  return str_cat(f, ":", w.line());
+}
+
+// ---- device memory -------------------------------------------------------------------------------------
+struct Memory {
+  std::mutex mu;
+  std::map<uintptr_t, size_t> blocks;  // base -> bytes
+  size_t in_use = 0;
+  // The live allocation holding [p, p + n) (a zero-size range may sit at an allocation's end).
+  bool contains(const void* p, size_t n) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = blocks.upper_bound(a);
+    if (it == blocks.begin()) return false;
+    --it;
+    return a >= it->first && a + n <= it->first + it->second;
+  }
+};
+Memory& memory() {
+  static Memory m;
+  return m;
+}
+
+bool is_device(const void* p, size_t n) {
+  auto& m = memory();
+  std::lock_guard<std::mutex> g(m.mu);
+  return m.contains(p, n);
+}
+
+// The runtime's error state: the sticky last error and the detail of the latest failure, which
+// cudaGetErrorString reports (titan's CUDA checks print it).
+thread_local cudaError_t last_error = cudaSuccess;
+thread_local std::string last_detail;
+cudaError_t failed(cudaError_t e, std::string detail) {
+  last_error = e;
+  last_detail = "CUDA emulator: " + detail;
+  return e;
+}
+
+// ---- fibers --------------------------------------------------------------------------------------------
+enum class Wait { kRunning, kBlock, kWarp, kDone };
+
+struct Fiber {
+  ucontext_t ctx{};
+  char* stack = nullptr;  // kStackBytes, the lowest page a guard
+  uint3 tid{};
+  Wait wait = Wait::kRunning;
+  std::source_location where;
+  Exchange kind = Exchange::kSyncWarp;
+  unsigned mask = 0;
+  int arg = 0, width = 32;
+  uint64_t in = 0, out = 0;
+};
+
+struct Launch {
+  std::vector<Fiber> fibers;  // a pool; the first block_threads are this block's threads
+  int threads = 0;
+  ucontext_t scheduler{};
+  Fiber* current = nullptr;
+  uint3 block_idx{};
+  dim3 block_dim, grid_dim;
+  std::vector<std::max_align_t> smem;
+  const std::function<void()>* body = nullptr;
+  std::string error;  // set by a fiber that misused an intrinsic; the scheduler throws it
+  std::string site;   // the launch site, for errors
+#ifdef TITAN_SIM_ASAN
+  void* fake_stack = nullptr;
+  const void* main_bottom = nullptr;
+  size_t main_size = 0;
+#endif
+};
+std::mutex launch_mutex;  // one kernel at a time, as on the device's one stream
+Launch* active = nullptr;
+
+Launch& state() {
+  TITAN_CHECK(active != nullptr, "CUDA emulator: device code called outside a kernel launch");
+  return *active;
+}
+
+void switch_to_scheduler(Launch& L, Fiber& f) {
+#ifdef TITAN_SIM_ASAN
+  __sanitizer_start_switch_fiber(&L.fake_stack, L.main_bottom, L.main_size);
+#endif
+  swapcontext(&f.ctx, &L.scheduler);
+#ifdef TITAN_SIM_ASAN
+  __sanitizer_finish_switch_fiber(L.fake_stack, &L.main_bottom, &L.main_size);
+#endif
+}
+
+void fiber_main() {
+  Launch& L = *active;
+#ifdef TITAN_SIM_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &L.main_bottom, &L.main_size);
+#endif
+  Fiber& f = *L.current;
+  try {
+    (*L.body)();
+  } catch (const std::exception& e) {
+    L.error = e.what();
+  }
+  f.wait = Wait::kDone;
+#ifdef TITAN_SIM_ASAN
+  __sanitizer_start_switch_fiber(nullptr, L.main_bottom, L.main_size);
+#endif
+  // returns to uc_link (the scheduler)
+}
+
+void resume(Launch& L, Fiber& f) {
+  L.current = &f;
+  f.wait = Wait::kRunning;
+#ifdef TITAN_SIM_ASAN
+  __sanitizer_start_switch_fiber(&L.fake_stack, f.stack + getpagesize(), kStackBytes - getpagesize());
+#endif
+  swapcontext(&L.scheduler, &f.ctx);
+#ifdef TITAN_SIM_ASAN
+  __sanitizer_finish_switch_fiber(L.fake_stack, nullptr, nullptr);
+#endif
+  L.current = nullptr;
+}
+
+void ensure_fibers(Launch& L, int n) {
+  while (static_cast<int>(L.fibers.size()) < n) {
+    Fiber f;
+    void* s = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    TITAN_CHECK(s != MAP_FAILED, "CUDA emulator: cannot map a fiber stack");
+    mprotect(s, getpagesize(), PROT_NONE);  // a kernel that overflows its stack faults here
+    f.stack = static_cast<char*>(s);
+    L.fibers.push_back(f);
+  }
+}
+
+std::string describe_waits(const Launch& L) {
+  std::map<std::string, int> counts;
+  for (int i = 0; i < L.threads; ++i) {
+    const Fiber& f = L.fibers[i];
+    if (f.wait == Wait::kDone) continue;
+    const char* what = f.wait == Wait::kBlock ? "__syncthreads" : f.kind == Exchange::kSyncWarp ? "__syncwarp" : "a shuffle";
+    ++counts[str_cat(what, " at ", where_str(f.where))];
+  }
+  std::string s;
+  for (auto& [k, n] : counts) s += str_cat(s.empty() ? "" : "; ", n, " thread(s) wait at ", k);
+  return s;
+}
+
+int lane_source(const Fiber& f, int lane) {
+  const int w = f.width, seg = lane / w * w;
+  switch (f.kind) {
+    case Exchange::kIdx:
+      return seg + ((f.arg % w) + w) % w;
+    case Exchange::kXor: {
+      const int src = lane ^ f.arg;
+      return src >= seg + w ? lane : src;
+    }
+    case Exchange::kDown:
+      return lane + f.arg >= seg + w ? lane : lane + f.arg;
+    case Exchange::kUp:
+      return lane - f.arg < seg ? lane : lane - f.arg;
+    case Exchange::kSyncWarp:
+      break;
+  }
+  return lane;
+}
+
+// Releases every warp group whose lanes have all arrived; true if one was released.
+bool release_warps(Launch& L) {
+  bool released = false;
+  const int n = L.threads;
+  for (int w0 = 0; w0 < n; w0 += 32) {
+    for (int lane = 0; lane < 32 && w0 + lane < n; ++lane) {
+      Fiber& f = L.fibers[w0 + lane];
+      if (f.wait != Wait::kWarp) continue;
+      const unsigned m = f.mask;
+      const std::string at = str_cat(f.kind == Exchange::kSyncWarp ? "__syncwarp" : "shuffle", " at ",
+                                     where_str(f.where), " of block (", L.block_idx.x, ",", L.block_idx.y, ",",
+                                     L.block_idx.z, "), launched at ", L.site);
+      if (!(m >> lane & 1u))
+        fail("CUDA emulator: lane ", lane, " of warp ", w0 / 32, " is not in its own mask 0x", std::hex, m,
+             std::dec, " in ", at);
+      bool ready = true;
+      for (int l = 0; l < 32; ++l) {
+        if (!(m >> l & 1u)) continue;
+        if (w0 + l >= n)
+          fail("CUDA emulator: mask 0x", std::hex, m, std::dec, " names lane ", l, " of warp ", w0 / 32,
+               ", which a block of ", n, " threads does not have, in ", at);
+        const Fiber& g = L.fibers[w0 + l];
+        if (g.wait == Wait::kDone)
+          fail("CUDA emulator: lane ", l, " of warp ", w0 / 32, " exited while lanes of mask 0x", std::hex, m,
+               std::dec, " wait in ", at);
+        if (g.wait != Wait::kWarp) {
+          ready = false;
+          continue;
+        }
+        if (g.mask != m || (g.kind == Exchange::kSyncWarp) != (f.kind == Exchange::kSyncWarp))
+          fail("CUDA emulator: lanes ", lane, " and ", l, " of warp ", w0 / 32,
+               " meet at different warp operations (", where_str(f.where), " mask 0x", std::hex, m, ", ",
+               where_str(g.where), " mask 0x", g.mask, std::dec, ") in block launched at ", L.site);
+        if (f.kind != Exchange::kSyncWarp &&
+            (g.kind != f.kind || g.where.line() != f.where.line() || g.width != f.width))
+          fail("CUDA emulator: lanes ", lane, " and ", l, " of warp ", w0 / 32,
+               " are in different shuffles (", where_str(f.where), " and ", where_str(g.where), ")");
+      }
+      if (!ready) continue;
+      for (int l = 0; l < 32; ++l) {
+        if (!(m >> l & 1u)) continue;
+        Fiber& g = L.fibers[w0 + l];
+        if (g.kind != Exchange::kSyncWarp) {
+          const int src = lane_source(g, l);
+          if (!(m >> src & 1u))
+            fail("CUDA emulator: lane ", l, " reads lane ", src, ", outside mask 0x", std::hex, m, std::dec,
+                 ", in ", at);
+          g.out = L.fibers[w0 + src].in;
+        }
+      }
+      for (int l = 0; l < 32; ++l)
+        if (m >> l & 1u) L.fibers[w0 + l].wait = Wait::kRunning;
+      released = true;
+    }
+  }
+  return released;
+}
+
+bool release_block(Launch& L) {
+  const Fiber* first = nullptr;
+  for (int i = 0; i < L.threads; ++i) {
+    const Fiber& f = L.fibers[i];
+    if (f.wait == Wait::kDone) continue;
+    if (f.wait != Wait::kBlock) return false;
+    if (!first) {
+      first = &f;
+    } else if (f.where.line() != first->where.line() ||
+               std::strcmp(f.where.file_name(), first->where.file_name()) != 0) {
+      fail("CUDA emulator: threads of block (", L.block_idx.x, ",", L.block_idx.y, ",", L.block_idx.z,
+           ") wait at different __syncthreads (", where_str(first->where), " and ", where_str(f.where),
+           "), launched at ", L.site);
+    }
+  }
+  if (!first) return false;
+  for (int i = 0; i < L.threads; ++i)
+    if (L.fibers[i].wait == Wait::kBlock) L.fibers[i].wait = Wait::kRunning;
+  return true;
+}
+
+void run_block(Launch& L) {
+  const int n = L.threads;
+  for (int i = 0; i < n; ++i) {
+    Fiber& f = L.fibers[i];
+    f.tid = {static_cast<unsigned>(i % L.block_dim.x), static_cast<unsigned>(i / L.block_dim.x % L.block_dim.y),
+             static_cast<unsigned>(i / (L.block_dim.x * L.block_dim.y))};
+    f.wait = Wait::kRunning;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack + getpagesize();
+    f.ctx.uc_stack.ss_size = kStackBytes - getpagesize();
+    f.ctx.uc_link = &L.scheduler;
+    makecontext(&f.ctx, fiber_main, 0);
+  }
+  for (;;) {
+    bool any = false;
+    for (int i = n - 1; i >= 0; --i) {  // reverse order: a missing barrier shows
+      Fiber& f = L.fibers[i];
+      if (f.wait != Wait::kRunning) continue;
+      any = true;
+      resume(L, f);
+      if (!L.error.empty()) fail(L.error);
+    }
+    if (std::all_of(L.fibers.begin(), L.fibers.begin() + n, [](const Fiber& f) { return f.wait == Wait::kDone; }))
+      return;
+    if (release_warps(L) || release_block(L)) continue;
+    (void)any;
+    fail("CUDA emulator: deadlock in block (", L.block_idx.x, ",", L.block_idx.y, ",", L.block_idx.z,
+         ") of the kernel launched at ", L.site, ": ", describe_waits(L));
+  }
+}
+
+std::map<const void*, int>& smem_optin() {
+  static std::map<const void*, int> m;
+  return m;
+}
+
+}  // namespace
+
+bool is_device_range(const void* p, size_t n) {
+  return is_device(p, n);
+}
+
+const uint3& thread_index() {
+  Launch& L = state();
+  TITAN_CHECK(L.current, "CUDA emulator: threadIdx read outside a kernel thread");
+  return L.current->tid;
+}
+const uint3& block_index() {
+  return state().block_idx;
+}
+const dim3& block_dim() {
+  return state().block_dim;
+}
+const dim3& grid_dim() {
+  return state().grid_dim;
+}
+void* dynamic_shared() {
+  return state().smem.data();
+}
+
+void sync_threads(const std::source_location& where) {
+  Launch& L = state();
+  Fiber& f = *L.current;
+  f.wait = Wait::kBlock;
+  f.where = where;
+  switch_to_scheduler(L, f);
+}
+
+uint64_t warp_exchange(Exchange kind, unsigned mask, uint64_t bits, int arg, int width,
+                       const std::source_location& where) {
+  Launch& L = state();
+  Fiber& f = *L.current;
+  if (width <= 0 || width > 32 || (width & (width - 1)) != 0) {
+    L.error = str_cat("CUDA emulator: shuffle width ", width, " (a power of two up to 32) at ", where_str(where));
+    f.wait = Wait::kDone;
+    switch_to_scheduler(L, f);
+  }
+  f.wait = Wait::kWarp;
+  f.kind = kind;
+  f.mask = mask;
+  f.in = bits;
+  f.arg = arg;
+  f.width = width;
+  f.where = where;
+  switch_to_scheduler(L, f);
+  return f.out;
+}
+
+void launch(const void* kernel, const Grid& grid, dim3 block, size_t dynamic_smem,
+            const std::vector<PointerArg>& pointers, const std::function<void()>& body) {
+  const std::string site = where_str(grid.where);
+  const dim3 g = grid.dim;
+  const uint64_t threads = uint64_t(block.x) * block.y * block.z;
+  if (grid.requested_x < 1 || grid.requested_x > 0x7fffffff || g.y < 1 || g.y > 65535 || g.z < 1 || g.z > 65535)
+    fail("CUDA emulator: invalid grid (", grid.requested_x, ",", g.y, ",", g.z, ") launched at ", site,
+         " (x in 1..2^31-1, y and z in 1..65535)");
+  if (threads < 1 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64)
+    fail("CUDA emulator: invalid block (", block.x, ",", block.y, ",", block.z, ") launched at ", site,
+         " (at most 1024 threads, z at most 64)");
+  if (dynamic_smem > kDefaultSmem) {
+    std::lock_guard<std::mutex> lock(launch_mutex);
+    auto it = smem_optin().find(kernel);
+    const size_t allowed = it == smem_optin().end() ? kDefaultSmem : static_cast<size_t>(it->second);
+    if (dynamic_smem > allowed)
+      fail("CUDA emulator: kernel launched at ", site, " asks for ", dynamic_smem,
+           " bytes of dynamic shared memory; ", allowed,
+           " are allowed (more than 48 KiB needs cudaFuncSetAttribute(MaxDynamicSharedMemorySize), up to ",
+           kMaxSmemOptin, ")");
+  }
+  for (const PointerArg& a : pointers)
+    if (a.p && !is_device(a.p, 0))
+      fail("CUDA emulator: argument ", a.index + 1, " of the kernel launched at ", site, " (", a.p,
+           ") is not device memory");
+
+  std::lock_guard<std::mutex> lock(launch_mutex);
+  static Launch L;
+  L.body = &body;
+  L.site = site;
+  L.error.clear();
+  L.block_dim = block;
+  L.grid_dim = g;
+  L.threads = static_cast<int>(threads);
+  L.smem.assign((dynamic_smem + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t) + 1, {});
+  std::memset(L.smem.data(), 0xff, L.smem.size() * sizeof(std::max_align_t));
+  ensure_fibers(L, L.threads);
+  struct Active {
+    explicit Active(Launch* l) { active = l; }
+    ~Active() { active = nullptr; }
+  } scope(&L);
+  for (int64_t bz = g.z - 1; bz >= 0; --bz)
+    for (int64_t by = g.y - 1; by >= 0; --by)
+      for (int64_t bx = g.x - 1; bx >= 0; --bx) {
+        L.block_idx = {static_cast<unsigned>(bx), static_cast<unsigned>(by), static_cast<unsigned>(bz)};
+        run_block(L);
+      }
+}
+
+}  // namespace titan::cuda_sim
+
+// ---- the CUDA runtime functions the CUDA device calls --------------------------------------------------
+using titan::cuda_sim::failed;
+using titan::cuda_sim::is_device;
+using titan::cuda_sim::memory;
+
+namespace {
+
+constexpr size_t kGpuBytes = 80ull << 30;
+int current_device = 0;
+int sim_device_count() {
+  return 1;
+}
+
+cudaError_t sim_malloc(void** p, size_t n) {
+  if (!p) return failed(cudaErrorInvalidValue, "cudaMalloc with a null result pointer");
+  const size_t bytes = std::max<size_t>((n + 255) / 256 * 256, 256);
+  void* q = std::aligned_alloc(256, bytes);
+  if (!q) return failed(cudaErrorMemoryAllocation, titan::str_cat("out of host memory for ", n, " bytes"));
+  std::memset(q, 0xff, bytes);  // NaN everywhere: reads of memory nobody wrote show
+  auto& m = memory();
+  std::lock_guard<std::mutex> g(m.mu);
+  m.blocks[reinterpret_cast<uintptr_t>(q)] = n;
+  m.in_use += bytes;
+  *p = q;
+  return cudaSuccess;
+}
+
+cudaError_t sim_free(void* p) {
+  if (!p) return cudaSuccess;
+  auto& m = memory();
+  std::lock_guard<std::mutex> g(m.mu);
+  auto it = m.blocks.find(reinterpret_cast<uintptr_t>(p));
+  if (it == m.blocks.end())
+    return failed(cudaErrorInvalidValue, titan::str_cat("cudaFree of ", p, ", which is not a device allocation"));
+  const size_t bytes = std::max<size_t>((it->second + 255) / 256 * 256, 256);
+  std::memset(p, 0xff, bytes);
+  m.in_use -= bytes;
+  m.blocks.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+
+const char* kind_name(cudaMemcpyKind k) {
+  switch (k) {
+    case cudaMemcpyHostToDevice: return "host to device";
+    case cudaMemcpyDeviceToHost: return "device to host";
+    case cudaMemcpyDeviceToDevice: return "device to device";
+    case cudaMemcpyHostToHost: return "host to host";
+    default: return "default";
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = sim_device_count();
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = current_device;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= sim_device_count())
+    return failed(cudaErrorInvalidDevice, titan::str_cat("cudaSetDevice(", device, "): one emulated GPU"));
+  current_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device < 0 || device >= sim_device_count()) return failed(cudaErrorInvalidDevice, "cudaGetDeviceProperties");
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "CUDA emulator (CPU)");
+  prop->totalGlobalMem = kGpuBytes;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 1;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->sharedMemPerBlock = 48 << 10;
+  prop->sharedMemPerBlockOptin = 227 << 10;
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = titan::cuda_sim::last_error;
+  titan::cuda_sim::last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError(void) {
+  return titan::cuda_sim::last_error;
+}
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    default: return "cudaError";
+  }
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  if (e != cudaSuccess && !titan::cuda_sim::last_detail.empty()) return titan::cuda_sim::last_detail.c_str();
+  return cudaGetErrorName(e);
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  static int token;
+  *stream = reinterpret_cast<cudaStream_t>(&token);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) {
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int) {
+  static int token;
+  *pool = reinterpret_cast<cudaMemPool_t>(&token);
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) {
+  return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  auto& m = memory();
+  std::lock_guard<std::mutex> g(m.mu);
+  *total = kGpuBytes;
+  *free_bytes = kGpuBytes - std::min(m.in_use, kGpuBytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** p, size_t n) {
+  return sim_malloc(p, n);
+}
+cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t) {
+  return sim_malloc(p, n);
+}
+cudaError_t cudaFree(void* p) {
+  return sim_free(p);
+}
+cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
+  return sim_free(p);
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t) {
+  if (n == 0) return cudaSuccess;
+  const bool dst_dev = is_device(dst, n), src_dev = is_device(src, n);
+  const bool ok = kind == cudaMemcpyHostToDevice   ? dst_dev && !is_device(src, 0)
+                  : kind == cudaMemcpyDeviceToHost ? src_dev && !is_device(dst, 0)
+                  : kind == cudaMemcpyDeviceToDevice ? dst_dev && src_dev
+                                                     : true;
+  if (!ok)
+    return failed(cudaErrorInvalidValue,
+                  titan::str_cat("cudaMemcpyAsync ", kind_name(kind), " of ", n, " bytes from ", src,
+                                 src_dev ? " (device)" : " (not a device range)", " to ", dst,
+                                 dst_dev ? " (device)" : " (not a device range)"));
+  std::memmove(dst, src, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  return cudaMemcpyAsync(dst, src, n, kind, nullptr);
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t) {
+  if (n == 0) return cudaSuccess;
+  if (!is_device(p, n))
+    return failed(cudaErrorInvalidValue,
+                  titan::str_cat("cudaMemsetAsync of ", n, " bytes at ", p, ": not a device range"));
+  std::memset(p, value, n);
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+  if (value < 0 || static_cast<size_t>(value) > titan::cuda_sim::kMaxSmemOptin)
+    return failed(cudaErrorInvalidValue,
+                  titan::str_cat("cudaFuncSetAttribute(MaxDynamicSharedMemorySize, ", value,
+                                 "): the GPU allows up to ", titan::cuda_sim::kMaxSmemOptin));
+  std::lock_guard<std::mutex> lock(titan::cuda_sim::launch_mutex);
+  titan::cuda_sim::smem_optin()[func] = value;
+  return cudaSuccess;
+}
+
+}  // extern "C"
+
