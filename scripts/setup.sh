@@ -15,6 +15,7 @@ PACKAGES=(
   libpcre2-dev libutf8proc-dev libxxhash-dev
   openmpi-bin libopenmpi-dev
   libgtest-dev libgmock-dev
+  libboost-context-dev
   fortunes fortunes-min
   clang-format
 )

@@ -6,8 +6,9 @@
 // takes the types from the real CUDA headers and supplies what device code needs from the hardware:
 //   - threadIdx, blockIdx, blockDim, gridDim of the thread now running;
 //   - __shared__ variables: one copy per block (a block runs on one host thread at a time);
-//   - __syncthreads, __syncwarp, __shfl_*_sync: each CUDA thread of a block is a fiber (runtime.cpp) that
-//     runs until it reaches a barrier; a barrier is released when every thread it names has arrived;
+//   - __syncthreads, __syncwarp, __shfl_*_sync: each CUDA thread of a block is a fiber (Boost.Context, in
+//     runtime.cpp) that runs until it reaches a barrier; a barrier is released when every thread it names
+//     has arrived;
 //   - atomicAdd and the bit-cast intrinsics.
 // The runtime (runtime.cpp) defines the CUDA runtime functions the device calls (memory is host memory,
 // the stream is synchronous) and cublaslt.cpp the cuBLASLt subset of matmul.cu.

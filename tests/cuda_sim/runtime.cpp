@@ -3,7 +3,6 @@
 // finished when it returns); device memory is host memory, tracked so that copies, memsets and kernel
 // pointer arguments outside device allocations are errors.
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +12,8 @@
 #include <map>
 #include <mutex>
 #include <string>
+
+#include <boost/context/fiber.hpp>
 
 #include "core/error.h"
 #include "cuda_sim.h"
@@ -73,10 +74,16 @@ cudaError_t failed(cudaError_t e, std::string detail) {
 }
 
 // ---- fibers --------------------------------------------------------------------------------------------
+// Each emulated thread is a Boost.Context fiber on a stack of the launch's pool; a barrier or a warp
+// operation switches back to the block's scheduler (run_block), which releases a barrier once every
+// thread of the group has arrived.
+namespace ctx = boost::context;
+
 enum class Wait { kRunning, kBlock, kWarp, kDone };
 
 struct Fiber {
-  ucontext_t ctx{};
+  ctx::fiber self;    // the thread, suspended (empty once it has finished)
+  ctx::fiber caller;  // the scheduler, while the thread runs
   char* stack = nullptr;  // kStackBytes, the lowest page a guard
   uint3 tid{};
   Wait wait = Wait::kRunning;
@@ -87,10 +94,15 @@ struct Fiber {
   uint64_t in = 0, out = 0;
 };
 
+// The pool owns the stacks: a fiber neither allocates nor frees one.
+struct PoolStack {
+  ctx::stack_context allocate() { fail("CUDA emulator: a fiber stack comes from the pool"); }
+  void deallocate(ctx::stack_context&) noexcept {}
+};
+
 struct Launch {
-  std::vector<Fiber> fibers;  // a pool; the first block_threads are this block's threads
+  std::vector<Fiber> fibers;  // a pool; the first `threads` are this block's threads
   int threads = 0;
-  ucontext_t scheduler{};
   Fiber* current = nullptr;
   uint3 block_idx{};
   dim3 block_dim, grid_dim;
@@ -116,28 +128,51 @@ void switch_to_scheduler(Launch& L, Fiber& f) {
 #ifdef TITAN_SIM_ASAN
   __sanitizer_start_switch_fiber(&L.fake_stack, L.main_bottom, L.main_size);
 #endif
-  swapcontext(&f.ctx, &L.scheduler);
 #ifdef TITAN_SIM_ASAN
+  try {
+    f.caller = std::move(f.caller).resume();
+  } catch (const ctx::detail::forced_unwind&) {  // abandon(): the thread unwinds on its own stack
+    __sanitizer_finish_switch_fiber(L.fake_stack, &L.main_bottom, &L.main_size);
+    throw;
+  }
   __sanitizer_finish_switch_fiber(L.fake_stack, &L.main_bottom, &L.main_size);
+#else
+  f.caller = std::move(f.caller).resume();
 #endif
 }
 
-void fiber_main() {
+// A thread's whole life: the kernel body, then back to the scheduler for good.
+ctx::fiber thread_main(Fiber& f, ctx::fiber&& caller) {
+  f.caller = std::move(caller);
   Launch& L = *active;
 #ifdef TITAN_SIM_ASAN
   __sanitizer_finish_switch_fiber(nullptr, &L.main_bottom, &L.main_size);
 #endif
-  Fiber& f = *L.current;
   try {
     (*L.body)();
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // not ctx::detail::forced_unwind: that one unwinds an abandoned thread
     L.error = e.what();
   }
+#ifdef TITAN_SIM_ASAN
+  catch (const ctx::detail::forced_unwind&) {
+    __sanitizer_start_switch_fiber(nullptr, L.main_bottom, L.main_size);
+    throw;
+  }
+#endif
   f.wait = Wait::kDone;
 #ifdef TITAN_SIM_ASAN
   __sanitizer_start_switch_fiber(nullptr, L.main_bottom, L.main_size);
 #endif
-  // returns to uc_link (the scheduler)
+  return std::move(f.caller);
+}
+
+void start(Fiber& f) {
+  const size_t usable = kStackBytes - getpagesize();
+  ctx::stack_context sctx;
+  sctx.sp = f.stack + kStackBytes;
+  sctx.size = usable;
+  f.self = ctx::fiber(std::allocator_arg, ctx::preallocated(sctx.sp, usable, sctx), PoolStack{},
+                      [&f](ctx::fiber&& caller) { return thread_main(f, std::move(caller)); });
 }
 
 void resume(Launch& L, Fiber& f) {
@@ -146,21 +181,39 @@ void resume(Launch& L, Fiber& f) {
 #ifdef TITAN_SIM_ASAN
   __sanitizer_start_switch_fiber(&L.fake_stack, f.stack + getpagesize(), kStackBytes - getpagesize());
 #endif
-  swapcontext(&L.scheduler, &f.ctx);
+  f.self = std::move(f.self).resume();
 #ifdef TITAN_SIM_ASAN
   __sanitizer_finish_switch_fiber(L.fake_stack, nullptr, nullptr);
 #endif
   L.current = nullptr;
 }
 
+// Unwinds the threads of a block that did not finish (the block failed): their destructors run on their
+// own stacks before the stacks are reused.
+void abandon(Launch& L) {
+  for (int i = 0; i < L.threads; ++i) {
+    Fiber& f = L.fibers[i];
+    if (!f.self) continue;
+    L.current = &f;
+#ifdef TITAN_SIM_ASAN
+    __sanitizer_start_switch_fiber(&L.fake_stack, f.stack + getpagesize(), kStackBytes - getpagesize());
+#endif
+    f.self = ctx::fiber{};
+#ifdef TITAN_SIM_ASAN
+    __sanitizer_finish_switch_fiber(L.fake_stack, nullptr, nullptr);
+#endif
+    L.current = nullptr;
+  }
+}
+
 void ensure_fibers(Launch& L, int n) {
+  if (static_cast<int>(L.fibers.size()) >= n) return;
+  L.fibers.reserve(n);  // fibers hold their own address (start): no reallocation once a block runs
   while (static_cast<int>(L.fibers.size()) < n) {
-    Fiber f;
     void* s = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     TITAN_CHECK(s != MAP_FAILED, "CUDA emulator: cannot map a fiber stack");
     mprotect(s, getpagesize(), PROT_NONE);  // a kernel that overflows its stack faults here
-    f.stack = static_cast<char*>(s);
-    L.fibers.push_back(f);
+    L.fibers.emplace_back().stack = static_cast<char*>(s);
   }
 }
 
@@ -205,22 +258,24 @@ bool release_warps(Launch& L) {
       Fiber& f = L.fibers[w0 + lane];
       if (f.wait != Wait::kWarp) continue;
       const unsigned m = f.mask;
-      const std::string at = str_cat(f.kind == Exchange::kSyncWarp ? "__syncwarp" : "shuffle", " at ",
-                                     where_str(f.where), " of block (", L.block_idx.x, ",", L.block_idx.y, ",",
-                                     L.block_idx.z, "), launched at ", L.site);
+      auto at = [&] {  // built only for an error
+        return str_cat(f.kind == Exchange::kSyncWarp ? "__syncwarp" : "shuffle", " at ", where_str(f.where),
+                       " of block (", L.block_idx.x, ",", L.block_idx.y, ",", L.block_idx.z, "), launched at ",
+                       L.site);
+      };
       if (!(m >> lane & 1u))
         fail("CUDA emulator: lane ", lane, " of warp ", w0 / 32, " is not in its own mask 0x", std::hex, m,
-             std::dec, " in ", at);
+             std::dec, " in ", at());
       bool ready = true;
       for (int l = 0; l < 32; ++l) {
         if (!(m >> l & 1u)) continue;
         if (w0 + l >= n)
           fail("CUDA emulator: mask 0x", std::hex, m, std::dec, " names lane ", l, " of warp ", w0 / 32,
-               ", which a block of ", n, " threads does not have, in ", at);
+               ", which a block of ", n, " threads does not have, in ", at());
         const Fiber& g = L.fibers[w0 + l];
         if (g.wait == Wait::kDone)
           fail("CUDA emulator: lane ", l, " of warp ", w0 / 32, " exited while lanes of mask 0x", std::hex, m,
-               std::dec, " wait in ", at);
+               std::dec, " wait in ", at());
         if (g.wait != Wait::kWarp) {
           ready = false;
           continue;
@@ -242,7 +297,7 @@ bool release_warps(Launch& L) {
           const int src = lane_source(g, l);
           if (!(m >> src & 1u))
             fail("CUDA emulator: lane ", l, " reads lane ", src, ", outside mask 0x", std::hex, m, std::dec,
-                 ", in ", at);
+                 ", in ", at());
           g.out = L.fibers[w0 + src].in;
         }
       }
@@ -282,25 +337,22 @@ void run_block(Launch& L) {
     f.tid = {static_cast<unsigned>(i % L.block_dim.x), static_cast<unsigned>(i / L.block_dim.x % L.block_dim.y),
              static_cast<unsigned>(i / (L.block_dim.x * L.block_dim.y))};
     f.wait = Wait::kRunning;
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack + getpagesize();
-    f.ctx.uc_stack.ss_size = kStackBytes - getpagesize();
-    f.ctx.uc_link = &L.scheduler;
-    makecontext(&f.ctx, fiber_main, 0);
+    start(f);
   }
+  struct Abandon {  // on a failure, the block's unfinished threads
+    Launch& L;
+    ~Abandon() { abandon(L); }
+  } abandon_on_exit{L};
   for (;;) {
-    bool any = false;
     for (int i = n - 1; i >= 0; --i) {  // reverse order: a missing barrier shows
       Fiber& f = L.fibers[i];
       if (f.wait != Wait::kRunning) continue;
-      any = true;
       resume(L, f);
       if (!L.error.empty()) fail(L.error);
     }
     if (std::all_of(L.fibers.begin(), L.fibers.begin() + n, [](const Fiber& f) { return f.wait == Wait::kDone; }))
       return;
     if (release_warps(L) || release_block(L)) continue;
-    (void)any;
     fail("CUDA emulator: deadlock in block (", L.block_idx.x, ",", L.block_idx.y, ",", L.block_idx.z,
          ") of the kernel launched at ", L.site, ": ", describe_waits(L));
   }

@@ -6,7 +6,9 @@
 // flags or another attention kernel) can differ per tensor by more than 1e-4. The fixtures also
 // hold the same steps run by HF in float64 (expected_f64.safetensors). A tensor passes when it is
 // within `tol` of HF's float32 parameters, or no farther from the float64 ones than 2x HF's own
-// float32 distance to them. All parameters together must also be within 1e-5 of HF's float32.
+// float32 distance to them. All parameters together must also be within 1e-5 of HF's float32, or
+// no farther from the float64 ones than HF's float32 (a device whose reductions run in another order,
+// such as the GPU's, lands elsewhere among the float32 results, and the float64 run judges it).
 #pragma once
 #include <cmath>
 #include <cstring>
@@ -52,6 +54,9 @@ class GoldenParams {
     }
     sum_diff_ += d_hf;
     sum_ref_ += n_hf;
+    sum_diff_truth_ += d_truth;
+    sum_hf_truth_ += d_hf_truth;
+    sum_truth_ += n_truth;
     const double rel_hf = n_hf > 0 ? std::sqrt(d_hf / n_hf) : std::sqrt(d_hf);
     const double rel_truth = n_truth > 0 ? std::sqrt(d_truth / n_truth) : std::sqrt(d_truth);
     const double hf_rel_truth = n_truth > 0 ? std::sqrt(d_hf_truth / n_truth) : std::sqrt(d_hf_truth);
@@ -63,7 +68,13 @@ class GoldenParams {
   // All parameters together, after every expect_close.
   void expect_total_close(const std::string& label, double tol = 1e-5) const {
     EXPECT_GT(sum_ref_, 0.0) << label;
-    EXPECT_LE(std::sqrt(sum_diff_ / sum_ref_), tol) << label << " parameters after the AdamW steps";
+    EXPECT_GT(sum_truth_, 0.0) << label;
+    const double rel_hf = std::sqrt(sum_diff_ / sum_ref_);
+    const double rel_truth = std::sqrt(sum_diff_truth_ / sum_truth_);
+    const double hf_rel_truth = std::sqrt(sum_hf_truth_ / sum_truth_);
+    EXPECT_TRUE(rel_hf <= tol || rel_truth <= hf_rel_truth)
+        << label << " parameters after the AdamW steps: " << rel_hf << " from HF float32 (tolerance " << tol
+        << "), " << rel_truth << " from float64 where HF float32 is " << hf_rel_truth;
   }
 
  private:
@@ -80,7 +91,8 @@ class GoldenParams {
 
   SafetensorsFile want_, want64_;
   double tol_;
-  double sum_diff_ = 0, sum_ref_ = 0;
+  double sum_diff_ = 0, sum_ref_ = 0;                           // against HF float32
+  double sum_diff_truth_ = 0, sum_hf_truth_ = 0, sum_truth_ = 0;  // against the float64 run
 };
 
 }  // namespace titan::testing
