@@ -648,6 +648,9 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t) {
   std::memset(p, value, n);
   return cudaSuccess;
 }
+cudaError_t cudaMemset(void* p, int value, size_t n) {
+  return cudaMemsetAsync(p, value, n, nullptr);
+}
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
