@@ -13,7 +13,9 @@
 #include "dist/data_parallel.h"
 #include "dist/data_parallel_plan.h"
 #include "dist/expert_parallel.h"
+#include "device/device.h"
 #include "dist/launcher.h"
+#include "dist/nccl.h"
 #include "dist/runtime.h"
 #include "dist/selftest.h"
 #include "io/safetensors.h"
@@ -473,6 +475,52 @@ TEST(DistExpertParallel, TrainMatchesOneRank) {
     std::printf("%s: max relative parameter difference (per tensor, L2) after 10 steps: %.3g\n",
                 l.name.c_str(), max_param_rel);
     EXPECT_LE(max_param_rel, 1e-4) << l.name;
+  }
+}
+
+// ---- several GPUs: the NCCL process group through `titan train` ----
+
+// DDP 2 and FSDP 2 (dense) and expert parallel 2 x DDP 2 (MoE) on two GPUs (rank r on cuda:r, the
+// collectives on NCCL) give the 1-rank CPU loss sequence over 6 steps. On the CUDA emulator
+// (test_dist_sim, TITAN_CUDA_SIM_GPUS=2) each rank is a process emulating its GPU and NCCL rides on MPI.
+TEST(DistCuda, TrainOnTwoGpusMatchesOneRankOnCpu) {
+  if (!testing::have_cuda_gpu() || device_interface(DeviceType::CUDA).device_count() < 2)
+    GTEST_SKIP() << "needs 2 CUDA GPUs (none or one here, or a build without CUDA)";
+  if (!nccl_available()) GTEST_SKIP() << "titan was built without NCCL";
+  testing::TempDir tmp;
+  {
+    std::ofstream f(tmp / "corpus.txt");
+    for (int i = 0; i < 200; ++i) f << "the quick brown fox " << i << " jumps over the lazy dog.\n%\n";
+  }
+  const std::string common = " --training.dataset=" + (tmp / "corpus.txt") + " --model.tokenizer_path=" +
+                             testing::source_path("tests/golden/tokenizer/small") +
+                             " --model.vocab_size=1024 --training.seq_len=32 --training.steps=6"
+                             " --training.sample_tokens=0 --lr_scheduler.warmup_steps=2 --metrics.peak_tflops=1"
+                             " --training.global_batch_size=4 --training.val_fraction=0 --validation.enable=false";
+  for (const char* flavor : {"debug", "debug_moe"}) {
+    RunResult r = run_shell("timeout 300 " + kTitan + " train" + common + " --model.flavor=" + flavor +
+                            " --training.local_batch_size=4 --job.dump_folder=" + (tmp / flavor));
+    ASSERT_EQ(r.rc, 0) << r.output;
+  }
+  struct Layout {
+    std::string name, flavor, args;
+  };
+  for (const Layout& l :
+       {Layout{"ddp2", "debug", " --parallelism.data_parallel_replicate_degree=2"},
+        Layout{"fsdp2", "debug", " --parallelism.data_parallel_shard_degree=2"},
+        Layout{"ep2", "debug_moe",
+               " --parallelism.data_parallel_replicate_degree=2 --parallelism.expert_parallel_degree=2"}}) {
+    RunResult r = run_shell("timeout 300 " + kTitan + " run --nproc-per-node 2 train" + common +
+                            " --model.flavor=" + l.flavor + " --training.local_batch_size=2 --job.device=cuda" +
+                            l.args + " --job.dump_folder=" + (tmp / l.name));
+    ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.output;
+    EXPECT_NE(r.output.find("device: cuda:0 ("), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("collectives: nccl"), std::string::npos) << r.output;
+    const auto ref = jsonl_losses(tmp / (l.flavor + "/metrics.jsonl"));
+    const auto got = jsonl_losses(tmp / (l.name + "/metrics.jsonl"));
+    ASSERT_EQ(ref.size(), 6u) << l.flavor;
+    ASSERT_EQ(got.size(), ref.size()) << l.name;
+    for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << l.name << " step " << i + 1;
   }
 }
 

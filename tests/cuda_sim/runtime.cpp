@@ -1,7 +1,7 @@
 // The CUDA emulator's runtime (see cuda_sim.h): kernel launches as fibers on the host, and the CUDA
-// runtime functions the CUDA device calls. One emulated GPU; its stream is synchronous (each call has
-// finished when it returns); device memory is host memory, tracked so that copies, memsets and kernel
-// pointer arguments outside device allocations are errors.
+// runtime functions the CUDA device calls. One emulated GPU (TITAN_CUDA_SIM_GPUS for more); its stream is
+// synchronous (each call has finished when it returns); device memory is host memory, tracked so that
+// copies, memsets and kernel pointer arguments outside device allocations are errors.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -475,8 +475,18 @@ namespace {
 
 constexpr size_t kGpuBytes = 80ull << 30;
 int current_device = 0;
+// TITAN_CUDA_SIM_GPUS (default 1): how many GPUs the emulator shows, e.g. 2 for a job of two ranks that
+// pick GPUs by local rank, as on a node with two GPUs. They share the process's memory.
 int sim_device_count() {
-  return 1;
+  static const int n = [] {
+    const char* v = std::getenv("TITAN_CUDA_SIM_GPUS");
+    if (!v || !*v) return 1;
+    char* end = nullptr;
+    const long k = std::strtol(v, &end, 10);
+    TITAN_CHECK(*end == '\0' && k >= 1 && k <= 64, "TITAN_CUDA_SIM_GPUS = '", v, "': expected 1 to 64 GPUs");
+    return static_cast<int>(k);
+  }();
+  return n;
 }
 
 cudaError_t sim_malloc(void** p, size_t n) {
@@ -532,7 +542,8 @@ cudaError_t cudaGetDevice(int* device) {
 }
 cudaError_t cudaSetDevice(int device) {
   if (device < 0 || device >= sim_device_count())
-    return failed(cudaErrorInvalidDevice, titan::str_cat("cudaSetDevice(", device, "): one emulated GPU"));
+    return failed(cudaErrorInvalidDevice, titan::str_cat("cudaSetDevice(", device, "): ", sim_device_count(),
+                                                         " emulated GPU(s) (TITAN_CUDA_SIM_GPUS)"));
   current_device = device;
   return cudaSuccess;
 }
