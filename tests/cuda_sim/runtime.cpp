@@ -106,7 +106,8 @@ struct Launch {
   Fiber* current = nullptr;
   uint3 block_idx{};
   dim3 block_dim, grid_dim;
-  std::vector<std::max_align_t> smem;
+  std::vector<std::max_align_t> smem;  // the dynamic shared memory, refilled with 0xff for each block
+  size_t smem_bytes = 0;
   const std::function<void()>* body = nullptr;
   std::string error;  // set by a fiber that misused an intrinsic; the scheduler throws it
   std::string site;   // the launch site, for errors
@@ -332,6 +333,7 @@ bool release_block(Launch& L) {
 
 void run_block(Launch& L) {
   const int n = L.threads;
+  std::memset(L.smem.data(), 0xff, L.smem_bytes);  // what an earlier block left is not this block's
   for (int i = 0; i < n; ++i) {
     Fiber& f = L.fibers[i];
     f.tid = {static_cast<unsigned>(i % L.block_dim.x), static_cast<unsigned>(i / L.block_dim.x % L.block_dim.y),
@@ -449,8 +451,8 @@ void launch(const void* kernel, const Grid& grid, dim3 block, size_t dynamic_sme
   L.block_dim = block;
   L.grid_dim = g;
   L.threads = static_cast<int>(threads);
-  L.smem.assign((dynamic_smem + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t) + 1, {});
-  std::memset(L.smem.data(), 0xff, L.smem.size() * sizeof(std::max_align_t));
+  L.smem.assign((dynamic_smem + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t), {});
+  L.smem_bytes = dynamic_smem;
   ensure_fibers(L, L.threads);
   struct Active {
     explicit Active(Launch* l) { active = l; }
@@ -491,9 +493,12 @@ int sim_device_count() {
 
 cudaError_t sim_malloc(void** p, size_t n) {
   if (!p) return failed(cudaErrorInvalidValue, "cudaMalloc with a null result pointer");
-  const size_t bytes = std::max<size_t>((n + 255) / 256 * 256, 256);
-  void* q = std::aligned_alloc(256, bytes);
-  if (!q) return failed(cudaErrorMemoryAllocation, titan::str_cat("out of host memory for ", n, " bytes"));
+  // Exactly n bytes (256-aligned as cudaMalloc's), so that under AddressSanitizer a kernel reading or
+  // writing past an allocation's end is reported.
+  const size_t bytes = std::max<size_t>(n, 1);
+  void* q = nullptr;
+  if (posix_memalign(&q, 256, bytes) != 0)
+    return failed(cudaErrorMemoryAllocation, titan::str_cat("out of host memory for ", n, " bytes"));
   std::memset(q, 0xff, bytes);  // NaN everywhere: reads of memory nobody wrote show
   auto& m = memory();
   std::lock_guard<std::mutex> g(m.mu);
@@ -510,7 +515,7 @@ cudaError_t sim_free(void* p) {
   auto it = m.blocks.find(reinterpret_cast<uintptr_t>(p));
   if (it == m.blocks.end())
     return failed(cudaErrorInvalidValue, titan::str_cat("cudaFree of ", p, ", which is not a device allocation"));
-  const size_t bytes = std::max<size_t>((it->second + 255) / 256 * 256, 256);
+  const size_t bytes = std::max<size_t>(it->second, 1);
   std::memset(p, 0xff, bytes);
   m.in_use -= bytes;
   m.blocks.erase(it);
