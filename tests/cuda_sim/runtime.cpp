@@ -85,6 +85,7 @@ struct Fiber {
   ctx::fiber self;    // the thread, suspended (empty once it has finished)
   ctx::fiber caller;  // the scheduler, while the thread runs
   char* stack = nullptr;  // kStackBytes, the lowest page a guard
+  bool started = false;
   uint3 tid{};
   Wait wait = Wait::kRunning;
   std::source_location where;
@@ -177,6 +178,10 @@ void start(Fiber& f) {
 }
 
 void resume(Launch& L, Fiber& f) {
+  if (!f.started) {
+    start(f);
+    f.started = true;
+  }
   L.current = &f;
   f.wait = Wait::kRunning;
 #ifdef TITAN_SIM_ASAN
@@ -333,13 +338,13 @@ bool release_block(Launch& L) {
 
 void run_block(Launch& L) {
   const int n = L.threads;
-  std::memset(L.smem.data(), 0xff, L.smem_bytes);  // what an earlier block left is not this block's
+  if (L.smem_bytes) std::memset(L.smem.data(), 0xff, L.smem_bytes);  // an earlier block's data is not this one's
   for (int i = 0; i < n; ++i) {
     Fiber& f = L.fibers[i];
     f.tid = {static_cast<unsigned>(i % L.block_dim.x), static_cast<unsigned>(i / L.block_dim.x % L.block_dim.y),
              static_cast<unsigned>(i / (L.block_dim.x * L.block_dim.y))};
     f.wait = Wait::kRunning;
-    start(f);
+    f.started = false;  // made on its first resume: a failed block leaves no never-run fibers to unwind
   }
   struct Abandon {  // on a failure, the block's unfinished threads
     Launch& L;
