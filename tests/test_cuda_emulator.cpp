@@ -59,6 +59,19 @@ __global__ void neighbour_kernel(int* out, bool barrier) {
   out[t] = s[(t + 1) % n];
 }
 
+// A tree sum whose loop lacks the barrier between levels: a thread reads s[t + stride] that the
+// thread t + stride updates in the same level. Reverse order runs the writer first and hides it.
+__global__ void unsynced_tree_sum_kernel(float* out) {
+  __shared__ float s[64];
+  const int t = threadIdx.x;
+  s[t] = 1.0f;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2)
+    if (t < stride) s[t] += s[t + stride];
+  __syncthreads();
+  if (t == 0) out[blockIdx.x] = s[0];
+}
+
 __global__ void atomic_count_kernel(float* total, unsigned* count) {
   atomicAdd(total, 0.5f);
   atomicAdd(count, 1u);
@@ -208,8 +221,8 @@ TEST(CudaEmulator, ThreeDimensionalIndices) {
               ASSERT_EQ(got[i], int(bz * 1000000 + by * 100000 + bx * 10000 + tz * 100 + ty * 10 + tx)) << i;
 }
 
-// Threads run in reverse order between barriers: a read of shared memory that a missing __syncthreads
-// leaves unordered sees the 0xff fill of fresh shared memory, not the neighbour's value.
+// A read of shared memory that a missing __syncthreads leaves unordered with its write sees the 0xff
+// fill of fresh shared memory, not the neighbour's value.
 TEST(CudaEmulator, MissingBarrierShows) {
   DeviceBuffer<int> out(64);
   launch(neighbour_kernel, 1, 64, 64 * sizeof(int), out.p, true);
@@ -220,6 +233,14 @@ TEST(CudaEmulator, MissingBarrierShows) {
   int wrong = 0;
   for (int t = 0; t < 64; ++t) wrong += got[t] != (t + 1) % 64;
   EXPECT_GT(wrong, 0) << "a missing barrier went unnoticed";
+}
+
+// Forward order between barriers shows a read that the reverse order would serve with the new value.
+TEST(CudaEmulator, MissingBarrierShowsInEitherOrder) {
+  DeviceBuffer<float> out(2);
+  launch(unsynced_tree_sum_kernel, 2, 64, 0, out.p);  // neighbouring blocks start in different orders
+  const std::vector<float> got = out.host();
+  EXPECT_TRUE(got[0] != 64.0f || got[1] != 64.0f) << got[0] << " " << got[1];
 }
 
 // ---- what a GPU would not survive -----------------------------------------------------------------------

@@ -21,8 +21,9 @@
 //     a shuffle's mask that exited or do not exist, a shuffle reading a lane outside its mask;
 //   - copies and memsets outside device allocations, or with host and device pointers swapped.
 // New device memory is filled with 0xff bytes (a NaN in every float format), so a kernel that reads
-// memory nobody wrote shows NaN in the results. Threads of a block run in reverse order between
-// barriers, and blocks in reverse order, so a missing barrier shows where the forward order would hide it.
+// memory nobody wrote shows NaN in the results. Threads of a block run one at a time between barriers,
+// in reverse and forward order by turns (and neighbouring blocks start with different ones), so a missing
+// barrier shows whichever way round the racing threads are; blocks run last to first.
 // What it does not model: timing, memory coalescing, warps executing in lockstep (no code may rely on that
 // since Volta), out-of-bounds accesses inside a kernel (run the emulator tests under ASan for those).
 #pragma once

@@ -350,9 +350,14 @@ void run_block(Launch& L) {
     Launch& L;
     ~Abandon() { abandon(L); }
   } abandon_on_exit{L};
-  for (;;) {
-    for (int i = n - 1; i >= 0; --i) {  // reverse order: a missing barrier shows
-      Fiber& f = L.fibers[i];
+  // Between two barriers the threads run one after another, in reverse order or forward, alternating
+  // from one barrier interval to the next and starting differently in neighbouring blocks: a read that
+  // a missing barrier leaves unordered with a write sees the stale value in one of the two orders.
+  const unsigned block_linear = L.block_idx.x + L.grid_dim.x * (L.block_idx.y + L.grid_dim.y * L.block_idx.z);
+  for (unsigned pass = block_linear % 2;; ++pass) {
+    const bool reverse = pass % 2 == 0;
+    for (int k = 0; k < n; ++k) {
+      Fiber& f = L.fibers[reverse ? n - 1 - k : k];
       if (f.wait != Wait::kRunning) continue;
       resume(L, f);
       if (!L.error.empty()) fail(L.error);
