@@ -24,8 +24,12 @@
 // memory nobody wrote shows NaN in the results. Threads of a block run one at a time between barriers,
 // in reverse and forward order by turns (and neighbouring blocks start with different ones), so a missing
 // barrier shows whichever way round the racing threads are; blocks run last to first.
-// What it does not model: timing, memory coalescing, warps executing in lockstep (no code may rely on that
-// since Volta), out-of-bounds accesses inside a kernel (run the emulator tests under ASan for those).
+// What it does not model: timing, memory coalescing, registers (a block too large for a kernel's register
+// count launches here and fails on a GPU), warps executing in lockstep (no code may rely on that since
+// Volta), races between blocks (blocks run one after another), static __shared__ arrays' contents at a
+// block's start (they keep the previous block's values; dynamic shared memory is refilled with 0xff),
+// out-of-bounds accesses inside a kernel (the asan preset's build of the emulator reports those past a
+// device allocation).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
