@@ -129,8 +129,6 @@ Launch& state() {
 void switch_to_scheduler(Launch& L, Fiber& f) {
 #ifdef TITAN_SIM_ASAN
   __sanitizer_start_switch_fiber(&L.fake_stack, L.main_bottom, L.main_size);
-#endif
-#ifdef TITAN_SIM_ASAN
   try {
     f.caller = std::move(f.caller).resume();
   } catch (const ctx::detail::forced_unwind&) {  // abandon(): the thread unwinds on its own stack
