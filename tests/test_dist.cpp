@@ -404,6 +404,22 @@ TEST(DistFailure, ThrowUnderPlainMpirunNamesTheRank) {
       << r.output;
 }
 
+// ---- `titan train` runs on several ranks ----
+
+// The arguments every multi-rank `titan train` below shares (global batch 4 of 32 tokens, the small
+// tokenizer), its corpus written into `tmp`.
+std::string train_args(const testing::TempDir& tmp, int steps) {
+  {
+    std::ofstream f(tmp / "corpus.txt");
+    for (int i = 0; i < 200; ++i) f << "the quick brown fox " << i << " jumps over the lazy dog.\n%\n";
+  }
+  return " --training.dataset=" + (tmp / "corpus.txt") +
+         " --model.tokenizer_path=" + testing::source_path("tests/golden/tokenizer/small") +
+         " --model.vocab_size=1024 --training.seq_len=32 --training.steps=" + std::to_string(steps) +
+         " --training.sample_tokens=0 --lr_scheduler.warmup_steps=2 --metrics.peak_tflops=1"
+         " --training.global_batch_size=4 --training.val_fraction=0 --validation.enable=false";
+}
+
 // ---- expert parallel through `titan train` ----
 
 using testing::jsonl_losses;
@@ -416,16 +432,7 @@ using testing::jsonl_losses;
 // common, and a 1e-7 difference then flips a token's expert, a discrete change.)
 TEST(DistExpertParallel, TrainMatchesOneRank) {
   testing::TempDir tmp;
-  {
-    std::ofstream f(tmp / "corpus.txt");
-    for (int i = 0; i < 200; ++i) f << "the quick brown fox " << i << " jumps over the lazy dog.\n%\n";
-  }
-  const std::string common = " --training.dataset=" + (tmp / "corpus.txt") + " --model.tokenizer_path=" +
-                             testing::source_path("tests/golden/tokenizer/small") +
-                             " --model.flavor=debug_moe --model.vocab_size=1024 --training.seq_len=32"
-                             " --training.steps=10 --training.sample_tokens=0 --lr_scheduler.warmup_steps=2"
-                             " --metrics.peak_tflops=1 --training.global_batch_size=4"
-                             " --training.val_fraction=0 --validation.enable=false";
+  const std::string common = train_args(tmp, 10) + " --model.flavor=debug_moe";
   const std::string aux = " --model.moe_aux_loss=on";
   for (auto [name, args] : {std::pair<std::string, std::string>{"one", " --training.local_batch_size=4"},
                             {"one_aux", " --training.local_batch_size=1" + aux}}) {
@@ -488,15 +495,7 @@ TEST(DistCuda, TrainOnTwoGpusMatchesOneRankOnCpu) {
     GTEST_SKIP() << "needs 2 CUDA GPUs (none or one here, or a build without CUDA)";
   if (!nccl_available()) GTEST_SKIP() << "titan was built without NCCL";
   testing::TempDir tmp;
-  {
-    std::ofstream f(tmp / "corpus.txt");
-    for (int i = 0; i < 200; ++i) f << "the quick brown fox " << i << " jumps over the lazy dog.\n%\n";
-  }
-  const std::string common = " --training.dataset=" + (tmp / "corpus.txt") + " --model.tokenizer_path=" +
-                             testing::source_path("tests/golden/tokenizer/small") +
-                             " --model.vocab_size=1024 --training.seq_len=32 --training.steps=6"
-                             " --training.sample_tokens=0 --lr_scheduler.warmup_steps=2 --metrics.peak_tflops=1"
-                             " --training.global_batch_size=4 --training.val_fraction=0 --validation.enable=false";
+  const std::string common = train_args(tmp, 6);
   for (const char* flavor : {"debug", "debug_moe"}) {
     RunResult r = run_shell("timeout 300 " + kTitan + " train" + common + " --model.flavor=" + flavor +
                             " --training.local_batch_size=4 --job.dump_folder=" + (tmp / flavor));
