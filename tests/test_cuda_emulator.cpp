@@ -1,8 +1,6 @@
 // The CUDA emulator (tests/cuda_sim/) itself: device code means what it means on a GPU (shuffles, barriers,
 // shared memory, atomics), and what would hang, fault or compute garbage on a GPU is an error naming the
 // place. Built only with the CUDA device, as the test_*_sim executables that run titan's kernels on it.
-#include "cuda_sim.h"  // first: what device code sees
-
 #include <cublasLt.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "cuda_sim.h"  // first: what device code sees
 #include "device/cuda/cuda_common.cuh"
 
 namespace titan::cuda {
@@ -26,10 +25,18 @@ __global__ void shuffle_kernel(int* out, int op, int arg, int width) {
   const int t = threadIdx.x, v = t * 10;
   int r = 0;
   switch (op) {
-    case kXor: r = __shfl_xor_sync(0xffffffffu, v, arg, width); break;
-    case kDown: r = __shfl_down_sync(0xffffffffu, v, unsigned(arg), width); break;
-    case kUp: r = __shfl_up_sync(0xffffffffu, v, unsigned(arg), width); break;
-    default: r = __shfl_sync(0xffffffffu, v, arg, width); break;
+    case kXor:
+      r = __shfl_xor_sync(0xffffffffu, v, arg, width);
+      break;
+    case kDown:
+      r = __shfl_down_sync(0xffffffffu, v, unsigned(arg), width);
+      break;
+    case kUp:
+      r = __shfl_up_sync(0xffffffffu, v, unsigned(arg), width);
+      break;
+    default:
+      r = __shfl_sync(0xffffffffu, v, arg, width);
+      break;
   }
   out[t] = r;
 }
@@ -39,7 +46,8 @@ __global__ void block_sum_kernel(float* out, const float* in, int64_t n) {
   __shared__ float s[1024];
   const int t = threadIdx.x;
   float acc = 0;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + t; i < n; i += int64_t(gridDim.x) * blockDim.x) acc += in[i];
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + t; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    acc += in[i];
   s[t] = acc;
   __syncthreads();
   for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
@@ -151,7 +159,8 @@ void expect_error(F&& f, const std::vector<std::string>& parts) {
     ADD_FAILURE() << "no error; expected one with '" << parts.front() << "'";
   } catch (const Error& e) {
     const std::string msg = e.what();
-    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    for (const std::string& p : parts)
+      EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
   }
 }
 
@@ -161,10 +170,18 @@ int expected_shuffle(int lane, Op op, int arg, int width) {
   const int seg = lane / width * width;
   int src = lane;
   switch (op) {
-    case kXor: src = (lane ^ arg) < seg + width ? lane ^ arg : lane; break;
-    case kDown: src = lane + arg < seg + width ? lane + arg : lane; break;
-    case kUp: src = lane - arg >= seg ? lane - arg : lane; break;
-    case kIdx: src = seg + arg % width; break;
+    case kXor:
+      src = (lane ^ arg) < seg + width ? lane ^ arg : lane;
+      break;
+    case kDown:
+      src = lane + arg < seg + width ? lane + arg : lane;
+      break;
+    case kUp:
+      src = lane - arg >= seg ? lane - arg : lane;
+      break;
+    case kIdx:
+      src = seg + arg % width;
+      break;
   }
   return src * 10;
 }
@@ -263,7 +280,8 @@ TEST(CudaEmulator, DivergentSyncthreadsIsAnError) {
 TEST(CudaEmulator, ShuffleMasksAreChecked) {
   DeviceBuffer<int> out(32);
   expect_error([&] { launch(exited_lane_kernel, 1, 32, 0, out.p); }, {"lane 0 of warp 0 exited"});
-  expect_error([&] { launch(own_mask_kernel, 1, 32, 0, out.p); }, {"lane 1 of warp 0 is not in its own mask 0x1"});
+  expect_error([&] { launch(own_mask_kernel, 1, 32, 0, out.p); },
+               {"lane 1 of warp 0 is not in its own mask 0x1"});
   // A full mask in a block of 16 threads names lanes that do not exist.
   expect_error([&] { launch(shuffle_kernel, 1, 16, 0, out.p, int(kXor), 1, 32); },
                {"names lane 16", "a block of 16 threads"});
@@ -280,7 +298,8 @@ TEST(CudaEmulator, LaunchConfigurationsAreChecked) {
   DeviceBuffer<float> out(2048);
   expect_error([&] { launch(smem_kernel, 1, 2048, 0, out.p); }, {"invalid block (2048,1,1)", "at most 1024"});
   expect_error([&] { launch(smem_kernel, dim3(1, 70000), 32, 0, out.p); }, {"invalid grid (1,70000,1)"});
-  expect_error([&] { launch(smem_kernel, int64_t(1) << 32, 32, 0, out.p); }, {"invalid grid (4294967296,1,1)"});
+  expect_error([&] { launch(smem_kernel, int64_t(1) << 32, 32, 0, out.p); },
+               {"invalid grid (4294967296,1,1)"});
   expect_error([&] { launch(smem_kernel, 0, 32, 0, out.p); }, {"invalid grid (0,1,1)"});
 
   // Over 48 KiB of dynamic shared memory needs the kernel's opt-in, up to 227 KiB.
@@ -290,7 +309,8 @@ TEST(CudaEmulator, LaunchConfigurationsAreChecked) {
   EXPECT_NE(cudaFuncSetAttribute(smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 300 << 10),
             cudaSuccess);
   (void)cudaGetLastError();
-  ASSERT_EQ(cudaFuncSetAttribute(smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(big)), cudaSuccess);
+  ASSERT_EQ(cudaFuncSetAttribute(smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(big)),
+            cudaSuccess);
   launch(smem_kernel, 1, 256, big, out.p);
   const std::vector<float> got = out.host();
   for (int t = 0; t < 256; ++t) EXPECT_EQ(got[t], float(255 - t));
@@ -354,24 +374,26 @@ TEST(CudaEmulator, CublasLtMatmulAndItsChecks) {
   ASSERT_EQ(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, k, n, k), CUBLAS_STATUS_SUCCESS);
   ASSERT_EQ(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m), CUBLAS_STATUS_SUCCESS);
   const float alpha = 1, beta = 0;
-  EXPECT_EQ(cublasLtMatmul(lt, op, &alpha, a.p, la, b.p, lb, &beta, d.p, ld, d.p, ld, nullptr, nullptr, 0,
-                           nullptr),
-            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(
+      cublasLtMatmul(lt, op, &alpha, a.p, la, b.p, lb, &beta, d.p, ld, d.p, ld, nullptr, nullptr, 0, nullptr),
+      CUBLAS_STATUS_SUCCESS);
   EXPECT_EQ(d.host(), want);
 
   std::vector<float> host_d(m * n);
-  EXPECT_EQ(cublasLtMatmul(lt, op, &alpha, a.p, la, b.p, lb, &beta, host_d.data(), ld, host_d.data(), ld, nullptr,
-                           nullptr, 0, nullptr),
+  EXPECT_EQ(cublasLtMatmul(lt, op, &alpha, a.p, la, b.p, lb, &beta, host_d.data(), ld, host_d.data(), ld,
+                           nullptr, nullptr, 0, nullptr),
             CUBLAS_STATUS_INVALID_VALUE);
   cublasLtMatrixLayout_t bad;
   EXPECT_EQ(cublasLtMatrixLayoutCreate(&bad, CUDA_R_32F, m, k, m - 1), CUBLAS_STATUS_INVALID_VALUE);
   // op(A) and B disagree in k; A's layout reaches past its allocation (ld too large).
   ASSERT_EQ(cublasLtMatrixLayoutCreate(&bad, CUDA_R_32F, k + 1, n, k + 1), CUBLAS_STATUS_SUCCESS);
-  EXPECT_EQ(cublasLtMatmul(lt, op, &alpha, a.p, la, b.p, bad, &beta, d.p, ld, d.p, ld, nullptr, nullptr, 0, nullptr),
+  EXPECT_EQ(cublasLtMatmul(lt, op, &alpha, a.p, la, b.p, bad, &beta, d.p, ld, d.p, ld, nullptr, nullptr, 0,
+                           nullptr),
             CUBLAS_STATUS_INVALID_VALUE);
   cublasLtMatrixLayoutDestroy(bad);
   ASSERT_EQ(cublasLtMatrixLayoutCreate(&bad, CUDA_R_32F, m, k, 2 * m), CUBLAS_STATUS_SUCCESS);
-  EXPECT_EQ(cublasLtMatmul(lt, op, &alpha, a.p, bad, b.p, lb, &beta, d.p, ld, d.p, ld, nullptr, nullptr, 0, nullptr),
+  EXPECT_EQ(cublasLtMatmul(lt, op, &alpha, a.p, bad, b.p, lb, &beta, d.p, ld, d.p, ld, nullptr, nullptr, 0,
+                           nullptr),
             CUBLAS_STATUS_INVALID_VALUE);
   for (auto l : {la, lb, ld, bad}) cublasLtMatrixLayoutDestroy(l);
   cublasLtMatmulDescDestroy(op);

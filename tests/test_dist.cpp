@@ -10,10 +10,10 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "device/device.h"
 #include "dist/data_parallel.h"
 #include "dist/data_parallel_plan.h"
 #include "dist/expert_parallel.h"
-#include "device/device.h"
 #include "dist/launcher.h"
 #include "dist/nccl.h"
 #include "dist/runtime.h"
@@ -509,9 +509,9 @@ TEST(DistCuda, TrainOnTwoGpusMatchesOneRankOnCpu) {
         Layout{"fsdp2", "debug", " --parallelism.data_parallel_shard_degree=2"},
         Layout{"ep2", "debug_moe",
                " --parallelism.data_parallel_replicate_degree=2 --parallelism.expert_parallel_degree=2"}}) {
-    RunResult r = run_shell("timeout 300 " + kTitan + " run --nproc-per-node 2 train" + common +
-                            " --model.flavor=" + l.flavor + " --training.local_batch_size=2 --job.device=cuda" +
-                            l.args + " --job.dump_folder=" + (tmp / l.name));
+    RunResult r = run_shell(
+        "timeout 300 " + kTitan + " run --nproc-per-node 2 train" + common + " --model.flavor=" + l.flavor +
+        " --training.local_batch_size=2 --job.device=cuda" + l.args + " --job.dump_folder=" + (tmp / l.name));
     ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.output;
     EXPECT_NE(r.output.find("device: cuda:0 ("), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("collectives: nccl"), std::string::npos) << r.output;
@@ -519,7 +519,8 @@ TEST(DistCuda, TrainOnTwoGpusMatchesOneRankOnCpu) {
     const auto got = jsonl_losses(tmp / (l.name + "/metrics.jsonl"));
     ASSERT_EQ(ref.size(), 6u) << l.flavor;
     ASSERT_EQ(got.size(), ref.size()) << l.name;
-    for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << l.name << " step " << i + 1;
+    for (size_t i = 0; i < ref.size(); ++i)
+      EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << l.name << " step " << i + 1;
   }
 }
 

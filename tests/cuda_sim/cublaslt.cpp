@@ -119,8 +119,8 @@ cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) 
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
-                                                    cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
-                                                    size_t bytes) {
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, size_t bytes) {
   if (!buf) return reject(CUBLAS_STATUS_INVALID_VALUE, "preference value is null");
   if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) {
     if (bytes != sizeof(uint64_t)) return reject(CUBLAS_STATUS_INVALID_VALUE, "workspace size type");
@@ -133,8 +133,9 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
                                               cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
-                                              cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int requested,
-                                              cublasLtMatmulHeuristicResult_t results[], int* returned) {
+                                              cublasLtMatrixLayout_t, cublasLtMatmulPreference_t,
+                                              int requested, cublasLtMatmulHeuristicResult_t results[],
+                                              int* returned) {
   if (requested < 1 || !results || !returned) return reject(CUBLAS_STATUS_INVALID_VALUE, "heuristic query");
   results[0] = cublasLtMatmulHeuristicResult_t{};
   results[0].state = CUBLAS_STATUS_SUCCESS;
@@ -152,8 +153,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   if (!handle || !desc || !a_layout || !b_layout || !c_layout || !d_layout || !alpha || !beta)
     return reject(CUBLAS_STATUS_INVALID_VALUE, "null handle, descriptor, alpha or beta");
   const Desc& op = *reinterpret_cast<const Desc*>(desc);
-  const Layout &la = *reinterpret_cast<const Layout*>(a_layout), &lb = *reinterpret_cast<const Layout*>(b_layout),
-               &lc = *reinterpret_cast<const Layout*>(c_layout), &ld = *reinterpret_cast<const Layout*>(d_layout);
+  const Layout &la = *reinterpret_cast<const Layout*>(a_layout),
+               &lb = *reinterpret_cast<const Layout*>(b_layout),
+               &lc = *reinterpret_cast<const Layout*>(c_layout),
+               &ld = *reinterpret_cast<const Layout*>(d_layout);
   if (op.compute != CUBLAS_COMPUTE_32F || op.scale != CUDA_R_32F)
     return reject(CUBLAS_STATUS_NOT_SUPPORTED, "compute/scale type (the emulator models 32F only)");
   if (la.type != lb.type || lc.type != CUDA_R_32F || ld.type != CUDA_R_32F)
@@ -166,7 +169,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   if (titan::cuda_sim::is_device_range(alpha, 0) || titan::cuda_sim::is_device_range(beta, 0))
     return reject(CUBLAS_STATUS_INVALID_VALUE, "alpha/beta in device memory under the host pointer mode");
   if (!in_device(A, la) || !in_device(B, lb) || !in_device(C, lc) || !in_device(D, ld))
-    return reject(CUBLAS_STATUS_INVALID_VALUE, "a matrix extends outside device memory (pointer or ld wrong)");
+    return reject(CUBLAS_STATUS_INVALID_VALUE,
+                  "a matrix extends outside device memory (pointer or ld wrong)");
   if (workspace_bytes && !titan::cuda_sim::is_device_range(workspace, workspace_bytes))
     return reject(CUBLAS_STATUS_INVALID_VALUE, "workspace outside device memory");
   if (C != D && (lc.ld != ld.ld)) return reject(CUBLAS_STATUS_NOT_SUPPORTED, "C != D with different layouts");
@@ -174,7 +178,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
   auto* d = static_cast<float*>(D);
   if (C != D && b != 0.0f)
-    for (uint64_t j = 0; j < n; ++j) std::memcpy(d + j * ld.ld, static_cast<const float*>(C) + j * lc.ld, 4 * m);
+    for (uint64_t j = 0; j < n; ++j)
+      std::memcpy(d + j * ld.ld, static_cast<const float*>(C) + j * lc.ld, 4 * m);
   if (k == 0) {
     for (uint64_t j = 0; j < n; ++j)
       for (uint64_t i = 0; i < m; ++i) d[j * ld.ld + i] = b == 0.0f ? 0.0f : b * d[j * ld.ld + i];

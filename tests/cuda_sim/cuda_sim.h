@@ -76,7 +76,8 @@ std::vector<PointerArg> pointer_args(const std::tuple<P...>& params) {
             out.push_back({static_cast<int>(I), static_cast<const void*>(std::get<I>(params))});
         }(),
         ...);
-  }(std::index_sequence_for<P...>{});
+  }
+  (std::index_sequence_for<P...>{});
   return out;
 }
 
@@ -126,7 +127,8 @@ T shuffle(Exchange kind, unsigned mask, T v, int arg, int width, const std::sour
 inline void __syncthreads(std::source_location where = std::source_location::current()) {
   ::titan::cuda_sim::sync_threads(where);
 }
-inline void __syncwarp(unsigned mask = 0xffffffffu, std::source_location where = std::source_location::current()) {
+inline void __syncwarp(unsigned mask = 0xffffffffu,
+                       std::source_location where = std::source_location::current()) {
   ::titan::cuda_sim::warp_exchange(::titan::cuda_sim::Exchange::kSyncWarp, mask, 0, 0, 32, where);
 }
 template <class T>
@@ -142,8 +144,8 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32,
 template <class T>
 T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32,
                    std::source_location where = std::source_location::current()) {
-  return ::titan::cuda_sim::shuffle(::titan::cuda_sim::Exchange::kDown, mask, v, static_cast<int>(delta), width,
-                                    where);
+  return ::titan::cuda_sim::shuffle(::titan::cuda_sim::Exchange::kDown, mask, v, static_cast<int>(delta),
+                                    width, where);
 }
 template <class T>
 T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32,
@@ -153,27 +155,49 @@ T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32,
 }
 
 // CUDA's overloads (no template: the same implicit conversions as nvcc).
-inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
-inline double atomicAdd(double* p, double v) { return std::atomic_ref<double>(*p).fetch_add(v); }
-inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
-inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+inline float atomicAdd(float* p, float v) {
+  return std::atomic_ref<float>(*p).fetch_add(v);
+}
+inline double atomicAdd(double* p, double v) {
+  return std::atomic_ref<double>(*p).fetch_add(v);
+}
+inline int atomicAdd(int* p, int v) {
+  return std::atomic_ref<int>(*p).fetch_add(v);
+}
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  return std::atomic_ref<unsigned>(*p).fetch_add(v);
+}
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
   return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
 }
 
-inline float __uint_as_float(unsigned u) { return std::bit_cast<float>(u); }
-inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
-inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
-inline int __float_as_int(float f) { return std::bit_cast<int>(f); }
+inline float __uint_as_float(unsigned u) {
+  return std::bit_cast<float>(u);
+}
+inline unsigned __float_as_uint(float f) {
+  return std::bit_cast<unsigned>(f);
+}
+inline float __int_as_float(int i) {
+  return std::bit_cast<float>(i);
+}
+inline int __float_as_int(float f) {
+  return std::bit_cast<int>(f);
+}
 inline int __float2int_rz(float x) {  // saturating, NaN -> 0, as the hardware
   if (std::isnan(x)) return 0;
   if (x >= 2147483648.0f) return INT32_MAX;
   if (x <= -2147483648.0f) return INT32_MIN;
   return static_cast<int>(x);
 }
-inline float __expf(float x) { return std::exp(x); }
-inline float __logf(float x) { return std::log(x); }
-inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __expf(float x) {
+  return std::exp(x);
+}
+inline float __logf(float x) {
+  return std::log(x);
+}
+inline float rsqrtf(float x) {
+  return 1.0f / std::sqrt(x);
+}
 
 // CUDA's integer and float min/max overloads (usual arithmetic conversions for mixed types).
 template <class A, class B, std::enable_if_t<std::is_arithmetic_v<A> && std::is_arithmetic_v<B>, int> = 0>

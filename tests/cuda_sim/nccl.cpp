@@ -27,8 +27,8 @@
 
 struct ncclComm {
   int rank = 0, size = 1;
-  std::vector<int> world;  // world[r] = the MPI_COMM_WORLD rank of member r
-  int tag = 0;             // this communicator's messages
+  std::vector<int> world;                 // world[r] = the MPI_COMM_WORLD rank of member r
+  int tag = 0;                            // this communicator's messages
   std::deque<std::vector<char>> to_self;  // ncclSend to the rank itself, until its ncclRecv
 };
 
@@ -73,11 +73,24 @@ int tag_upper_bound() {
 
 size_t type_bytes(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
-    default: return 0;
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2:
+      return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+      return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+      return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -85,11 +98,21 @@ template <class T>
 void combine_as(T* acc, const T* x, size_t n, ncclRedOp_t op) {
   for (size_t i = 0; i < n; ++i) {
     switch (op) {
-      case ncclSum: case ncclAvg: acc[i] = acc[i] + x[i]; break;
-      case ncclProd: acc[i] = acc[i] * x[i]; break;
-      case ncclMax: acc[i] = x[i] > acc[i] ? x[i] : acc[i]; break;
-      case ncclMin: acc[i] = x[i] < acc[i] ? x[i] : acc[i]; break;
-      default: break;
+      case ncclSum:
+      case ncclAvg:
+        acc[i] = acc[i] + x[i];
+        break;
+      case ncclProd:
+        acc[i] = acc[i] * x[i];
+        break;
+      case ncclMax:
+        acc[i] = x[i] > acc[i] ? x[i] : acc[i];
+        break;
+      case ncclMin:
+        acc[i] = x[i] < acc[i] ? x[i] : acc[i];
+        break;
+      default:
+        break;
     }
   }
 }
@@ -116,31 +139,59 @@ bool reducible(ncclDataType_t t) {
 // acc (op)= x, n elements of t; ncclAvg sums here and divides in finish_avg.
 void combine(void* acc, const void* x, size_t n, ncclDataType_t t, ncclRedOp_t op) {
   switch (t) {
-    case ncclInt32: combine_as(static_cast<int32_t*>(acc), static_cast<const int32_t*>(x), n, op); break;
-    case ncclUint32: combine_as(static_cast<uint32_t*>(acc), static_cast<const uint32_t*>(x), n, op); break;
-    case ncclInt64: combine_as(static_cast<int64_t*>(acc), static_cast<const int64_t*>(x), n, op); break;
-    case ncclUint64: combine_as(static_cast<uint64_t*>(acc), static_cast<const uint64_t*>(x), n, op); break;
-    case ncclFloat32: combine_as(static_cast<float*>(acc), static_cast<const float*>(x), n, op); break;
-    case ncclFloat64: combine_as(static_cast<double*>(acc), static_cast<const double*>(x), n, op); break;
-    case ncclBfloat16: combine_bf16(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(x), n, op); break;
-    default: break;
+    case ncclInt32:
+      combine_as(static_cast<int32_t*>(acc), static_cast<const int32_t*>(x), n, op);
+      break;
+    case ncclUint32:
+      combine_as(static_cast<uint32_t*>(acc), static_cast<const uint32_t*>(x), n, op);
+      break;
+    case ncclInt64:
+      combine_as(static_cast<int64_t*>(acc), static_cast<const int64_t*>(x), n, op);
+      break;
+    case ncclUint64:
+      combine_as(static_cast<uint64_t*>(acc), static_cast<const uint64_t*>(x), n, op);
+      break;
+    case ncclFloat32:
+      combine_as(static_cast<float*>(acc), static_cast<const float*>(x), n, op);
+      break;
+    case ncclFloat64:
+      combine_as(static_cast<double*>(acc), static_cast<const double*>(x), n, op);
+      break;
+    case ncclBfloat16:
+      combine_bf16(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(x), n, op);
+      break;
+    default:
+      break;
   }
 }
 
 void finish_avg(void* acc, size_t n, ncclDataType_t t, int ranks) {
   switch (t) {
-    case ncclInt32: divide_as(static_cast<int32_t*>(acc), n, ranks); break;
-    case ncclUint32: divide_as(static_cast<uint32_t*>(acc), n, ranks); break;
-    case ncclInt64: divide_as(static_cast<int64_t*>(acc), n, ranks); break;
-    case ncclUint64: divide_as(static_cast<uint64_t*>(acc), n, ranks); break;
-    case ncclFloat32: divide_as(static_cast<float*>(acc), n, ranks); break;
-    case ncclFloat64: divide_as(static_cast<double*>(acc), n, ranks); break;
+    case ncclInt32:
+      divide_as(static_cast<int32_t*>(acc), n, ranks);
+      break;
+    case ncclUint32:
+      divide_as(static_cast<uint32_t*>(acc), n, ranks);
+      break;
+    case ncclInt64:
+      divide_as(static_cast<int64_t*>(acc), n, ranks);
+      break;
+    case ncclUint64:
+      divide_as(static_cast<uint64_t*>(acc), n, ranks);
+      break;
+    case ncclFloat32:
+      divide_as(static_cast<float*>(acc), n, ranks);
+      break;
+    case ncclFloat64:
+      divide_as(static_cast<double*>(acc), n, ranks);
+      break;
     case ncclBfloat16: {
       auto* p = static_cast<uint16_t*>(acc);
       for (size_t i = 0; i < n; ++i) p[i] = titan::f32_to_bf16(titan::bf16_to_f32(p[i]) / float(ranks));
       break;
     }
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -194,16 +245,18 @@ ncclResult_t run(const std::function<void(Pending&)>& post) {
 ncclResult_t check_comm(ncclComm* c, const char* call) {
   if (!c) return reject(ncclInvalidArgument, std::string(call) + ": null communicator");
   if (c->size > 1 && !mpi_running())
-    return reject(ncclInvalidUsage, std::string(call) + ": MPI is not running (the emulator's NCCL rides on it)");
+    return reject(ncclInvalidUsage,
+                  std::string(call) + ": MPI is not running (the emulator's NCCL rides on it)");
   return ncclSuccess;
 }
 
-ncclResult_t check_buffer(const void* p, size_t count, ncclDataType_t t, const char* call, const char* which) {
+ncclResult_t check_buffer(const void* p, size_t count, ncclDataType_t t, const char* call,
+                          const char* which) {
   if (type_bytes(t) == 0) return reject(ncclInvalidArgument, std::string(call) + ": data type");
   if (count == 0) return ncclSuccess;
   if (!p || !titan::cuda_sim::is_device_range(p, count * type_bytes(t)))
-    return reject(ncclInvalidArgument, titan::str_cat(call, ": ", which, " (", p, ", ", count, " elements) is not ",
-                                                      "device memory"));
+    return reject(ncclInvalidArgument, titan::str_cat(call, ": ", which, " (", p, ", ", count,
+                                                      " elements) is not ", "device memory"));
   return ncclSuccess;
 }
 
@@ -214,25 +267,28 @@ ncclResult_t check_root(ncclComm* c, int root, const char* call) {
 }
 
 ncclResult_t check_op(ncclDataType_t t, ncclRedOp_t op, const char* call) {
-  if (!reducible(t)) return reject(ncclInvalidArgument, std::string(call) + ": the emulator does not reduce this type");
+  if (!reducible(t))
+    return reject(ncclInvalidArgument, std::string(call) + ": the emulator does not reduce this type");
   if (op < ncclSum || op > ncclAvg) return reject(ncclInvalidArgument, std::string(call) + ": reduction op");
   return ncclSuccess;
 }
 
-#define TITAN_NCCL_TRY(call)             \
-  do {                                   \
-    const ncclResult_t r_ = (call);      \
-    if (r_ != ncclSuccess) return r_;    \
+#define TITAN_NCCL_TRY(call)          \
+  do {                                \
+    const ncclResult_t r_ = (call);   \
+    if (r_ != ncclSuccess) return r_; \
   } while (0)
 
-// Every rank's `bytes` at `send` reduced into `recv` on `root` (rank order), in the Pending `q`.
+constexpr int kAllRanks = -1;
+
+// Every rank's `count` elements at `send` reduced in rank order into `recv` on `root`, or on every rank
+// for kAllRanks (each adds the same parts in the same order, so all get the same bits), in `q`.
 void post_reduce(ncclComm* c, const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
                  int root, Pending& q) {
   const size_t bytes = count * type_bytes(t);
-  if (c->rank != root) {
-    post_send(c, send, bytes, root, q);
-    return;
-  }
+  for (int r = 0; r < c->size; ++r)
+    if (r != c->rank && (root == kAllRanks || r == root)) post_send(c, send, bytes, r, q);
+  if (root != kAllRanks && c->rank != root) return;
   std::vector<const char*> parts(c->size);
   for (int r = 0; r < c->size; ++r) {
     if (r == c->rank) {
@@ -271,13 +327,20 @@ extern "C" {
 
 const char* ncclGetErrorString(ncclResult_t r) {
   switch (r) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error";
-    case ncclSystemError: return "unhandled system error";
-    case ncclInternalError: return "internal error";
-    case ncclInvalidArgument: return last_error.empty() ? "invalid argument" : last_error.c_str();
-    case ncclInvalidUsage: return last_error.empty() ? "invalid usage" : last_error.c_str();
-    default: return "unknown result";
+    case ncclSuccess:
+      return "no error";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error";
+    case ncclSystemError:
+      return "unhandled system error";
+    case ncclInternalError:
+      return "internal error";
+    case ncclInvalidArgument:
+      return last_error.empty() ? "invalid argument" : last_error.c_str();
+    case ncclInvalidUsage:
+      return last_error.empty() ? "invalid usage" : last_error.c_str();
+    default:
+      return "unknown result";
   }
 }
 
@@ -298,7 +361,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   IdFields f;
   std::memcpy(&f, id.internal, sizeof f);
   if (!comm) return reject(ncclInvalidArgument, "ncclCommInitRank: null communicator");
-  if (f.magic != kIdMagic) return reject(ncclInvalidArgument, "ncclCommInitRank: the id was not made by ncclGetUniqueId");
+  if (f.magic != kIdMagic)
+    return reject(ncclInvalidArgument, "ncclCommInitRank: the id was not made by ncclGetUniqueId");
   if (nranks < 1 || rank < 0 || rank >= nranks)
     return reject(ncclInvalidArgument, titan::str_cat("ncclCommInitRank: rank ", rank, " of ", nranks));
   auto* c = new ncclComm;
@@ -315,7 +379,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
     const int me[2] = {rank, world_rank()};
     if (me[1] != f.creator_world_rank) {
       MPI_Send(me, 2, MPI_INT, f.creator_world_rank, c->tag, MPI_COMM_WORLD);
-      MPI_Recv(c->world.data(), nranks, MPI_INT, f.creator_world_rank, c->tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Recv(c->world.data(), nranks, MPI_INT, f.creator_world_rank, c->tag, MPI_COMM_WORLD,
+               MPI_STATUS_IGNORE);
     } else {
       std::vector<int> seen(nranks, 0);
       c->world[rank] = me[1];
@@ -326,8 +391,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
         MPI_Recv(other, 2, MPI_INT, MPI_ANY_SOURCE, c->tag, MPI_COMM_WORLD, &st);
         if (other[0] < 0 || other[0] >= nranks || seen[other[0]]) {
           delete c;
-          return reject(ncclInvalidUsage, titan::str_cat("ncclCommInitRank: rank ", other[0], " claimed twice or out of ",
-                                                         nranks));
+          return reject(ncclInvalidUsage, titan::str_cat("ncclCommInitRank: rank ", other[0],
+                                                         " claimed twice or out of ", nranks));
         }
         seen[other[0]] = 1;
         c->world[other[0]] = other[1];
@@ -366,13 +431,11 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
   TITAN_NCCL_TRY(check_op(t, op, "ncclAllReduce"));
   TITAN_NCCL_TRY(check_buffer(send, count, t, "ncclAllReduce", "send buffer"));
   TITAN_NCCL_TRY(check_buffer(recv, count, t, "ncclAllReduce", "receive buffer"));
-  // Reduce to rank 0, then broadcast from there: two steps, since the broadcast reads the reduction.
-  TITAN_NCCL_TRY(run([&](Pending& q) { post_reduce(c, send, recv, count, t, op, 0, q); }));
-  return run([&](Pending& q) { post_broadcast(c, recv, recv, count, t, 0, q); });
+  return run([&](Pending& q) { post_reduce(c, send, recv, count, t, op, kAllRanks, q); });
 }
 
-ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, int root,
-                        ncclComm_t c, cudaStream_t) {
+ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
+                        int root, ncclComm_t c, cudaStream_t) {
   TITAN_NCCL_TRY(check_comm(c, "ncclReduce"));
   TITAN_NCCL_TRY(check_root(c, root, "ncclReduce"));
   TITAN_NCCL_TRY(check_op(t, op, "ncclReduce"));
@@ -381,8 +444,8 @@ ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType
   return run([&](Pending& q) { post_reduce(c, send, recv, count, t, op, root, q); });
 }
 
-ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root, ncclComm_t c,
-                           cudaStream_t) {
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root,
+                           ncclComm_t c, cudaStream_t) {
   TITAN_NCCL_TRY(check_comm(c, "ncclBroadcast"));
   TITAN_NCCL_TRY(check_root(c, root, "ncclBroadcast"));
   if (c->rank == root) TITAN_NCCL_TRY(check_buffer(send, count, t, "ncclBroadcast", "send buffer"));
@@ -390,8 +453,8 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
   return run([&](Pending& q) { post_broadcast(c, send, recv, count, t, root, q); });
 }
 
-ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t t, ncclRedOp_t op,
-                               ncclComm_t c, cudaStream_t) {
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t t,
+                               ncclRedOp_t op, ncclComm_t c, cudaStream_t) {
   TITAN_NCCL_TRY(check_comm(c, "ncclReduceScatter"));
   TITAN_NCCL_TRY(check_op(t, op, "ncclReduceScatter"));
   TITAN_NCCL_TRY(check_buffer(send, recv_count * c->size, t, "ncclReduceScatter", "send buffer"));
@@ -415,7 +478,8 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, nccl
   });
 }
 
-ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t) {
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer, ncclComm_t c,
+                      cudaStream_t) {
   TITAN_NCCL_TRY(check_comm(c, "ncclSend"));
   TITAN_NCCL_TRY(check_root(c, peer, "ncclSend"));
   TITAN_NCCL_TRY(check_buffer(send, count, t, "ncclSend", "send buffer"));
@@ -436,7 +500,8 @@ ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, nccl
   if (peer == c->rank) {
     return run([&](Pending& q) {
       q.after.push_back([c, recv, bytes] {
-        TITAN_CHECK(!c->to_self.empty(), "CUDA emulator: NCCL: ncclRecv from the rank itself with no ncclSend");
+        TITAN_CHECK(!c->to_self.empty(),
+                    "CUDA emulator: NCCL: ncclRecv from the rank itself with no ncclSend");
         TITAN_CHECK(c->to_self.front().size() == bytes, "CUDA emulator: NCCL: ncclRecv of ", bytes,
                     " bytes from the rank itself, whose ncclSend had ", c->to_self.front().size());
         std::memcpy(recv, c->to_self.front().data(), bytes);

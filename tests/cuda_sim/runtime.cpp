@@ -6,14 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/context/fiber.hpp>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
-
-#include <boost/context/fiber.hpp>
 
 #include "core/error.h"
 #include "cuda_sim.h"
@@ -27,8 +26,8 @@ namespace titan::cuda_sim {
 namespace {
 
 constexpr size_t kStackBytes = 256 << 10;
-constexpr size_t kDefaultSmem = 48 << 10;       // dynamic shared memory without an opt-in
-constexpr size_t kMaxSmemOptin = 227 << 10;      // sm_90 (H100, H200)
+constexpr size_t kDefaultSmem = 48 << 10;    // dynamic shared memory without an opt-in
+constexpr size_t kMaxSmemOptin = 227 << 10;  // sm_90 (H100, H200)
 constexpr unsigned kFullMask = 0xffffffffu;
 
 std::string where_str(const std::source_location& w) {
@@ -82,8 +81,8 @@ namespace ctx = boost::context;
 enum class Wait { kRunning, kBlock, kWarp, kDone };
 
 struct Fiber {
-  ctx::fiber self;    // the thread, suspended (empty once it has finished)
-  ctx::fiber caller;  // the scheduler, while the thread runs
+  ctx::fiber self;        // the thread, suspended (empty once it has finished)
+  ctx::fiber caller;      // the scheduler, while the thread runs
   char* stack = nullptr;  // kStackBytes, the lowest page a guard
   bool started = false;
   uint3 tid{};
@@ -226,7 +225,9 @@ std::string describe_waits(const Launch& L) {
   for (int i = 0; i < L.threads; ++i) {
     const Fiber& f = L.fibers[i];
     if (f.wait == Wait::kDone) continue;
-    const char* what = f.wait == Wait::kBlock ? "__syncthreads" : f.kind == Exchange::kSyncWarp ? "__syncwarp" : "a shuffle";
+    const char* what = f.wait == Wait::kBlock          ? "__syncthreads"
+                       : f.kind == Exchange::kSyncWarp ? "__syncwarp"
+                                                       : "a shuffle";
     ++counts[str_cat(what, " at ", where_str(f.where))];
   }
   std::string s;
@@ -264,8 +265,8 @@ bool release_warps(Launch& L) {
       const unsigned m = f.mask;
       auto at = [&] {  // built only for an error
         return str_cat(f.kind == Exchange::kSyncWarp ? "__syncwarp" : "shuffle", " at ", where_str(f.where),
-                       " of block (", L.block_idx.x, ",", L.block_idx.y, ",", L.block_idx.z, "), launched at ",
-                       L.site);
+                       " of block (", L.block_idx.x, ",", L.block_idx.y, ",", L.block_idx.z,
+                       "), launched at ", L.site);
       };
       if (!(m >> lane & 1u))
         fail("CUDA emulator: lane ", lane, " of warp ", w0 / 32, " is not in its own mask 0x", std::hex, m,
@@ -336,10 +337,12 @@ bool release_block(Launch& L) {
 
 void run_block(Launch& L) {
   const int n = L.threads;
-  if (L.smem_bytes) std::memset(L.smem.data(), 0xff, L.smem_bytes);  // an earlier block's data is not this one's
+  if (L.smem_bytes)
+    std::memset(L.smem.data(), 0xff, L.smem_bytes);  // an earlier block's data is not this one's
   for (int i = 0; i < n; ++i) {
     Fiber& f = L.fibers[i];
-    f.tid = {static_cast<unsigned>(i % L.block_dim.x), static_cast<unsigned>(i / L.block_dim.x % L.block_dim.y),
+    f.tid = {static_cast<unsigned>(i % L.block_dim.x),
+             static_cast<unsigned>(i / L.block_dim.x % L.block_dim.y),
              static_cast<unsigned>(i / (L.block_dim.x * L.block_dim.y))};
     f.wait = Wait::kRunning;
     f.started = false;  // made on its first resume: a failed block leaves no never-run fibers to unwind
@@ -360,7 +363,8 @@ void run_block(Launch& L) {
       resume(L, f);
       if (!L.error.empty()) fail(L.error);
     }
-    if (std::all_of(L.fibers.begin(), L.fibers.begin() + n, [](const Fiber& f) { return f.wait == Wait::kDone; }))
+    if (std::all_of(L.fibers.begin(), L.fibers.begin() + n,
+                    [](const Fiber& f) { return f.wait == Wait::kDone; }))
       return;
     if (release_warps(L) || release_block(L)) continue;
     fail("CUDA emulator: deadlock in block (", L.block_idx.x, ",", L.block_idx.y, ",", L.block_idx.z,
@@ -410,7 +414,8 @@ uint64_t warp_exchange(Exchange kind, unsigned mask, uint64_t bits, int arg, int
   Launch& L = state();
   Fiber& f = *L.current;
   if (width <= 0 || width > 32 || (width & (width - 1)) != 0) {
-    L.error = str_cat("CUDA emulator: shuffle width ", width, " (a power of two up to 32) at ", where_str(where));
+    L.error =
+        str_cat("CUDA emulator: shuffle width ", width, " (a power of two up to 32) at ", where_str(where));
     f.wait = Wait::kDone;
     switch_to_scheduler(L, f);
   }
@@ -430,7 +435,8 @@ void launch(const void* kernel, const Grid& grid, dim3 block, size_t dynamic_sme
   const std::string site = where_str(grid.where);
   const dim3 g = grid.dim;
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
-  if (grid.requested_x < 1 || grid.requested_x > 0x7fffffff || g.y < 1 || g.y > 65535 || g.z < 1 || g.z > 65535)
+  if (grid.requested_x < 1 || grid.requested_x > 0x7fffffff || g.y < 1 || g.y > 65535 || g.z < 1 ||
+      g.z > 65535)
     fail("CUDA emulator: invalid grid (", grid.requested_x, ",", g.y, ",", g.z, ") launched at ", site,
          " (x in 1..2^31-1, y and z in 1..65535)");
   if (threads < 1 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64)
@@ -522,7 +528,8 @@ cudaError_t sim_free(void* p) {
   std::lock_guard<std::mutex> g(m.mu);
   auto it = m.blocks.find(reinterpret_cast<uintptr_t>(p));
   if (it == m.blocks.end())
-    return failed(cudaErrorInvalidValue, titan::str_cat("cudaFree of ", p, ", which is not a device allocation"));
+    return failed(cudaErrorInvalidValue,
+                  titan::str_cat("cudaFree of ", p, ", which is not a device allocation"));
   const size_t bytes = std::max<size_t>(it->second, 1);
   std::memset(p, 0xff, bytes);
   m.in_use -= bytes;
@@ -533,11 +540,16 @@ cudaError_t sim_free(void* p) {
 
 const char* kind_name(cudaMemcpyKind k) {
   switch (k) {
-    case cudaMemcpyHostToDevice: return "host to device";
-    case cudaMemcpyDeviceToHost: return "device to host";
-    case cudaMemcpyDeviceToDevice: return "device to device";
-    case cudaMemcpyHostToHost: return "host to host";
-    default: return "default";
+    case cudaMemcpyHostToDevice:
+      return "host to device";
+    case cudaMemcpyDeviceToHost:
+      return "device to host";
+    case cudaMemcpyDeviceToDevice:
+      return "device to device";
+    case cudaMemcpyHostToHost:
+      return "host to host";
+    default:
+      return "default";
   }
 }
 
@@ -561,7 +573,8 @@ cudaError_t cudaSetDevice(int device) {
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device < 0 || device >= sim_device_count()) return failed(cudaErrorInvalidDevice, "cudaGetDeviceProperties");
+  if (device < 0 || device >= sim_device_count())
+    return failed(cudaErrorInvalidDevice, "cudaGetDeviceProperties");
   *prop = cudaDeviceProp{};
   std::snprintf(prop->name, sizeof prop->name, "CUDA emulator (CPU)");
   prop->totalGlobalMem = kGpuBytes;
@@ -592,13 +605,20 @@ cudaError_t cudaPeekAtLastError(void) {
 }
 const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    default: return "cudaError";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    default:
+      return "cudaError";
   }
 }
 const char* cudaGetErrorString(cudaError_t e) {
@@ -649,8 +669,8 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t) {
   if (n == 0) return cudaSuccess;
   const bool dst_dev = is_device(dst, n), src_dev = is_device(src, n);
-  const bool ok = kind == cudaMemcpyHostToDevice   ? dst_dev && !is_device(src, 0)
-                  : kind == cudaMemcpyDeviceToHost ? src_dev && !is_device(dst, 0)
+  const bool ok = kind == cudaMemcpyHostToDevice     ? dst_dev && !is_device(src, 0)
+                  : kind == cudaMemcpyDeviceToHost   ? src_dev && !is_device(dst, 0)
                   : kind == cudaMemcpyDeviceToDevice ? dst_dev && src_dev
                                                      : true;
   if (!ok)
@@ -688,4 +708,3 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 }
 
 }  // extern "C"
-

@@ -91,7 +91,7 @@ class GoldenParams {
 
   SafetensorsFile want_, want64_;
   double tol_;
-  double sum_diff_ = 0, sum_ref_ = 0;                           // against HF float32
+  double sum_diff_ = 0, sum_ref_ = 0;                             // against HF float32
   double sum_diff_truth_ = 0, sum_hf_truth_ = 0, sum_truth_ = 0;  // against the float64 run
 };
 

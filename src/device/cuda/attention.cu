@@ -229,7 +229,8 @@ struct LaunchBackward {
                   const float* k, const float* v, const float* lse, const float* D, int64_t T, int64_t nH,
                   int64_t nKV, int64_t hd, float scale) {
     allow_smem(flash_backward_kernel<R>, smem);
-    launch(flash_backward_kernel<R>, grid, kBwdWarps * 32, smem, dq, dk, dv, dout, q, k, v, lse, D, T, nH, nKV, hd, scale);
+    launch(flash_backward_kernel<R>, grid, kBwdWarps * 32, smem, dq, dk, dv, dout, q, k, v, lse, D, T, nH,
+           nKV, hd, scale);
   }
 };
 

@@ -45,7 +45,8 @@ void attention_kv_forward(float* out, const float* q, const float* k, const floa
                           int64_t nH, int64_t nKV, int64_t hd) {
   if (n <= 0) return;
   Scratch<float> scores(static_cast<size_t>(n * nH * (p + n)));
-  launch(attention_kv_kernel, static_cast<unsigned>(n * nH), kThreads, 0, out, scores.p, q, k, v, n, p, nH, nKV, hd, 1.0f / std::sqrt(static_cast<float>(hd)));
+  launch(attention_kv_kernel, static_cast<unsigned>(n * nH), kThreads, 0, out, scores.p, q, k, v, n, p, nH,
+         nKV, hd, 1.0f / std::sqrt(static_cast<float>(hd)));
 }
 
 const AttentionKVKernels kAttentionKV{attention_kv_forward};

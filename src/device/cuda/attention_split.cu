@@ -176,8 +176,10 @@ void launch_split(float* dq, float* dk, float* dv, const float* dout, const floa
     TITAN_CUDA_CHECK(
         cudaFuncSetAttribute(split_dq_kernel<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
   const unsigned tiles = (unsigned)((T + kPer - 1) / kPer);
-  launch(split_dkdv_kernel<DP>, dim3(tiles, (unsigned)nKV, (unsigned)B), kThreads, smem_kv, dk, dv, dout, q, k, v, lse, D, T, nH, nKV, hd, scale);
-  launch(split_dq_kernel<DP>, dim3(tiles, (unsigned)nH, (unsigned)B), kThreads, smem_q, dq, dout, q, k, v, lse, D, T, nH, nKV, hd, scale);
+  launch(split_dkdv_kernel<DP>, dim3(tiles, (unsigned)nKV, (unsigned)B), kThreads, smem_kv, dk, dv, dout, q,
+         k, v, lse, D, T, nH, nKV, hd, scale);
+  launch(split_dq_kernel<DP>, dim3(tiles, (unsigned)nH, (unsigned)B), kThreads, smem_q, dq, dout, q, k, v,
+         lse, D, T, nH, nKV, hd, scale);
 }
 
 void split_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,

@@ -62,7 +62,10 @@ void launch(void (*kernel)(P...), ::titan::cuda_sim::Grid grid, dim3 block, size
 #else
 template <class... P, class... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A... args) {
+  // (clang-format takes a .cuh for C++ and would split the launch chevrons)
+  // clang-format off
   kernel<<<grid, block, smem, cuda_stream()>>>(static_cast<P>(args)...);
+  // clang-format on
   TITAN_CUDA_LAUNCH_CHECK();
 }
 #endif

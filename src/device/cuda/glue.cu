@@ -243,7 +243,8 @@ __global__ void router_backward_kernel(float* dlogits, const float* probs, const
 void router_backward(float* dlogits, const float* probs, const int32_t* idx, const float* dw,
                      const float* dprob_bias, int64_t N, int64_t E, int64_t k, bool norm) {
   if (N <= 0 || E <= 0) return;
-  launch(router_backward_kernel, static_cast<unsigned>(N), kRowThreads, 0, dlogits, probs, idx, dw, dprob_bias, E, k, norm);
+  launch(router_backward_kernel, static_cast<unsigned>(N), kRowThreads, 0, dlogits, probs, idx, dw,
+         dprob_bias, E, k, norm);
 }
 
 // One block. Thread 0 takes the two means in the CPU's order (E is small), so the bias moves by exactly
@@ -372,19 +373,21 @@ void ep_combine(float* out, float* dtw, const float* rows, const int64_t* pos, i
                 int64_t H, int64_t row, bool accumulate) {
   if (N <= 0) return;
   if (N * H > 0) {
-    launch(ep_combine_kernel, blocks_for(N * H, kThreads), kThreads, 0, out, rows, pos, N, k, H, row, accumulate);
+    launch(ep_combine_kernel, blocks_for(N * H, kThreads), kThreads, 0, out, rows, pos, N, k, H, row,
+           accumulate);
   }
   if (dtw && N * k > 0) {
     launch(ep_combine_dtw_kernel, blocks_for(N * k, kThreads), kThreads, 0, dtw, rows, pos, N * k, H, row);
   }
 }
 
-
 // ---- dropout (counter-based mask, kernels/counter_hash.h: the CPU's bits) -------------------------------
-__global__ void dropout_forward_kernel(float* out, const float* x, int64_t n, uint64_t key, float p, float keep) {
+__global__ void dropout_forward_kernel(float* out, const float* x, int64_t n, uint64_t key, float p,
+                                       float keep) {
   TITAN_GRID_STRIDE(i, n) out[i] = counter_uniform(key + static_cast<uint64_t>(i)) >= p ? x[i] * keep : 0.0f;
 }
-__global__ void dropout_backward_kernel(float* dx, const float* g, int64_t n, uint64_t key, float p, float keep) {
+__global__ void dropout_backward_kernel(float* dx, const float* g, int64_t n, uint64_t key, float p,
+                                        float keep) {
   TITAN_GRID_STRIDE(i, n) if (counter_uniform(key + static_cast<uint64_t>(i)) >= p) dx[i] += g[i] * keep;
 }
 void dropout_forward(float* out, const float* x, int64_t n, uint64_t key, float p) {

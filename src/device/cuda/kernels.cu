@@ -258,7 +258,8 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float l
   const float decay = (float)(1.0 - (double)lr * wd);
   const float step_size = (float)(lr / bc1);
   const float bc2_sqrt = (float)std::sqrt(bc2);
-  launch(adamw_kernel, blocks_for(n, 256), 256, 0, p, g, m, v, n, beta1, beta2, eps, decay, step_size, bc2_sqrt, grad_scale);
+  launch(adamw_kernel, blocks_for(n, 256), 256, 0, p, g, m, v, n, beta1, beta2, eps, decay, step_size,
+         bc2_sqrt, grad_scale);
 }
 
 // ---- Sum of squares (gradient norm) --------------------------------------------------------------------

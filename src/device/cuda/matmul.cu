@@ -180,8 +180,8 @@ void gemm_f32_or_bf16(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t
 namespace {
 
 // Row-major C (M,N) = alpha op(A) op(B) + beta C is column-major C^T (N,M) = alpha op(B)^T op(A)^T.
-void gemm_rowmajor(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                   const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm_rowmajor(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   gemm(tb, ta, N, M, K, B, ldb, A, lda, C, ldc, beta, CUDA_R_32F, alpha);
 }
 

@@ -135,7 +135,8 @@ void moe_backward(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeE
   const int64_t Nk = N * k;
   if (N == 0) return;
   std::vector<int32_t> off(E + 1);
-  TITAN_CUDA_CHECK(cudaMemcpyAsync(off.data(), buf.offsets, (E + 1) * 4, cudaMemcpyDeviceToHost, cuda_stream()));
+  TITAN_CUDA_CHECK(
+      cudaMemcpyAsync(off.data(), buf.offsets, (E + 1) * 4, cudaMemcpyDeviceToHost, cuda_stream()));
   TITAN_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
   float* xs = buf.scratch;     // (Nk, H)
   float* dy = xs + Nk * H;     // (Nk, H), later dxs
