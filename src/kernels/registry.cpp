@@ -1,6 +1,15 @@
 #include "kernels/registry.h"
 
+#include <algorithm>
+
 namespace titan {
+
+namespace {
+// Only CPU implementations depend on the instruction set; other devices' variants are all kBaseline.
+bool can_run(DeviceType device, CpuIsa isa) {
+  return device != DeviceType::CPU || cpu_isa_supported(isa);
+}
+}  // namespace
 
 KernelRegistry& KernelRegistry::global() {
   static KernelRegistry registry;
@@ -8,20 +17,72 @@ KernelRegistry& KernelRegistry::global() {
 }
 
 void KernelRegistry::add(std::string_view op, DeviceType device, std::string_view impl, const void* table,
-                         int priority) {
+                         int priority, CpuIsa isa) {
   auto& impls = table_[std::string(op)][static_cast<int>(device)];
-  TITAN_CHECK(!impls.count(std::string(impl)), "kernel '", op, "' implementation '", impl,
-              "' registered twice on ", device_type_name(device));
-  impls[std::string(impl)] = KernelEntry{table, priority};
+  auto [it, inserted] = impls.try_emplace(std::string(impl), KernelEntry{{}, priority});
+  KernelEntry& e = it->second;
+  for (auto& v : e.variants)
+    TITAN_CHECK(v.isa != isa, "kernel '", op, "' implementation '", impl, "' (", cpu_isa_name(isa),
+                ") registered twice on ", device_type_name(device));
+  TITAN_CHECK(inserted || e.priority == priority, "kernel '", op, "' implementation '", impl,
+              "': variants registered with different priorities");
+  e.variants.push_back(KernelVariant{table, isa});
+  std::sort(e.variants.begin(), e.variants.end(),
+            [](const KernelVariant& a, const KernelVariant& b) { return a.isa < b.isa; });
 }
 
-const void* KernelRegistry::find(std::string_view op, DeviceType device, std::string_view impl) const {
+const KernelEntry* KernelRegistry::entry(std::string_view op, DeviceType device,
+                                         std::string_view impl) const {
   auto o = table_.find(op);
   if (o == table_.end()) return nullptr;
   auto d = o->second.find(static_cast<int>(device));
   if (d == o->second.end()) return nullptr;
-  auto i = d->second.find(std::string(impl));
-  return i == d->second.end() ? nullptr : i->second.table;
+  auto i = d->second.find(impl);
+  return i == d->second.end() ? nullptr : &i->second;
+}
+
+const void* KernelRegistry::find(std::string_view op, DeviceType device, std::string_view impl) const {
+  const KernelEntry* e = entry(op, device, impl);
+  if (!e) return nullptr;
+  for (auto v = e->variants.rbegin(); v != e->variants.rend(); ++v)
+    if (can_run(device, v->isa)) return v->table;
+  return nullptr;
+}
+
+const void* KernelRegistry::find_variant(std::string_view op, DeviceType device, std::string_view impl,
+                                         CpuIsa isa) const {
+  const KernelEntry* e = entry(op, device, impl);
+  if (!e) return nullptr;
+  for (auto& v : e->variants)
+    if (v.isa == isa) return v.table;
+  return nullptr;
+}
+
+std::vector<CpuIsa> KernelRegistry::variants(std::string_view op, DeviceType device,
+                                             std::string_view impl) const {
+  std::vector<CpuIsa> out;
+  if (const KernelEntry* e = entry(op, device, impl))
+    for (auto& v : e->variants) out.push_back(v.isa);
+  return out;
+}
+
+bool KernelRegistry::runnable(std::string_view op, DeviceType device, std::string_view impl) const {
+  return find(op, device, impl) != nullptr;
+}
+
+CpuIsa KernelRegistry::running_isa(std::string_view op, DeviceType device, std::string_view impl) const {
+  const KernelEntry* e = entry(op, device, impl);
+  if (e)
+    for (auto v = e->variants.rbegin(); v != e->variants.rend(); ++v)
+      if (can_run(device, v->isa)) return v->isa;
+  return CpuIsa::kBaseline;
+}
+
+std::string KernelRegistry::why_not_runnable(std::string_view op, DeviceType device,
+                                             std::string_view impl) const {
+  const KernelEntry* e = entry(op, device, impl);
+  if (!e || e->variants.empty() || runnable(op, device, impl)) return "";
+  return str_cat("needs ", cpu_isa_missing(e->variants.front().isa));
 }
 
 std::string KernelRegistry::default_impl(std::string_view op, DeviceType device) const {
@@ -33,7 +94,9 @@ std::string KernelRegistry::default_impl(std::string_view op, DeviceType device)
   const std::string* best = nullptr;
   int best_priority = 0;
   for (auto& [name, e] : d->second)
-    if (!best || e.priority > best_priority) best = &name, best_priority = e.priority;
+    if (runnable(op, device, name) && (!best || e.priority > best_priority))
+      best = &name, best_priority = e.priority;
+  TITAN_CHECK(best, "kernel op '", op, "' has no implementation that runs on this CPU");
   return *best;
 }
 

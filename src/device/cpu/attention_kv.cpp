@@ -85,7 +85,7 @@ const AttentionKVKernels kFast{fast_forward};
 
 }  // namespace
 
-TITAN_REGISTER_KERNEL(AttentionKVKernels, CPU, "reference", kReference, 0);
+TITAN_REGISTER_REFERENCE_KERNEL(AttentionKVKernels, CPU, "reference", kReference, 0);
 TITAN_REGISTER_KERNEL(AttentionKVKernels, CPU, "fast", kFast, 10);
 
 }  // namespace titan

@@ -186,30 +186,37 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   }
 }
 
+// silu(g) = g * sigmoid(g); the sigmoid of a row first (vec::sigmoid), then the products.
 void swiglu_forward(float* out, const float* gu, int64_t N, int64_t I) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* g = gu + n * 2 * I;
     const float* u = g + I;
     float* y = out + n * I;
+    vec::sigmoid(y, g, I);
 #pragma omp simd
-    for (int64_t i = 0; i < I; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    for (int64_t i = 0; i < I; ++i) y[i] = g[i] * y[i] * u[i];
   }
 }
 
 void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int64_t I) {
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* g = gu + n * 2 * I;
-    const float* u = g + I;
-    const float* dy = dout + n * I;
-    float* dg = dgu + n * 2 * I;
-    float* du = dg + I;
+#pragma omp parallel
+  {
+    std::vector<float> sig((size_t)I);
+    float* s = sig.data();
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* g = gu + n * 2 * I;
+      const float* u = g + I;
+      const float* dy = dout + n * I;
+      float* dg = dgu + n * 2 * I;
+      float* du = dg + I;
+      vec::sigmoid(s, g, I);
 #pragma omp simd
-    for (int64_t i = 0; i < I; ++i) {
-      const float s = 1.0f / (1.0f + std::exp(-g[i]));
-      dg[i] += dy[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
-      du[i] += dy[i] * g[i] * s;
+      for (int64_t i = 0; i < I; ++i) {
+        dg[i] += dy[i] * u[i] * s[i] * (1.0f + g[i] * (1.0f - s[i]));
+        du[i] += dy[i] * g[i] * s[i];
+      }
     }
   }
 }

@@ -1,7 +1,9 @@
 // bf16 GEMMs with f32 accumulation (op "matmul_bf16"). "reference": operands rounded to bf16, double
-// accumulation (the test oracle). "onednn": oneDNN's matmul on bf16 copies of the operands, which uses the
-// CPU's bf16 dot-product instructions (AVX512_BF16 vdpbf16ps, AMX where present); registered only when the
-// build found oneDNN (TITAN_HAVE_DNNL).
+// accumulation (the test oracle). "sgemm": operands rounded to bf16 (kept in f32) through the f32 sgemm of
+// the "matmul" op's default engine: exact products, f32 accumulation, on any CPU. "onednn": oneDNN's
+// matmul on bf16 copies of the operands, which uses the CPU's bf16 dot-product instructions (AVX512_BF16
+// vdpbf16ps, AMX where present); registered when the build found oneDNN (TITAN_HAVE_DNNL) and chosen
+// where the CPU has AVX512_BF16.
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 
@@ -68,6 +71,36 @@ std::vector<Bf16Image>& images() {
 const MatmulBf16Kernels kRef{ref_forward, ref_backward};
 TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CPU, "reference", kRef, 0);
 
+// bf16-rounded copies of the operands in f32, reused across calls (one per operand slot).
+const float* rounded(int slot, const float* x, int64_t n) {
+  static std::vector<float> bufs[2];
+  std::vector<float>& b = bufs[slot];
+  if ((int64_t)b.size() < n) b.resize(n);
+  float* d = b.data();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) d[i] = round_to_bf16(x[i]);
+  return d;
+}
+
+const MatmulKernels& f32_engine() {
+  static const MatmulKernels& k = get_kernel<MatmulKernels>(DeviceType::CPU);
+  return k;
+}
+
+void sgemm_forward(float* out, const float* inp, const float* w, int64_t N, int64_t C, int64_t OC) {
+  f32_engine().forward(out, rounded(0, inp, N * C), rounded(1, w, OC * C), N, C, OC);
+}
+
+void sgemm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t N,
+                    int64_t C, int64_t OC, bool accumulate_dw) {
+  const float* g = rounded(0, dout, N * OC);
+  if (dinp) f32_engine().backward(dinp, nullptr, g, nullptr, rounded(1, w, OC * C), N, C, OC, false);
+  if (dw) f32_engine().backward(nullptr, dw, g, rounded(1, inp, N * C), nullptr, N, C, OC, accumulate_dw);
+}
+
+const MatmulBf16Kernels kSgemm{sgemm_forward, sgemm_backward};
+TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CPU, "sgemm", kSgemm, 5);
+
 #ifdef TITAN_HAVE_DNNL
 using dnnl::memory;
 
@@ -119,7 +152,14 @@ const Gemm& gemm_for(const GemmKey& k) {
     po.append_sum(1.0f);
     attr.set_post_ops(po);
   }
-  g.prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(g.a, g.b, g.c), attr, engine()));
+  try {
+    g.prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(g.a, g.b, g.c), attr, engine()));
+  } catch (const dnnl::error&) {
+    fail("matmul_bf16: the oneDNN engine has no bf16 matmul for this CPU (it needs ",
+         cpu_isa_features(CpuIsa::kAvx512Bf16),
+         "; ONEDNN_MAX_CPU_ISA may cap it); use kernels.matmul_bf16 = "
+         "\"sgemm\"");
+  }
   return cache.emplace(k, std::move(g)).first->second;
 }
 
@@ -164,7 +204,7 @@ void dnnl_backward(float* dinp, float* dw, const float* dout, const float* inp, 
 }
 
 const MatmulBf16Kernels kDnnl{dnnl_forward, dnnl_backward};
-TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CPU, "onednn", kDnnl, 10);
+TITAN_REGISTER_KERNEL_ISA(MatmulBf16Kernels, CPU, "onednn", kDnnl, 10, CpuIsa::kAvx512Bf16);
 #endif
 
 }  // namespace

@@ -59,6 +59,26 @@ struct Bf16ReferenceGemm {
   }
 };
 
+// bf16 on any CPU: the operands rounded to bf16 (kept in f32) and multiplied by the f32 BLAS GEMM, so the
+// products are exact and the accumulation f32, as on the bf16 dot-product instructions.
+struct Bf16RoundedBlasGemm {
+  static const float* rounded(std::vector<float>& buf, const float* x, int64_t n) {
+    if ((int64_t)buf.size() < n) buf.resize(n);
+    float* d = buf.data();
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) d[i] = round_to_bf16(x[i]);
+    return d;
+  }
+  void operator()(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) const {
+    TITAN_CHECK(lda == (ta ? M : K) && ldb == (tb ? K : N), "moe_experts_bf16: operands must be dense");
+    thread_local std::vector<float> a_buf, b_buf;
+    const float* a = rounded(a_buf, A, M * K);
+    const float* b = rounded(b_buf, B, K * N);
+    BlasGemm{}(ta, tb, M, N, K, a, lda, b, ldb, beta, C, ldc);
+  }
+};
+
 #ifdef TITAN_HAVE_DNNL
 // oneDNN matmul on bf16 copies of the operands (a weight's registered bf16 image when there is one). The
 // row count varies per expert and step, so M and K are runtime dimensions: one primitive per GEMM kind
@@ -115,8 +135,15 @@ struct Bf16OneDnnGemm {
       po.append_sum(1.0f);
       attr.set_post_ops(po);
     }
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine());
-    return cache.emplace(k, Primitive{dnnl::matmul(pd), pd.scratchpad_desc()}).first->second;
+    try {
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine());
+      return cache.emplace(k, Primitive{dnnl::matmul(pd), pd.scratchpad_desc()}).first->second;
+    } catch (const dnnl::error&) {
+      fail("moe_experts_bf16: the oneDNN engine has no bf16 matmul for this CPU (it needs ",
+           cpu_isa_features(CpuIsa::kAvx512Bf16),
+           "; ONEDNN_MAX_CPU_ISA may cap it); use kernels.moe_experts_bf16 = "
+           "\"sgemm\"");
+    }
   }
   static const uint16_t* to_bf16(std::vector<uint16_t>& buf, const float* x, int64_t n) {
     if ((int64_t)buf.size() < n) buf.resize(n);
@@ -287,10 +314,14 @@ const MoeExpertsKernels kMoeGrouped{moe_forward<BlasGemm>, moe_backward<BlasGemm
 TITAN_REGISTER_KERNEL(MoeExpertsKernels, CPU, "grouped", kMoeGrouped, 10);
 const MoeExpertsBf16Kernels kMoeBf16Reference{moe_forward<Bf16ReferenceGemm>,
                                               moe_backward<Bf16ReferenceGemm>};
-TITAN_REGISTER_KERNEL(MoeExpertsBf16Kernels, CPU, "reference", kMoeBf16Reference, 0);
+TITAN_REGISTER_REFERENCE_KERNEL(MoeExpertsBf16Kernels, CPU, "reference", kMoeBf16Reference, 0);
+const MoeExpertsBf16Kernels kMoeBf16Sgemm{
+    {moe_forward<Bf16RoundedBlasGemm>, moe_backward<Bf16RoundedBlasGemm>}};
+TITAN_REGISTER_KERNEL(MoeExpertsBf16Kernels, CPU, "sgemm", kMoeBf16Sgemm, 5);
 #ifdef TITAN_HAVE_DNNL
+// oneDNN has bf16 matmul kernels from AVX512_BF16 on (AMX where present).
 const MoeExpertsBf16Kernels kMoeBf16OneDnn{{moe_forward<Bf16OneDnnGemm>, moe_backward<Bf16OneDnnGemm>}};
-TITAN_REGISTER_KERNEL(MoeExpertsBf16Kernels, CPU, "onednn", kMoeBf16OneDnn, 10);
+TITAN_REGISTER_KERNEL_ONCE(MoeExpertsBf16Kernels, CPU, "onednn", kMoeBf16OneDnn, 10, CpuIsa::kAvx512Bf16);
 #endif
 
 }  // namespace

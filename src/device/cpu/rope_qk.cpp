@@ -131,7 +131,7 @@ TITAN_REGISTER_KERNEL(RopeKernels, CPU, "fused", kRopeFused, 5);
 
 const RopeQKKernels kRopeQKReference{rope_qk_forward_ref, rope_qk_backward_ref};
 const RopeQKKernels kRopeQKFused{rope_qk_forward_fused, rope_qk_backward_fused};
-TITAN_REGISTER_KERNEL(RopeQKKernels, CPU, "reference", kRopeQKReference, 0);
+TITAN_REGISTER_REFERENCE_KERNEL(RopeQKKernels, CPU, "reference", kRopeQKReference, 0);
 TITAN_REGISTER_KERNEL(RopeQKKernels, CPU, "fused", kRopeQKFused, 10);
 
 }  // namespace
