@@ -19,9 +19,29 @@ namespace {
 using testing::randn;
 using testing::rel;
 
+// Every build of every implementation this CPU can run (the cap TITAN_CPU_ISA lowers what that is): "fast"
+// when it has one build, else "fast@avx2", "fast@avx512", ... each compared with the reference.
 template <class K>
 std::vector<std::string> impls() {
-  return KernelRegistry::global().impls(K::kOp, DeviceType::CPU);
+  auto& reg = KernelRegistry::global();
+  std::vector<std::string> out;
+  for (auto& name : reg.impls(K::kOp, DeviceType::CPU)) {
+    const auto isas = reg.variants(K::kOp, DeviceType::CPU, name);
+    for (CpuIsa isa : isas)
+      if (cpu_isa_supported(isa)) out.push_back(isas.size() == 1 ? name : name + "@" + cpu_isa_name(isa));
+  }
+  return out;
+}
+
+// The build that impls() named.
+template <class K>
+const K& variant(const std::string& name) {
+  const auto at = name.find('@');
+  if (at == std::string::npos) return get_kernel<K>(DeviceType::CPU, name);
+  const void* t = KernelRegistry::global().find_variant(K::kOp, DeviceType::CPU, name.substr(0, at),
+                                                        parse_cpu_isa(name.substr(at + 1), "variant"));
+  if (!t) throw Error("no variant " + name);
+  return *static_cast<const K*>(t);
 }
 
 constexpr double kTol = 1e-5;
@@ -35,6 +55,42 @@ TEST(KernelRegistry, EveryOpHasAReferenceAndTheDefaultIsRegistered) {
   EXPECT_THROW(get_kernel<RopeKernels>(DeviceType::CPU, "no-such-impl"), Error);
 }
 
+// An implementation is chosen by the CPU's level (capped by TITAN_CPU_ISA): the default runs here, and one
+// that cannot run is never a default and, asked for by name, is an error naming the op, the implementation
+// and the missing feature. The suite runs once uncapped and once with TITAN_CPU_ISA=avx2.
+TEST(KernelRegistry, ImplementationsAreChosenByTheCpuIsa) {
+  auto& reg = KernelRegistry::global();
+  for (auto& op : reg.ops())
+    EXPECT_TRUE(reg.runnable(op, DeviceType::CPU, reg.default_impl(op, DeviceType::CPU))) << op;
+  // The fast kernels have AVX2 and AVX-512 builds; the highest one the CPU supports runs.
+  const auto isas = reg.variants("swiglu", DeviceType::CPU, "fast");
+  ASSERT_EQ(isas, (std::vector<CpuIsa>{CpuIsa::kBaseline, CpuIsa::kAvx2, CpuIsa::kAvx512}));
+  const CpuIsa want = std::min(cpu_isa(), CpuIsa::kAvx512);
+  EXPECT_EQ(reg.running_isa("swiglu", DeviceType::CPU, "fast"), want);
+  EXPECT_EQ(reg.find("swiglu", DeviceType::CPU, "fast"),
+            reg.find_variant("swiglu", DeviceType::CPU, "fast", want));
+  // bf16 GEMMs: oneDNN where the CPU has bf16 dot products, else bf16-rounded operands through sgemm.
+  const auto mm = reg.impls("matmul_bf16", DeviceType::CPU);
+  if (std::find(mm.begin(), mm.end(), "onednn") != mm.end() && !cpu_isa_supported(CpuIsa::kAvx512Bf16)) {
+    EXPECT_EQ(reg.default_impl("matmul_bf16", DeviceType::CPU), "sgemm");
+    EXPECT_EQ(reg.default_impl("moe_experts_bf16", DeviceType::CPU), "sgemm");
+    try {
+      get_kernel<MatmulBf16Kernels>(DeviceType::CPU, "onednn");
+      ADD_FAILURE() << "onednn ran without AVX512_BF16";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(
+                    "'matmul_bf16' implementation 'onednn' cannot run here: needs avx512_bf16"),
+                std::string::npos)
+          << e.what();
+    }
+  } else if (cpu_isa_supported(CpuIsa::kAvx512Bf16) &&
+             std::find(mm.begin(), mm.end(), "onednn") != mm.end()) {
+    EXPECT_EQ(reg.default_impl("matmul_bf16", DeviceType::CPU), "onednn");
+  }
+  EXPECT_THROW(parse_cpu_isa("avx3", "TITAN_CPU_ISA"), Error);
+  EXPECT_EQ(parse_cpu_isa("avx2", "TITAN_CPU_ISA"), CpuIsa::kAvx2);
+}
+
 TEST(Kernels, MatmulAllImplementations) {
   const int64_t N = 7, C = 13, OC = 11;
   auto inp = randn(N * C, 1), w = randn(OC * C, 2), dout = randn(N * OC, 3);
@@ -43,7 +99,7 @@ TEST(Kernels, MatmulAllImplementations) {
   ref.forward(out_r.data(), inp.data(), w.data(), N, C, OC);
   ref.backward(dinp_r.data(), dw_r.data(), dout.data(), inp.data(), w.data(), N, C, OC, true);
   for (auto& name : impls<MatmulKernels>()) {
-    const auto& k = get_kernel<MatmulKernels>(DeviceType::CPU, name);
+    const auto& k = variant<MatmulKernels>(name);
     std::vector<float> out(N * OC), dinp(N * C, 0.5f), dw(OC * C, 0.25f);  // backward accumulates
     k.forward(out.data(), inp.data(), w.data(), N, C, OC);
     k.backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), N, C, OC, true);
@@ -63,7 +119,7 @@ TEST(Kernels, MatmulBf16AllImplementations) {
     ref.forward(out_r.data(), inp.data(), w.data(), N, C, OC);
     ref.backward(dinp_r.data(), dw_r.data(), dout.data(), inp.data(), w.data(), N, C, OC, true);
     for (auto& name : impls<MatmulBf16Kernels>()) {
-      const auto& k = get_kernel<MatmulBf16Kernels>(DeviceType::CPU, name);
+      const auto& k = variant<MatmulBf16Kernels>(name);
       std::vector<float> out(N * OC), dinp(N * C, 0.5f), dw(OC * C, 0.25f);
       k.forward(out.data(), inp.data(), w.data(), N, C, OC);
       k.backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), N, C, OC, true);
@@ -94,7 +150,7 @@ TEST(Kernels, MatmulBf16ReadsRegisteredWeightImages) {
   const float* w = big.data() + OC * C;  // the middle weight of three
   EXPECT_EQ(find_bf16_image(w, OC * C), nullptr);
   for (auto& name : impls<MatmulBf16Kernels>()) {
-    const auto& k = get_kernel<MatmulBf16Kernels>(DeviceType::CPU, name);
+    const auto& k = variant<MatmulBf16Kernels>(name);
     std::vector<float> out(N * OC), dinp(N * C, 0.5f), out_i(N * OC), dinp_i(N * C, 0.5f);
     k.forward(out.data(), inp.data(), w, N, C, OC);
     k.backward(dinp.data(), nullptr, dout.data(), inp.data(), w, N, C, OC, true);
@@ -121,7 +177,7 @@ TEST(Kernels, RmsNormAllImplementations) {
   ref.forward(out_r.data(), rstd_r.data(), inp.data(), w.data(), N, C, 1e-6f);
   ref.backward(dinp_r.data(), dw_r.data(), dout.data(), inp.data(), w.data(), rstd_r.data(), N, C);
   for (auto& name : impls<RmsNormKernels>()) {
-    const auto& k = get_kernel<RmsNormKernels>(DeviceType::CPU, name);
+    const auto& k = variant<RmsNormKernels>(name);
     std::vector<float> out(N * C), rstd(N), dinp(N * C, 0.1f), dw(C, 0.2f);
     k.forward(out.data(), rstd.data(), inp.data(), w.data(), N, C, 1e-6f);
     k.backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), rstd.data(), N, C);
@@ -143,7 +199,7 @@ TEST(Kernels, RopeAllImplementations) {
   ref.forward(out_r.data(), inp.data(), cos.data(), sin.data(), N, T, nh, hd);
   ref.backward(din_r.data(), dout.data(), cos.data(), sin.data(), N, T, nh, hd);
   for (auto& name : impls<RopeKernels>()) {
-    const auto& k = get_kernel<RopeKernels>(DeviceType::CPU, name);
+    const auto& k = variant<RopeKernels>(name);
     std::vector<float> out(inp.size()), din(inp.size(), 0.3f), inplace = inp;
     k.forward(out.data(), inp.data(), cos.data(), sin.data(), N, T, nh, hd);
     k.forward(inplace.data(), inplace.data(), cos.data(), sin.data(), N, T, nh, hd);  // aliasing allowed
@@ -165,7 +221,7 @@ void check_attention_all(int64_t B, int64_t T, int64_t nH, int64_t nKV, int64_t 
   ref.backward(dq_r.data(), dk_r.data(), dv_r.data(), dout.data(), q.data(), k.data(), v.data(), out_r.data(),
                p_r.data(), B, T, nH, nKV, hd);
   for (auto& name : impls<AttentionKernels>()) {
-    const auto& kk = get_kernel<AttentionKernels>(DeviceType::CPU, name);
+    const auto& kk = variant<AttentionKernels>(name);
     std::vector<float> out(q.size(), 7.0f), p(kk.saved_floats(B, T, nH)), dq(q.size(), 0.1f),
         dk(k.size(), 0.1f), dv(v.size(), 0.1f);
     kk.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
@@ -203,7 +259,7 @@ TEST(Kernels, SwigluEmbeddingCrossEntropyAdamWAllImplementations) {
   sref.forward(o_r.data(), gu.data(), N, I);
   sref.backward(d_r.data(), dout.data(), gu.data(), N, I);
   for (auto& name : impls<SwigluKernels>()) {
-    const auto& k = get_kernel<SwigluKernels>(DeviceType::CPU, name);
+    const auto& k = variant<SwigluKernels>(name);
     std::vector<float> o(N * I), d(N * 2 * I, 0.2f);
     k.forward(o.data(), gu.data(), N, I);
     k.backward(d.data(), dout.data(), gu.data(), N, I);
@@ -217,7 +273,7 @@ TEST(Kernels, SwigluEmbeddingCrossEntropyAdamWAllImplementations) {
   eref.forward(e_r.data(), ids.data(), table.data(), N, C);
   eref.backward(de_r.data(), demb.data(), ids.data(), N, C, V);
   for (auto& name : impls<EmbeddingKernels>()) {
-    const auto& k = get_kernel<EmbeddingKernels>(DeviceType::CPU, name);
+    const auto& k = variant<EmbeddingKernels>(name);
     std::vector<float> e(N * C), de(V * C, 0.5f);
     k.forward(e.data(), ids.data(), table.data(), N, C);
     k.backward(de.data(), demb.data(), ids.data(), N, C, V);
@@ -231,8 +287,8 @@ TEST(Kernels, SwigluEmbeddingCrossEntropyAdamWAllImplementations) {
   double l_r = cref.forward_backward(g_r.data(), targets.data(), N, V, 0.125f, true);
   for (auto& name : impls<CrossEntropyKernels>()) {
     auto g = logits;
-    double l = get_kernel<CrossEntropyKernels>(DeviceType::CPU, name)
-                   .forward_backward(g.data(), targets.data(), N, V, 0.125f, true);
+    double l =
+        variant<CrossEntropyKernels>(name).forward_backward(g.data(), targets.data(), N, V, 0.125f, true);
     EXPECT_NEAR(l, l_r, 1e-5 * std::abs(l_r)) << name;
     EXPECT_LE(rel(g, g_r), kTol) << name;
   }
@@ -249,8 +305,8 @@ TEST(Kernels, SwigluEmbeddingCrossEntropyAdamWAllImplementations) {
   for (auto& name : impls<AdamWKernels>()) {
     std::vector<float> p = p0, m(50, 0), v(50, 0), g = grad;
     for (int s = 1; s <= 3; ++s)
-      get_kernel<AdamWKernels>(DeviceType::CPU, name)
-          .step(p.data(), g.data(), m.data(), v.data(), 50, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, s, clip);
+      variant<AdamWKernels>(name).step(p.data(), g.data(), m.data(), v.data(), 50, 1e-2f, 0.9f, 0.999f, 1e-8f,
+                                       0.1f, s, clip);
     EXPECT_LE(rel(p, p_r), kTol) << name;
     EXPECT_LE(rel(m, m_r), kTol) << name;
     EXPECT_EQ(g, grad) << name << ": the gradient buffer was written";
@@ -347,7 +403,7 @@ TEST(Kernels, MoeExpertsAllImplementations) {
   const auto want = c.run(get_kernel<MoeExpertsKernels>(DeviceType::CPU, "reference"));
   ASSERT_GE(impls<MoeExpertsKernels>().size(), 2u);
   for (auto& name : impls<MoeExpertsKernels>())
-    MoeCase::expect_near(c.run(get_kernel<MoeExpertsKernels>(DeviceType::CPU, name)), want, kTol, name);
+    MoeCase::expect_near(c.run(variant<MoeExpertsKernels>(name)), want, kTol, name);
   // Reference backward against finite differences of L = sum(out * dout).
   const auto& ref = get_kernel<MoeExpertsKernels>(DeviceType::CPU, "reference");
   std::vector<float> gu(R * 2 * I), act(R * I), scratch(moe_experts_scratch_floats(N, k, H, I)), out(N * H);
@@ -376,7 +432,7 @@ TEST(Kernels, MoeExpertsBf16AllImplementations) {
   const MoeCase c = small_moe_case();
   const auto want = c.run(get_kernel<MoeExpertsBf16Kernels>(DeviceType::CPU, "reference"));
   for (auto& name : impls<MoeExpertsBf16Kernels>())
-    MoeCase::expect_near(c.run(get_kernel<MoeExpertsBf16Kernels>(DeviceType::CPU, name)), want, kTol, name);
+    MoeCase::expect_near(c.run(variant<MoeExpertsBf16Kernels>(name)), want, kTol, name);
   const auto f32 = c.run(get_kernel<MoeExpertsKernels>(DeviceType::CPU, "reference"));
   MoeCase::expect_near(want, f32, 2e-2, "bf16 oracle vs f32");
   EXPECT_GT(rel(want.out, f32.out), 0.0);  // really rounded
@@ -384,7 +440,7 @@ TEST(Kernels, MoeExpertsBf16AllImplementations) {
   for (size_t i = 0; i < c.wgu.size(); ++i) gu_image[i] = f32_to_bf16(c.wgu[i]);
   for (size_t i = 0; i < c.wdown.size(); ++i) down_image[i] = f32_to_bf16(c.wdown[i]);
   for (auto& name : impls<MoeExpertsBf16Kernels>()) {
-    const auto& kk = get_kernel<MoeExpertsBf16Kernels>(DeviceType::CPU, name);
+    const auto& kk = variant<MoeExpertsBf16Kernels>(name);
     const auto converted = c.run(kk);
     register_bf16_image(c.wgu.data(), static_cast<int64_t>(c.wgu.size()), gu_image.data());
     register_bf16_image(c.wdown.data(), static_cast<int64_t>(c.wdown.size()), down_image.data());
@@ -414,7 +470,7 @@ TEST(Kernels, RopeQKAllImplementations) {
   rope.backward(dk_r.data(), dk_rot.data(), cos.data(), sin.data(), N, T, nKV, hd);
   ASSERT_GE(impls<RopeQKKernels>().size(), 2u);
   for (auto& name : impls<RopeQKKernels>()) {
-    const auto& kk = get_kernel<RopeQKKernels>(DeviceType::CPU, name);
+    const auto& kk = variant<RopeQKKernels>(name);
     auto qq = q, kq = k;
     std::vector<float> dq(q.size(), 0.2f), dk(k.size(), 0.2f);
     kk.forward(qq.data(), kq.data(), cos.data(), sin.data(), N, T, nH, nKV, hd);
@@ -441,7 +497,7 @@ TEST(Kernels, AttentionKVAllImplementations) {
     full.forward(out_full.data(), saved.data(), q.data(), k.data(), v.data(), 1, T, nH, nKV, hd);
     std::vector<float> want(out_full.begin() + p * nH * hd, out_full.end());
     for (auto& name : impls<AttentionKVKernels>()) {
-      const auto& kv = get_kernel<AttentionKVKernels>(DeviceType::CPU, name);
+      const auto& kv = variant<AttentionKVKernels>(name);
       std::vector<float> out(n * nH * hd, NAN);
       kv.forward(out.data(), q.data() + p * nH * hd, k.data(), v.data(), n, p, nH, nKV, hd);
       EXPECT_LE(rel(out, want), kTol) << name << " p=" << p << " n=" << n;
@@ -455,7 +511,7 @@ TEST(Kernels, SumSquaresAllImplementations) {
   double want = 0;
   for (float v : x) want += double(v) * v;
   for (auto& name : impls<SumSquaresKernels>()) {
-    const auto& k = get_kernel<SumSquaresKernels>(DeviceType::CPU, name);
+    const auto& k = variant<SumSquaresKernels>(name);
     EXPECT_NEAR(k.sum_squares(x.data(), int64_t(x.size())), want, 1e-12 * want) << name;
     EXPECT_EQ(k.sum_squares(x.data(), 0), 0.0) << name;
   }
@@ -467,7 +523,7 @@ TEST(Kernels, SumSquaresAllImplementations) {
 
 TEST(Kernels, ElementwiseMatchesTheMath) {
   for (auto& name : impls<ElementwiseKernels>()) {
-    const auto& k = get_kernel<ElementwiseKernels>(DeviceType::CPU, name);
+    const auto& k = variant<ElementwiseKernels>(name);
     const int64_t n = 70001;  // above the threading threshold
     auto x = randn(n, 11), y = randn(n, 12);
     x[0] = std::nanf(""), x[1] = 1.0f + 0x1.0p-8f, x[2] = 1.0f + 3 * 0x1.0p-8f, x[3] = -0.0f;
@@ -509,7 +565,7 @@ std::vector<int32_t> topk_by_sort(const float* p, const float* bias, int64_t E, 
 TEST(Kernels, MoeRouterMatchesTheMath) {
   const int64_t N = 37, E = 12, k = 3;
   for (auto& name : impls<MoeRouterKernels>()) {
-    const auto& r = get_kernel<MoeRouterKernels>(DeviceType::CPU, name);
+    const auto& r = variant<MoeRouterKernels>(name);
     auto logits = randn(N * E, 21, 2.0f), bias = randn(E, 22, 0.05f);
     for (int64_t e = 0; e < E; ++e) logits[5 * E + e] = 0.5f;  // row 5: every expert ties
     auto probs = logits;
@@ -601,7 +657,7 @@ TEST(Kernels, MoeRouterMatchesTheMath) {
 TEST(Kernels, ExpertParallelPackingMatchesTheMath) {
   const int64_t N = 11, k = 3, H = 5, El = 4, S = N * k;
   for (auto& name : impls<ExpertParallelKernels>()) {
-    const auto& ep = get_kernel<ExpertParallelKernels>(DeviceType::CPU, name);
+    const auto& ep = variant<ExpertParallelKernels>(name);
     auto x = randn(N * H, 31), w = randn(S, 32);
     std::vector<int32_t> idx(S);
     std::vector<int64_t> order(S), pos(S);
@@ -662,8 +718,8 @@ TEST(Kernels, GemmAllImplementations) {
           if (beta == 0.0f) std::fill(C0.begin(), C0.end(), std::nanf(""));  // never read
           auto want = C0, got = C0;
           ref.gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, beta, want.data(), ldc);
-          get_kernel<GemmKernels>(DeviceType::CPU, name)
-              .gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, beta, got.data(), ldc);
+          variant<GemmKernels>(name).gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, beta,
+                                          got.data(), ldc);
           for (int64_t m = 0; m < M; ++m)
             for (int64_t n = 0; n < ldc; ++n) {
               const float w = want[m * ldc + n], g = got[m * ldc + n];
@@ -686,7 +742,7 @@ TEST(Kernels, DropoutMaskIsTheCounterHash) {
   const int64_t n = 100000;
   auto x = randn(n, 51), g = randn(n, 52);
   for (auto& name : impls<DropoutKernels>()) {
-    const auto& d = get_kernel<DropoutKernels>(DeviceType::CPU, name);
+    const auto& d = variant<DropoutKernels>(name);
     const float p = 0.25f, keep = 1.0f / (1.0f - p);
     std::vector<float> out(n), dx(n, 1.0f);
     d.forward(out.data(), x.data(), n, 12345, p);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -108,6 +109,35 @@ double measure_gemm_tflops(const MatmulKernels& engine, Device device) {
   }
   if (!image.empty()) unregister_bf16_image(b.f32());
   return best;
+}
+
+double cpu_theoretical_tflops(CpuIsa isa, bool bf16, int threads, std::string* how) {
+  double mhz = 0;
+  {
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq");
+    double khz = 0;
+    if (f >> khz) mhz = khz / 1000.0;
+  }
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);)
+    if (line.starts_with("cpu MHz")) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) mhz = std::max(mhz, std::atof(line.c_str() + colon + 1));
+    }
+  if (mhz <= 0) return 0;
+  double per_cycle = 8;  // SSE: a 4-lane multiply and a 4-lane add per cycle
+  const char* what = "f32 (baseline SSE)";
+  if (bf16 && isa >= CpuIsa::kAmx) {
+    per_cycle = 2048, what = "bf16 (AMX)";
+  } else if (bf16 && isa >= CpuIsa::kAvx512Bf16) {
+    per_cycle = 128, what = "bf16 (AVX512_BF16)";
+  } else if (isa >= CpuIsa::kAvx512) {
+    per_cycle = 64, what = "f32 (AVX-512)";
+  } else if (isa >= CpuIsa::kAvx2) {
+    per_cycle = 32, what = "f32 (AVX2 + FMA)";
+  }
+  if (how) *how = str_cat(threads, " cores x ", mhz / 1000.0, " GHz x ", per_cycle, " ", what, " FLOP/cycle");
+  return threads * mhz * 1e6 * per_cycle / 1e12;
 }
 
 int64_t physical_memory_bytes() {

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cpu_isa.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
 
@@ -47,6 +48,11 @@ class MetricsLogger {
 // products out = inp @ w^T after a warm-up (the MFU denominator of a run: its model's engine).
 // The operands live on `device` (the engine's).
 double measure_gemm_tflops(const MatmulKernels& engine, Device device = Device::cpu());
+// The CPU's theoretical peak (TFLOP/s) for GEMMs at instruction-set level `isa` on `threads` cores:
+// threads x clock x FLOP/cycle/core (f32: 8 baseline SSE, 32 AVX2 (2 FMA x 8 lanes), 64 AVX-512; bf16 dot
+// products: 128 AVX512_BF16, 2048 AMX), with the highest clock the OS reports (cpufreq's maximum, else
+// /proc/cpuinfo's MHz). 0 when the clock is unknown. An upper bound: it counts two FMA units a core.
+double cpu_theoretical_tflops(CpuIsa isa, bool bf16, int threads, std::string* how = nullptr);
 // Physical memory of this machine in bytes.
 int64_t physical_memory_bytes();
 
