@@ -22,6 +22,7 @@ and compares its tokens/s and losses with titan's f32 run; its MFU is against th
 
   python3 bench/compare_pytorch.py --threads 2 --steps 5 --impls titan,titan_bf16,eager,compile
   python3 bench/compare_pytorch.py --shapes 0.6B-w4 --impls titan,eager --steps 5
+  python3 bench/compare_pytorch.py --isa avx2 ...   # an AVX-512 machine measured as an AVX2-only CPU
 """
 
 import argparse
@@ -43,6 +44,23 @@ SHAPES = {
     "debug_moe": dict(hidden=256, layers=4, heads=8, kv_heads=4, head_dim=32, intermediate=768, vocab=2048,
                       tied=0, experts=8, top_k=2, moe_intermediate=256, seq=256, batch=8),
 }
+
+
+ISA_CAPS = {
+    "avx2": dict(TITAN_CPU_ISA="avx2", ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2",
+                 MKL_ENABLE_INSTRUCTIONS="AVX2", OPENBLAS_CORETYPE="Haswell"),
+    "avx512": dict(TITAN_CPU_ISA="avx512", ONEDNN_MAX_CPU_ISA="AVX512_CORE", ATEN_CPU_CAPABILITY="avx512",
+                   MKL_ENABLE_INSTRUCTIONS="AVX512", OPENBLAS_CORETYPE="SkylakeX"),
+}
+
+
+def worker_env(name, env, isa):
+    """torch.compile under ATEN_CPU_CAPABILITY=avx2 crashes (SIGSEGV) in Qwen3-MoE's compiled step (torch 2.15):
+    under --isa avx2 it keeps inductor's own choice of vector width (AVX-512 on an AVX-512 machine) and only
+    its MKL/oneDNN GEMMs are capped, which can only favour it."""
+    if isa == "avx2" and name == "compile":
+        return {k: v for k, v in env.items() if k != "ATEN_CPU_CAPABILITY"}
+    return env
 
 
 def flops_per_token(s):
@@ -142,11 +160,18 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--titan-kernel", action="append", default=[], help="op=impl passed to bench_train_step")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--isa", default="", choices=["", "avx2", "avx512"],
+                    help="cap every implementation at this instruction set (an AVX-512 machine measured as an "
+                         "AVX2-only one): titan's TITAN_CPU_ISA, oneDNN's ONEDNN_MAX_CPU_ISA, PyTorch's "
+                         "ATEN_CPU_CAPABILITY and MKL_ENABLE_INSTRUCTIONS, OPENBLAS_CORETYPE")
     ap.add_argument("--peak-gflops", type=float, default=0,
                     help="f32 GEMM peak (GFLOP/s) to use for MFU (default: measured before and after the run, the larger)")
     args = ap.parse_args()
 
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    if args.isa:
+        env.update(ISA_CAPS[args.isa])
+        print(f"instruction set capped at {args.isa}: {ISA_CAPS[args.isa]}", file=sys.stderr)
     peak, gemm_rows = gemm_peak(args.build, env)
     peak_flops = peak["peak_gflops"] * 1e9
     print(f"f32 GEMM peak, best engine ({args.threads} threads, OPENBLAS_CORETYPE={peak['openblas_coretype'] or 'auto'}): "
@@ -176,7 +201,7 @@ def main():
         impls = args.impls.split(",")
         workers = []
         for name in impls:
-            w = Worker(name, cmds[name], env)
+            w = Worker(name, cmds[name], worker_env(name, env, args.isa))
             dt = w.wait_ready()
             print(f"[{shape_name}] {name}: " + (f"warm-up {dt:.1f}s" if dt is not None else f"FAILED {w.error}"),
                   file=sys.stderr, flush=True)

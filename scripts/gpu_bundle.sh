@@ -3,10 +3,15 @@
 # CUDA benches of a build with the non-system shared libraries
 # they load (OpenBLAS, oneDNN, Open MPI, ...; not glibc, libstdc++ or CUDA's own: cuBLASLt and NCCL come
 # from the GPU machine) for scripts/gpu_check.sh.
-#   bash scripts/gpu_bundle.sh build out.tar.xz
+#   scripts/setup.sh build-portable -DTITAN_NATIVE=OFF && bash scripts/gpu_bundle.sh build-portable out.tar.xz
 set -euo pipefail
 BUILD=$(realpath "${1:?build dir}")
 DEST=$(realpath -m "${2:?output .tar.xz}")
+# The GPU machine's CPU is not this one: the bundle is a portable build (kernels chosen by cpuid at run time).
+if ! grep -q '^TITAN_NATIVE:BOOL=OFF' "$BUILD/CMakeCache.txt"; then
+  echo "error: $BUILD is a -march=native build; bundle a portable one: scripts/setup.sh build-portable -DTITAN_NATIVE=OFF" >&2
+  exit 1
+fi
 STAGE=$(mktemp -d)
 mkdir -p "$STAGE/lib"
 for b in titan test_cuda test_model test_moe test_train test_lora test_generate bench_cuda_ops bench_train_step; do

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs every Debian package the build and the tests need, then configures and builds titan.cpp.
-# Usage: scripts/setup.sh [build-dir]   (default: build)
+# Usage: scripts/setup.sh [build-dir] [cmake options]   (default: build; e.g. build-portable -DTITAN_NATIVE=OFF
+# for a build that runs on any x86-64 CPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"
+shift || true
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
@@ -32,5 +34,5 @@ if [ -e /usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3 ]; then
     /usr/lib/x86_64-linux-gnu/openblas-openmp/liblapack.so.3 || true
 fi
 
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
 cmake --build "$BUILD_DIR" -j"$(nproc)"

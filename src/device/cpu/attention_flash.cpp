@@ -14,14 +14,12 @@
 //   P = exp(scale Q_I K_J^T - lse_I);  dV_J += P^T dO_I;  dP = dO_I V_J^T;  dS = P (dP - D_I) scale
 //   dQ_I += dS K_J;  dK_J += dS^T Q_I
 #include <cblas.h>
-#ifdef TITAN_HAVE_DNNL
-#include <oneapi/dnnl/dnnl.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "device/cpu/sgemm.h"
 #include "device/cpu/vec_math.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
@@ -30,8 +28,8 @@ namespace titan {
 namespace {
 
 // Where the tile GEMMs run. "flash": BLAS, 64 x 64 tiles. "flash_onednn": oneDNN's sgemm, which runs its
-// AVX-512 kernels whatever OpenBLAS's core type, on 128 x 128 tiles (score tile 64 KiB): 1.5x "flash" at
-// T = 512 and 2x at T = 4096 (bench_attention, 2 threads, bench/BENCHMARKS.md). Not (yet) the default.
+// kernels by cpuid whatever OpenBLAS's core type, on 128 x 128 tiles (score tile 64 KiB): 1.5x "flash" at
+// T = 512 and 2x at T = 4096 (bench_attention, 2 threads, bench/BENCHMARKS.md); the default where built.
 // After 5 AdamW steps one rarely routed expert of the e8k2_norm MoE fixture lands 1.04e-4 from HF's
 // float32 result, but 5.5e-6 from the float64 run where HF float32 itself is 9.9e-5 away: the fixtures
 // now judge parameters against that float64 truth (tests/support/golden.h) and pass with either engine.
@@ -44,12 +42,10 @@ constexpr int64_t kBlock = E == TileEngine::kOneDnn ? 128 : 64;
 template <TileEngine E>
 void tile_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-#ifdef TITAN_HAVE_DNNL
   if constexpr (E == TileEngine::kOneDnn) {
-    dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    cpu::sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-#endif
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha,
               A, lda, B, ldb, beta, C, ldc);
 }
@@ -174,12 +170,13 @@ void flash_backward(float* dq, float* dk, float* dv, const float* dout, const fl
 
 const AttentionKernels kFlash{flash_forward<TileEngine::kBlas>, flash_backward<TileEngine::kBlas>,
                               flash_saved_floats};
-// Default: measured faster than "blas" at every shape tried (bench_attention, bench/BENCHMARKS.md).
+// Measured faster than "blas" at every shape tried (bench_attention, bench/BENCHMARKS.md).
 TITAN_REGISTER_KERNEL(AttentionKernels, CPU, "flash", kFlash, 20);
+// The default where built: as fast as "flash" on a well-detected OpenBLAS and 1.5-2x faster elsewhere.
 #ifdef TITAN_HAVE_DNNL
 const AttentionKernels kFlashOneDnn{flash_forward<TileEngine::kOneDnn>, flash_backward<TileEngine::kOneDnn>,
                                     flash_saved_floats};
-TITAN_REGISTER_KERNEL(AttentionKernels, CPU, "flash_onednn", kFlashOneDnn, 15);
+TITAN_REGISTER_KERNEL(AttentionKernels, CPU, "flash_onednn", kFlashOneDnn, 25);
 #endif
 
 }  // namespace

@@ -12,7 +12,6 @@
 // The GEMM engine is a template parameter: "grouped" (op moe_experts) runs BLAS; op moe_experts_bf16 runs
 // the same pipeline on bf16 operands, "reference" (rounded operands, double accumulation: the oracle) and
 // "onednn" (oneDNN matmul with the row count as a runtime dimension, one primitive per GEMM kind).
-#include <cblas.h>
 #include <omp.h>
 
 #include <cmath>
@@ -23,6 +22,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "device/cpu/sgemm.h"
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
@@ -35,12 +35,12 @@ namespace titan {
 namespace {
 
 // Every GEMM of the pipeline: C (M,N) = op(A) op(B) + beta C, row-major, beta 0 or 1. The operands are
-// stored densely (lda = the stored row length), which the bf16 engines rely on.
-struct BlasGemm {
+// stored densely (lda = the stored row length), which the bf16 engines rely on. The f32 engine is the CPU
+// kernels' sgemm (oneDNN where built, else BLAS: device/cpu/sgemm.h).
+struct F32Gemm {
   void operator()(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                   const float* B, int64_t ldb, float beta, float* C, int64_t ldc) const {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f,
-                A, lda, B, ldb, beta, C, ldc);
+    cpu::sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
   }
 };
 
@@ -61,7 +61,7 @@ struct Bf16ReferenceGemm {
 
 // bf16 on any CPU: the operands rounded to bf16 (kept in f32) and multiplied by the f32 BLAS GEMM, so the
 // products are exact and the accumulation f32, as on the bf16 dot-product instructions.
-struct Bf16RoundedBlasGemm {
+struct Bf16RoundedGemm {
   static const float* rounded(std::vector<float>& buf, const float* x, int64_t n) {
     if ((int64_t)buf.size() < n) buf.resize(n);
     float* d = buf.data();
@@ -75,7 +75,7 @@ struct Bf16RoundedBlasGemm {
     thread_local std::vector<float> a_buf, b_buf;
     const float* a = rounded(a_buf, A, M * K);
     const float* b = rounded(b_buf, B, K * N);
-    BlasGemm{}(ta, tb, M, N, K, a, lda, b, ldb, beta, C, ldc);
+    F32Gemm{}(ta, tb, M, N, K, a, lda, b, ldb, beta, C, ldc);
   }
 };
 
@@ -310,13 +310,13 @@ void moe_backward(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeE
   }
 }
 
-const MoeExpertsKernels kMoeGrouped{moe_forward<BlasGemm>, moe_backward<BlasGemm>};
+const MoeExpertsKernels kMoeGrouped{moe_forward<F32Gemm>, moe_backward<F32Gemm>};
 TITAN_REGISTER_KERNEL(MoeExpertsKernels, CPU, "grouped", kMoeGrouped, 10);
 const MoeExpertsBf16Kernels kMoeBf16Reference{moe_forward<Bf16ReferenceGemm>,
                                               moe_backward<Bf16ReferenceGemm>};
 TITAN_REGISTER_REFERENCE_KERNEL(MoeExpertsBf16Kernels, CPU, "reference", kMoeBf16Reference, 0);
 const MoeExpertsBf16Kernels kMoeBf16Sgemm{
-    {moe_forward<Bf16RoundedBlasGemm>, moe_backward<Bf16RoundedBlasGemm>}};
+    {moe_forward<Bf16RoundedGemm>, moe_backward<Bf16RoundedGemm>}};
 TITAN_REGISTER_KERNEL(MoeExpertsBf16Kernels, CPU, "sgemm", kMoeBf16Sgemm, 5);
 #ifdef TITAN_HAVE_DNNL
 // oneDNN has bf16 matmul kernels from AVX512_BF16 on (AMX where present).
