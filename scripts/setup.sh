@@ -20,6 +20,7 @@ PACKAGES=(
   libboost-context-dev
   fortunes fortunes-min
   clang-format
+  qemu-user
 )
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update
