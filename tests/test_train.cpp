@@ -1,6 +1,7 @@
 // The trainer: config parsing and errors, the embedded default run end to end (CI-sized),
 // deterministic replay, gradient accumulation, NaN handling, the shipped configs' dry runs, and
 // validation (against `titan forward`, across ranks, leaving training untouched).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "data/loader.h"
 #include "io/safetensors.h"
+#include "kernels/registry.h"
 #include "models/qwen3/model.h"
 #include "support/testing.h"
 #include "train/config.h"
@@ -265,6 +267,26 @@ TEST(Trainer, ShippedConfigsDryRun) {
     EXPECT_NE(out.find("FLOPs/token"), std::string::npos) << out;
     EXPECT_NE(out.find("memory per rank"), std::string::npos) << out;
   }
+}
+
+// An implementation this CPU cannot run (oneDNN's bf16 engine with the CPU capped at AVX2) is one error at
+// validation naming the key, the implementation and the missing feature; a bad cap names the variable.
+TEST(Trainer, KernelTheCpuCannotRunIsOneClearError) {
+  auto& reg = KernelRegistry::global();
+  const auto impls = reg.impls("matmul_bf16", DeviceType::CPU);
+  if (std::find(impls.begin(), impls.end(), "onednn") != impls.end()) {  // a build with oneDNN
+    std::string out;
+    EXPECT_NE(testing::run_titan("train --dry-run --kernels.matmul_bf16=onednn", &out, "TITAN_CPU_ISA=avx2"),
+              0);
+    EXPECT_NE(out.find("kernels.matmul_bf16 = 'onednn': cannot run on this CPU: needs"), std::string::npos)
+        << out;
+    EXPECT_NE(out.find("avx512_bf16"), std::string::npos) << out;
+    EXPECT_NE(out.find("(default here: sgemm)"), std::string::npos) << out;
+  }
+  std::string out;
+  EXPECT_NE(testing::run_titan("train --dry-run", &out, "TITAN_CPU_ISA=avx3"), 0);
+  EXPECT_NE(out.find("TITAN_CPU_ISA = 'avx3': unknown CPU ISA level"), std::string::npos) << out;
+  EXPECT_EQ(out.find("terminate"), std::string::npos) << out;
 }
 
 TEST(Trainer, MoeConfigTrainsWhenScaledDown) {

@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "cli/command.h"
+#include "core/cpu_isa.h"
 #include "core/error.h"
 #include "dist/runtime.h"
 
@@ -49,6 +50,7 @@ int main(int argc, char** argv) {
   // hooks print "[rank R] titan <cmd>: error: ..." and MPI_Abort instead of returning while the other
   // ranks wait in a collective; on success they finalize MPI. Alone they change nothing.
   try {
+    titan::cpu_isa();  // a bad TITAN_CPU_ISA is an error before any work, whatever the command
     return titan::dist::finish_command(name, it->second.fn(argc - 1, argv + 1));
   } catch (const titan::Error& e) {
     titan::dist::report_fatal_error(name, e.what());

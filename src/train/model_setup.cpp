@@ -42,6 +42,9 @@ void validate_kernel_choice(const std::map<std::string, std::string>& kernels, D
     for (auto& i : impls) valid += (valid.empty() ? "" : ", ") + i;
     TITAN_CHECK(std::find(impls.begin(), impls.end(), impl) != impls.end(), "kernels.", op, " = '", impl,
                 "': no such implementation on ", device_type_name(device), " (valid: ", valid, ")");
+    const std::string why = KernelRegistry::global().why_not_runnable(op, device, impl);
+    TITAN_CHECK(why.empty(), "kernels.", op, " = '", impl, "': cannot run on this CPU: ", why,
+                " (default here: ", KernelRegistry::global().default_impl(op, device), ")");
   }
 }
 

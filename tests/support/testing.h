@@ -69,10 +69,12 @@ inline bool have_cuda_gpu() {
       GTEST_SKIP() << "no CUDA GPU here (or a build without CUDA): this GPU test runs on GPU machines"; \
   } while (0)
 
-inline int run_titan(const std::string& args, std::string* output = nullptr) {
+// `env`: variable assignments for the command ("TITAN_CPU_ISA=avx2").
+inline int run_titan(const std::string& args, std::string* output = nullptr, const std::string& env = "") {
   TempDir tmp;
   std::string log = tmp / "out.txt";
-  std::string cmd = std::string(TITAN_BINARY) + " " + args + " > " + log + " 2>&1";
+  std::string cmd =
+      (env.empty() ? "" : env + " ") + std::string(TITAN_BINARY) + " " + args + " > " + log + " 2>&1";
   int rc = std::system(cmd.c_str());
   if (output) {
     FILE* f = std::fopen(log.c_str(), "rb");

@@ -1,16 +1,17 @@
 // Tiled ("flash") causal attention: online softmax over key blocks in the forward, which saves only the
 // row logsumexp (B,nH,T); the backward recomputes each probability tile from it. No [T,T] buffer exists:
-// the working set is one (kBlock x kBlock) score tile and one (kBlock x hd) output accumulator per thread.
+// the working set is one (rep*kBlock x kBlock) score tile and one (rep*kBlock x hd) output accumulator per
+// thread: the rep query heads that share a kv head (GQA) are stacked into one tile (stack_group_rows).
 // Tiles are single-threaded GEMMs inside the OpenMP tasks (oneDNN's sgemm where built, else BLAS); tiles
 // above the diagonal are skipped.
 //
-// forward, per (b, h) and query block I:   m = -inf, l = 0, O = 0
+// forward, per (b, kv head) and query block I (its rep query heads stacked):   m = -inf, l = 0, O = 0
 //   for key blocks J <= I:  S = scale Q_I K_J^T (causal mask on the diagonal tile)
 //                           m' = max(m, rowmax S);  P = exp(S - m');  c = exp(m - m')
 //                           l = c l + rowsum P;  O = c O + P V_J;  m = m'
 //   out_I = O / l;  lse_I = m + log l
 // backward, per (b, kv head) so the dK/dV accumulation of the group's query heads never races:
-//   D_i = dO_i . O_i;  for key blocks J, query heads h of the group, query blocks I >= J:
+//   D_i = dO_i . O_i;  for key blocks J and query blocks I >= J (the group's query heads stacked):
 //   P = exp(scale Q_I K_J^T - lse_I);  dV_J += P^T dO_I;  dP = dO_I V_J^T;  dS = P (dP - D_I) scale
 //   dQ_I += dS K_J;  dK_J += dS^T Q_I
 #include <cblas.h>
@@ -54,6 +55,16 @@ int64_t flash_saved_floats(int64_t B, int64_t T, int64_t nH) {
   return B * nH * T;
 }
 
+// The query rows of the rep heads sharing kv head kh, for query block [i0, i0 + br), stacked into one
+// (rep*br, hd) matrix: row g*br + r is head kh*rep + g at position i0 + r. With GQA every tile GEMM then
+// covers the whole group (rep times the rows, one packing of the K/V tile instead of rep).
+void stack_group_rows(float* dst, const float* src, int64_t b, int64_t T, int64_t i0, int64_t br, int64_t kh,
+                      int64_t rep, int64_t ld, int64_t hd) {
+  for (int64_t g = 0; g < rep; ++g)
+    for (int64_t r = 0; r < br; ++r)
+      std::copy_n(src + (b * T + i0 + r) * ld + (kh * rep + g) * hd, hd, dst + (g * br + r) * hd);
+}
+
 template <TileEngine E>
 void flash_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
                    int64_t T, int64_t nH, int64_t nKV, int64_t hd) {
@@ -61,45 +72,51 @@ void flash_forward(float* out, float* lse, const float* q, const float* k, const
   const float scale = 1.0f / std::sqrt((float)hd);
   const int64_t ldq = nH * hd, ldk = nKV * hd;
   const int64_t nblk = (T + kBlock<E> - 1) / kBlock<E>;
+  const int64_t rows = rep * kBlock<E>;  // stacked query rows of a block
 #pragma omp parallel
   {
-    std::vector<float> s(kBlock<E> * kBlock<E>), o(kBlock<E> * hd), m(kBlock<E>), l(kBlock<E>);
+    std::vector<float> qs(rows * hd), s(rows * kBlock<E>), o(rows * hd), m(rows), l(rows);
     // Largest blocks first (the last query blocks see the most keys) for dynamic load balance.
 #pragma omp for collapse(3) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < nH; ++h)
+      for (int64_t kh = 0; kh < nKV; ++kh)
         for (int64_t ib = nblk - 1; ib >= 0; --ib) {
-          const int64_t kh = h / rep, i0 = ib * kBlock<E>, br = std::min(kBlock<E>, T - i0);
-          const float* qi = q + (b * T + i0) * ldq + h * hd;
-          std::fill(m.begin(), m.end(), -INFINITY);
-          std::fill(l.begin(), l.end(), 0.0f);
-          std::fill(o.begin(), o.end(), 0.0f);
+          const int64_t i0 = ib * kBlock<E>, br = std::min(kBlock<E>, T - i0), R = rep * br;
+          stack_group_rows(qs.data(), q, b, T, i0, br, kh, rep, ldq, hd);
+          std::fill_n(m.begin(), R, -INFINITY);
+          std::fill_n(l.begin(), R, 0.0f);
+          std::fill_n(o.begin(), R * hd, 0.0f);
           for (int64_t j0 = 0; j0 <= i0; j0 += kBlock<E>) {
             const int64_t bc = std::min(kBlock<E>, T - j0);
             const float* kj = k + (b * T + j0) * ldk + kh * hd;
             const float* vj = v + (b * T + j0) * ldk + kh * hd;
-            tile_gemm<E>(false, true, br, bc, hd, scale, qi, ldq, kj, ldk, 0.0f, s.data(), bc);
-            for (int64_t r = 0; r < br; ++r) {
-              float* row = s.data() + r * bc;
+            tile_gemm<E>(false, true, R, bc, hd, scale, qs.data(), hd, kj, ldk, 0.0f, s.data(), bc);
+            for (int64_t rr = 0; rr < R; ++rr) {
+              const int64_t r = rr % br;  // query position i0 + r
+              float* row = s.data() + rr * bc;
               const int64_t nv = std::min(bc, i0 + r - j0 + 1);  // keys j <= i on this row
-              const float mnew = std::max(m[r], vec::max(row, nv));
+              const float mnew = std::max(m[rr], vec::max(row, nv));
               const float sum = vec::exp_scale(row, row, nv, mnew, 1.0f);
               std::fill(row + nv, row + bc, 0.0f);
-              const float c = std::exp(m[r] - mnew);  // 0 on the first block (m = -inf)
-              l[r] = l[r] * c + sum;
-              m[r] = mnew;
+              const float c = std::exp(m[rr] - mnew);  // 0 on the first block (m = -inf)
+              l[rr] = l[rr] * c + sum;
+              m[rr] = mnew;
               if (c != 1.0f) {
-                float* orow = o.data() + r * hd;
+                float* orow = o.data() + rr * hd;
+#pragma omp simd
                 for (int64_t d = 0; d < hd; ++d) orow[d] *= c;
               }
             }
-            tile_gemm<E>(false, false, br, hd, bc, 1.0f, s.data(), bc, vj, ldk, 1.0f, o.data(), hd);
+            tile_gemm<E>(false, false, R, hd, bc, 1.0f, s.data(), bc, vj, ldk, 1.0f, o.data(), hd);
           }
-          for (int64_t r = 0; r < br; ++r) {
-            const float inv = 1.0f / l[r];
+          for (int64_t rr = 0; rr < R; ++rr) {
+            const int64_t g = rr / br, r = rr % br, h = kh * rep + g;
+            const float inv = 1.0f / l[rr];
             float* dst = out + (b * T + i0 + r) * ldq + h * hd;
-            for (int64_t d = 0; d < hd; ++d) dst[d] = o[r * hd + d] * inv;
-            lse[(b * nH + h) * T + i0 + r] = m[r] + std::log(l[r]);
+            const float* orow = o.data() + rr * hd;
+#pragma omp simd
+            for (int64_t d = 0; d < hd; ++d) dst[d] = orow[d] * inv;
+            lse[(b * nH + h) * T + i0 + r] = m[rr] + std::log(l[rr]);
           }
         }
   }
@@ -112,56 +129,67 @@ void flash_backward(float* dq, float* dk, float* dv, const float* dout, const fl
   const int64_t rep = nH / nKV;
   const float scale = 1.0f / std::sqrt((float)hd);
   const int64_t ldq = nH * hd, ldk = nKV * hd;
+  const int64_t rows = rep * kBlock<E>;
 #pragma omp parallel
   {
-    std::vector<float> p(kBlock<E> * kBlock<E>), dp(kBlock<E> * kBlock<E>), D(rep * T);
+    // Per task: the group's stacked Q and dO rows of every query block (block ib at ib * rep * kBlock rows),
+    // D_i = dO_i . O_i in the same order, and one (rows x kBlock) tile each of P and dP.
+    const int64_t nblk = (T + kBlock<E> - 1) / kBlock<E>;
+    std::vector<float> qs(nblk * rows * hd), dos(nblk * rows * hd), D(nblk * rows);
+    std::vector<float> p(rows * kBlock<E>), dp(rows * kBlock<E>);
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t kh = 0; kh < nKV; ++kh) {
-        for (int64_t g = 0; g < rep; ++g)
-          for (int64_t i = 0; i < T; ++i) {
-            const float* o = out + (b * T + i) * ldq + (kh * rep + g) * hd;
-            const float* d = dout + (b * T + i) * ldq + (kh * rep + g) * hd;
+        for (int64_t ib = 0; ib < nblk; ++ib) {
+          const int64_t i0 = ib * kBlock<E>, br = std::min(kBlock<E>, T - i0);
+          float* qb = qs.data() + ib * rows * hd;
+          float* dob = dos.data() + ib * rows * hd;
+          stack_group_rows(qb, q, b, T, i0, br, kh, rep, ldq, hd);
+          stack_group_rows(dob, dout, b, T, i0, br, kh, rep, ldq, hd);
+          for (int64_t rr = 0; rr < rep * br; ++rr) {
+            const int64_t g = rr / br, r = rr % br;
+            const float* o = out + (b * T + i0 + r) * ldq + (kh * rep + g) * hd;
+            const float* d = dob + rr * hd;
             float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
             for (int64_t c = 0; c < hd; ++c) acc += o[c] * d[c];
-            D[g * T + i] = acc;
+            D[ib * rows + rr] = acc;
           }
+        }
         for (int64_t j0 = 0; j0 < T; j0 += kBlock<E>) {
           const int64_t bc = std::min(kBlock<E>, T - j0);
           const float* kj = k + (b * T + j0) * ldk + kh * hd;
           const float* vj = v + (b * T + j0) * ldk + kh * hd;
           float* dkj = dk + (b * T + j0) * ldk + kh * hd;
           float* dvj = dv + (b * T + j0) * ldk + kh * hd;
-          for (int64_t g = 0; g < rep; ++g) {
-            const int64_t h = kh * rep + g;
-            for (int64_t i0 = j0; i0 < T; i0 += kBlock<E>) {
-              const int64_t br = std::min(kBlock<E>, T - i0);
-              const float* qi = q + (b * T + i0) * ldq + h * hd;
-              const float* doi = dout + (b * T + i0) * ldq + h * hd;
-              float* dqi = dq + (b * T + i0) * ldq + h * hd;
-              const float* lsei = lse + (b * nH + h) * T + i0;
-              tile_gemm<E>(false, true, br, bc, hd, scale, qi, ldq, kj, ldk, 0.0f, p.data(), bc);
-              for (int64_t r = 0; r < br; ++r) {
-                float* row = p.data() + r * bc;
-                const int64_t nv = std::max<int64_t>(0, std::min(bc, i0 + r - j0 + 1));
-                vec::exp_scale(row, row, nv, lsei[r], 1.0f);
-                std::fill(row + nv, row + bc, 0.0f);
-              }
-              // dV_J += P^T dO_I;  dP = dO_I V_J^T
-              tile_gemm<E>(true, false, bc, hd, br, 1.0f, p.data(), bc, doi, ldq, 1.0f, dvj, ldk);
-              tile_gemm<E>(false, true, br, bc, hd, 1.0f, doi, ldq, vj, ldk, 0.0f, dp.data(), bc);
-              for (int64_t r = 0; r < br; ++r) {
-                const float* pr = p.data() + r * bc;
-                float* dr = dp.data() + r * bc;
-                const float Di = D[g * T + i0 + r];
-#pragma omp simd
-                for (int64_t c = 0; c < bc; ++c) dr[c] = pr[c] * (dr[c] - Di) * scale;
-              }
-              // dQ_I += dS K_J;  dK_J += dS^T Q_I
-              tile_gemm<E>(false, false, br, hd, bc, 1.0f, dp.data(), bc, kj, ldk, 1.0f, dqi, ldq);
-              tile_gemm<E>(true, false, bc, hd, br, 1.0f, dp.data(), bc, qi, ldq, 1.0f, dkj, ldk);
+          for (int64_t i0 = j0; i0 < T; i0 += kBlock<E>) {
+            const int64_t ib = i0 / kBlock<E>, br = std::min(kBlock<E>, T - i0), R = rep * br;
+            const float* qi = qs.data() + ib * rows * hd;
+            const float* doi = dos.data() + ib * rows * hd;
+            const float* Di = D.data() + ib * rows;
+            tile_gemm<E>(false, true, R, bc, hd, scale, qi, hd, kj, ldk, 0.0f, p.data(), bc);
+            for (int64_t rr = 0; rr < R; ++rr) {
+              const int64_t g = rr / br, r = rr % br;
+              float* row = p.data() + rr * bc;
+              const int64_t nv = std::max<int64_t>(0, std::min(bc, i0 + r - j0 + 1));
+              vec::exp_scale(row, row, nv, lse[(b * nH + kh * rep + g) * T + i0 + r], 1.0f);
+              std::fill(row + nv, row + bc, 0.0f);
             }
+            // dV_J += P^T dO_I;  dP = dO_I V_J^T  (all rep heads of the group in one GEMM each)
+            tile_gemm<E>(true, false, bc, hd, R, 1.0f, p.data(), bc, doi, hd, 1.0f, dvj, ldk);
+            tile_gemm<E>(false, true, R, bc, hd, 1.0f, doi, hd, vj, ldk, 0.0f, dp.data(), bc);
+            for (int64_t rr = 0; rr < R; ++rr) {
+              const float* pr = p.data() + rr * bc;
+              float* dr = dp.data() + rr * bc;
+              const float d = Di[rr];
+#pragma omp simd
+              for (int64_t c = 0; c < bc; ++c) dr[c] = pr[c] * (dr[c] - d) * scale;
+            }
+            // dQ_I += dS K_J (per head: dq's rows are strided by head);  dK_J += dS^T Q_I
+            for (int64_t g = 0; g < rep; ++g)
+              tile_gemm<E>(false, false, br, hd, bc, 1.0f, dp.data() + g * br * bc, bc, kj, ldk, 1.0f,
+                           dq + (b * T + i0) * ldq + (kh * rep + g) * hd, ldq);
+            tile_gemm<E>(true, false, bc, hd, R, 1.0f, dp.data(), bc, qi, hd, 1.0f, dkj, ldk);
           }
         }
       }
