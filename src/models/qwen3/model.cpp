@@ -611,32 +611,6 @@ void Qwen3Model::zero_grad() {
   head_grad_zeroed_ = layer_grads_zeroed_ = true;
 }
 
-// The first backward after zero_grad() overwrites the GEMM weights' gradients (accumulate_dweight = false:
-// the lm_head's first chunk, every dense layer's projections), so only the ranges that it accumulates into
-// are zeroed: the norms, the untied embedding (sparse rows), sparse layers whole. At 0.6B that skips
-// clearing the 0.6 GB tied embedding gradient every step.
-void Qwen3Model::zero_accumulated_grads() {
-  const auto& c = config_;
-  const int64_t H = c.hidden_size;
-  const int group_head = static_cast<int>(flat_grads_.size()) - 1;
-  for (int g = 0; g <= group_head; ++g) {
-    Tensor& t = flat_grads_[g];
-    if (!t.defined()) continue;
-    float* base = t.f32();
-    if (g == 0) {
-      if (!c.tie_word_embeddings) t.zero_();
-    } else if (g == group_head) {
-      zero(base, H);  // model.norm; the untied lm_head's is overwritten
-    } else if (c.is_moe_layer(g - 1)) {
-      t.zero_();
-    } else {
-      const LayerView v = layer_view(g - 1, base);
-      for (float* norm : {v.input_norm, v.post_norm}) zero(norm, H);
-      for (float* norm : {v.q_norm, v.k_norm}) zero(norm, c.head_dim);
-    }
-  }
-}
-
 int64_t Qwen3Model::activation_bytes() const {
   int64_t n = 0;
   for (auto& t : acts_) n += t.nbytes();
