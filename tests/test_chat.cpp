@@ -132,6 +132,61 @@ TEST(Jinja, UnsupportedConstructsNameTheTemplateLineAndConstruct) {
             std::string::npos);
 }
 
+// What a template may ask for is bounded: integer arithmetic past 64 bits, nesting, output size, range
+// length and tojson's indent are errors naming the template line, never a trap, a stack overflow or an
+// allocation failure. Python's results stand where 64 bits hold them.
+TEST(Jinja, UntrustedTemplatesAreBounded) {
+  auto render = [](const std::string& src) {
+    return jinja::Template::parse(src, "t.jinja").render(ojson::object()).text;
+  };
+  auto error = [](const std::string& src) {
+    return error_of([&] { jinja::Template::parse(src, "t.jinja").render(ojson::object()); });
+  };
+  // Python semantics where they are defined in 64 bits.
+  EXPECT_EQ(render("{{ (-9223372036854775807 - 1) % -1 }}"), "0");
+  EXPECT_EQ(render("{{ -7 // 2 }} {{ -7 % 2 }} {{ 7 // -2 }} {{ 7 % -2 }} {{ 5 // -1 }}"), "-4 1 -4 -1 -5");
+  EXPECT_EQ(render("{{ 9223372036854775806 + 1 }}"), "9223372036854775807");
+  // Beyond them: one error naming the line.
+  for (const char* src : {"\n{{ (-9223372036854775807 - 1) // -1 }}", "\n{{ 9223372036854775807 + 1 }}",
+                          "\n{{ -9223372036854775807 - 2 }}", "\n{{ 4611686018427387904 * 2 }}",
+                          "\n{{ -(-9223372036854775807 - 1) }}"}) {
+    const std::string e = error(src);
+    EXPECT_NE(e.find("t.jinja:2: integer overflow"), std::string::npos) << src << ": " << e;
+  }
+  EXPECT_NE(error("{{ 1 // 0 }}").find("division by zero"), std::string::npos);
+  // Nesting: parentheses, unary operators, lists, blocks, long operator chains.
+  const int deep = 100000;
+  EXPECT_NE(
+      error("{{ " + std::string(deep, '(') + "1" + std::string(deep, ')') + " }}").find("nested deeper than"),
+      std::string::npos);
+  EXPECT_NE(error("{{ " + std::string(deep, '-') + "1 }}").find("nested deeper than"), std::string::npos);
+  std::string lists = "{{ ";
+  for (int i = 0; i < 10000; ++i) lists += "[";
+  for (int i = 0; i < 10000; ++i) lists += "]";
+  EXPECT_NE(error(lists + " }}").find("nested deeper than"), std::string::npos);
+  std::string chain = "{{ 1";
+  for (int i = 0; i < deep; ++i) chain += " + 1";
+  EXPECT_NE(error(chain + " }}").find("operands and operators in one tag"), std::string::npos);
+  std::string blocks;
+  for (int i = 0; i < 10000; ++i) blocks += "{% if true %}";
+  EXPECT_NE(error(blocks).find("blocks nested deeper than"), std::string::npos);
+  EXPECT_EQ(render("{{ ((((1 + 2)))) * -(-3) }}"), "9");
+  // Output size, range length, tojson's indent.
+  EXPECT_NE(error("\n{{ 'x' * 100000000 }}").find("t.jinja:2: the template's output would pass 64 MiB"),
+            std::string::npos);
+  EXPECT_NE(
+      error("{% set ns = namespace(s='x' * 1000000) %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}"
+            "{% endfor %}")
+          .find("would pass 64 MiB"),
+      std::string::npos);
+  EXPECT_NE(error("{% for i in range(9223372036854775807) %}{% endfor %}").find("range() of"),
+            std::string::npos);
+  EXPECT_NE(
+      error("{{ [1] | tojson(indent=1000000000) }}").find("tojson's indent 1000000000 is larger than 1024"),
+      std::string::npos);
+  EXPECT_EQ(render("{{ 'ab' * 3 }}{{ 'ab' * -1 }}{{ range(3, 10, 3) | list }}"), "ababab[3, 6, 9]");
+}
+
 // ---- the Qwen3 template against apply_chat_template ----
 
 TEST(ChatTemplate, Qwen3MatchesApplyChatTemplate) {

@@ -442,5 +442,22 @@ TEST(GenerateCli, BadInputIsOneClearError) {
   }
 }
 
+// Command-line mistakes (CLI11's parse errors) read like every other error: "titan <cmd>: error: ...".
+TEST(GenerateCli, FlagMistakesAreErrorsLikeAnyOther) {
+  for (auto [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"generate --model m --prompt x --prompt-ids 1",
+            "titan generate: error: --prompt excludes --prompt-ids"},
+           {"generate --no-such-flag", "titan generate: error:"},
+           {"eval --model m --data d --seq-len x", "titan eval: error:"},
+           {"convert", "titan convert: error: --input is required"}}) {
+    std::string out;
+    EXPECT_NE(testing::run_titan(args, &out), 0) << args;
+    EXPECT_EQ(out.rfind(message, 0), 0u) << args << "\n" << out;
+  }
+  std::string out;
+  EXPECT_EQ(testing::run_titan("generate --help", &out), 0);
+  EXPECT_NE(out.find("Usage: titan generate"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace titan

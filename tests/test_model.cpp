@@ -268,6 +268,29 @@ namespace {
 
 // Packed windows (torchtitan) give labels already aligned to positions; with labels_shifted the
 // model must compute exactly the HF loss of the unshifted labels.
+// A config from a downloaded file is bounded before anything is built from it: each dimension far above
+// every released model is refused naming the field and value, and a model whose weights and gradients
+// would not fit this machine is refused with the GiB it needs, before any allocation.
+TEST(Qwen3Config, UntrustedDimensionsAreRefusedBeforeAllocation) {
+  for (auto [field, ptr] : std::initializer_list<std::pair<const char*, int64_t Qwen3Config::*>>{
+           {"hidden_size", &Qwen3Config::hidden_size},
+           {"num_hidden_layers", &Qwen3Config::num_hidden_layers},
+           {"head_dim", &Qwen3Config::head_dim},
+           {"intermediate_size", &Qwen3Config::intermediate_size},
+           {"vocab_size", &Qwen3Config::vocab_size}}) {
+    Qwen3Config c = Qwen3Config::flavor("debug");
+    c.*ptr = int64_t(1) << 31;
+    const std::string e = testing::error_of([&] { c.validate("config.json"); });
+    EXPECT_NE(e.find(std::string("config.json: ") + field + " = 2147483648 is larger than titan accepts"),
+              std::string::npos)
+        << e;
+  }
+  Qwen3Config big = Qwen3Config::flavor("debug");
+  big.hidden_size = 65536, big.intermediate_size = 1 << 20;
+  const std::string e = testing::error_of([&] { Qwen3Model m(big); });
+  EXPECT_NE(e.find("GiB for weights and gradients; this machine has"), std::string::npos) << e;
+}
+
 TEST(Qwen3Model, ShiftedLabelsEqualHfShiftInside) {
   const std::string dir = testing::source_path("tests/golden/qwen3/untied_gqa4");
   Qwen3Model model(Qwen3Config::from_hf_file(dir + "/config.json"));

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "checkpoint/checkpoint.h"
+#include "cli/cli_errors.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "models/qwen3/lora.h"
@@ -41,7 +42,7 @@ int convert_main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return titan::cli::exit_on_parse_error(app, e);
   }
   TITAN_CHECK(dtype == "float32" || dtype == "bfloat16", "--dtype '", dtype,
               "': valid values are float32, bfloat16");

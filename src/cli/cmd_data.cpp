@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli_errors.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "data/encoder.h"
@@ -157,7 +158,7 @@ int cmd_data(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return titan::cli::exit_on_parse_error(app, e);
   }
   if (*prepare) return run_prepare(prep_tokenizer, prep, prep_format, prep_delimiter, prep_eos);
   return run_info(info_cfg, info_format, info_delimiter, !info_no_count, info_batches);

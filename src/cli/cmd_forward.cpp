@@ -3,6 +3,7 @@
 //               [--lora ADAPTER_DIR [--lora-bf16-base]]
 #include <CLI/CLI.hpp>
 
+#include "cli/cli_errors.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "train/forward_tool.h"
@@ -35,7 +36,7 @@ int forward_main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return titan::cli::exit_on_parse_error(app, e);
   }
   o.dtype = titan::parse_dtype(dtype);
   o.device = titan::parse_device(device, "--device");

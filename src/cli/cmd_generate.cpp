@@ -7,6 +7,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "cli/cli_errors.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "generate/generator.h"
@@ -68,7 +69,7 @@ int generate_main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return titan::cli::exit_on_parse_error(app, e);
   }
   TITAN_CHECK(!prompt.empty() || !prompt_ids.empty() || chat,
               "give --prompt TEXT, --prompt-ids IDS or --chat");

@@ -3,6 +3,7 @@
 // Writes a freshly initialised model (HF init) as an HF checkpoint directory: a seed checkpoint.
 #include <CLI/CLI.hpp>
 
+#include "cli/cli_errors.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "models/qwen3/model.h"
@@ -24,7 +25,7 @@ int init_main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return titan::cli::exit_on_parse_error(app, e);
   }
   TITAN_CHECK(!flavor.empty() || !config_path.empty(), "one of --flavor or --config is required");
   titan::Qwen3Config c = config_path.empty() ? titan::Qwen3Config::flavor(flavor)

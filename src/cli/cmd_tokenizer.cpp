@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli_errors.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
@@ -185,7 +186,7 @@ int tokenizer_main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return titan::cli::exit_on_parse_error(app, e);
   }
   std::ios::sync_with_stdio(false);
   if (*enc) return run_encode(path, add_special);

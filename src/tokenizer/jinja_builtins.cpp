@@ -136,6 +136,14 @@ Value call_function(const std::string& where, const std::string& name, const Arg
       bad(where, "range() takes 1 to 3 arguments");
     }
     if (step == 0) bad(where, "range() step must not be zero");
+    // Its length, computed without overflow, is bounded: a loop over it runs in the render.
+    constexpr int64_t kMaxRange = 10'000'000;
+    const __int128 span = step > 0 ? (__int128)stop - start : (__int128)start - stop;
+    const __int128 len =
+        span <= 0 ? 0
+                  : (span + (step > 0 ? step : -(__int128)step) - 1) / (step > 0 ? step : -(__int128)step);
+    if (len > kMaxRange)
+      bad(where, str_cat("range() of ", (long long)len, " items (at most ", kMaxRange, ")"));
     List out;
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(Value::integer(i));
     return Value::new_list(std::move(out));
@@ -162,8 +170,11 @@ Value apply_filter(const std::string& where, const std::string& name, const Valu
   if (name == "lower" || name == "upper") return Value::string(lower_upper(to_str(in), name == "upper"));
   if (name == "tojson") {
     JsonStyle st;
-    if (const Value* ind = a.get(0, "indent"); ind && ind->kind != Value::None)
-      st.indent = static_cast<int>(need_int(where, ind, "tojson's indent"));
+    if (const Value* ind = a.get(0, "indent"); ind && ind->kind != Value::None) {
+      const int64_t indent = need_int(where, ind, "tojson's indent");
+      if (indent > 1024) bad(where, str_cat("tojson's indent ", indent, " is larger than 1024"));
+      st.indent = static_cast<int>(std::max<int64_t>(indent, -1));
+    }
     if (const Value* sk = a.get(99, "sort_keys")) st.sort_keys = truthy(*sk);
     if (const Value* ea = a.get(99, "ensure_ascii")) st.ensure_ascii = truthy(*ea);
     if (const Value* sep = a.get(99, "separators");

@@ -2,6 +2,7 @@
 // own scope; namespaces carry values out of it) and Python semantics for expressions.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <unordered_map>
 
@@ -11,6 +12,10 @@
 namespace titan::jinja {
 
 namespace {
+
+// The most a render may produce: far above any conversation (128k tokens are ~0.5 MiB of text), far below
+// what would exhaust memory or take the tokenizer minutes.
+constexpr int64_t kMaxOutputBytes = int64_t(64) << 20;
 
 enum class Flow { Normal, Break, Continue };
 
@@ -35,15 +40,22 @@ class Renderer {
   [[noreturn]] void error(int line, A&&... a) const {
     fail(name_, ":", line, ": ", std::forward<A>(a)...);
   }
+  // A string the template builds (its output, a concatenation, a repetition) stays under kMaxOutputBytes.
+  void check_size(int line, int64_t bytes) const {
+    if (bytes > kMaxOutputBytes)
+      error(line, "the template's output would pass ", kMaxOutputBytes >> 20, " MiB (", bytes, " bytes)");
+  }
 
   Flow run(const Node& n) {
     switch (n.type) {
       case Node::Text:
         out_.text += n.text;
+        check_size(n.line, (int64_t)out_.text.size());
         return Flow::Normal;
       case Node::Output: {
         const Value v = eval(*n.expr);
         out_.text += to_str(v);
+        check_size(n.line, (int64_t)out_.text.size());
         return Flow::Normal;
       }
       case Node::If:
@@ -220,7 +232,11 @@ Value Renderer::eval(const Expr& e) {
     case Expr::Unary: {
       const Value v = eval(*e.kids[0]);
       if (e.name == "not") return Value::boolean(!truthy(v));
-      if (v.kind == Value::Int) return Value::integer(e.name == "-" ? -v.i : v.i);
+      if (v.kind == Value::Int) {
+        if (e.name == "-" && v.i == INT64_MIN)
+          error(e.line, "integer overflow in -(", v.i, ") (beyond 64 bits)");
+        return Value::integer(e.name == "-" ? -v.i : v.i);
+      }
       if (v.kind == Value::Float) return Value::number(e.name == "-" ? -v.f : v.f);
       error(e.line, "bad operand type for unary ", e.name, ": ", type_name(v));
     }
@@ -332,7 +348,11 @@ Value Renderer::binary(const Expr& e) {
 }
 
 Value Renderer::apply_op(const Expr& e, const std::string& op, const Value& a, const Value& b) {
-  if (op == "~") return Value::string(to_str(a) + to_str(b));
+  if (op == "~") {
+    std::string s = to_str(a) + to_str(b);
+    check_size(e.line, (int64_t)s.size());
+    return Value::string(std::move(s));
+  }
   if (op == "in" || op == "not in") {
     bool found = false;
     if (b.kind == Value::Str) {
@@ -366,7 +386,10 @@ Value Renderer::apply_op(const Expr& e, const std::string& op, const Value& a, c
     return Value::boolean(op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0);
   }
   if (op == "+") {
-    if (a.kind == Value::Str && b.kind == Value::Str) return Value::string(a.s + b.s);
+    if (a.kind == Value::Str && b.kind == Value::Str) {
+      check_size(e.line, (int64_t)(a.s.size() + b.s.size()));
+      return Value::string(a.s + b.s);
+    }
     if (a.kind == Value::ListK && b.kind == Value::ListK) {
       List l = *a.list;
       l.insert(l.end(), b.list->begin(), b.list->end());
@@ -374,6 +397,7 @@ Value Renderer::apply_op(const Expr& e, const std::string& op, const Value& a, c
     }
   }
   if (op == "*" && a.kind == Value::Str && b.kind == Value::Int) {
+    if (b.i > 0 && !a.s.empty()) check_size(e.line, b.i > kMaxOutputBytes ? b.i : (int64_t)a.s.size() * b.i);
     std::string s;
     for (int64_t k = 0; k < b.i; ++k) s += a.s;
     return Value::string(std::move(s));
@@ -387,11 +411,22 @@ Value Renderer::apply_op(const Expr& e, const std::string& op, const Value& a, c
     return Value::number(fa(a) / fa(b));
   }
   if (ints) {
+    // Python's integers are unbounded; ours are 64-bit: a result outside them is an error, never a trap.
     const int64_t x = ia(a), y = ia(b);
-    if ((op == "//" || op == "%") && y == 0) error(e.line, "division by zero");
-    if (op == "+") return Value::integer(x + y);
-    if (op == "-") return Value::integer(x - y);
-    if (op == "*") return Value::integer(x * y);
+    int64_t r = 0;
+    if (op == "+" || op == "-" || op == "*") {
+      const bool over = op == "+"   ? __builtin_add_overflow(x, y, &r)
+                        : op == "-" ? __builtin_sub_overflow(x, y, &r)
+                                    : __builtin_mul_overflow(x, y, &r);
+      if (over) error(e.line, "integer overflow in ", x, " ", op, " ", y, " (beyond 64 bits)");
+      return Value::integer(r);
+    }
+    if (y == 0) error(e.line, "division by zero");
+    if (y == -1) {  // x // -1 = -x (overflows for the smallest integer); x % -1 = 0
+      if (op == "%") return Value::integer(0);
+      if (x == INT64_MIN) error(e.line, "integer overflow in ", x, " // -1 (beyond 64 bits)");
+      return Value::integer(-x);
+    }
     const int64_t q = x / y - ((x % y != 0 && ((x < 0) != (y < 0))) ? 1 : 0);  // floor division
     return Value::integer(op == "//" ? q : x - q * y);
   }

@@ -213,6 +213,14 @@ class Lexer {
   const std::string& name_;
 };
 
+// Bounds on what a template may ask of the parser and the renderer, whose recursion follows the tree:
+// nesting of sub-expressions (parentheses, lists, unary operators) and of block tags, and nodes per tag (a
+// chain of 10,000 `+` is a tree that deep). Chat templates stay far below them (Qwen3's: depth <= 6, <= 60
+// nodes per tag).
+constexpr int kMaxExprNesting = 100;
+constexpr int kMaxNodesPerTag = 2000;
+constexpr int kMaxBlockNesting = 100;
+
 // Recursive descent over one tag's tokens, with Jinja's precedence (lowest first): conditional
 // expression, or, and, not, comparisons / in / is, + -, ~, * / // %, unary -, postfix and filters.
 class ExprParser {
@@ -246,7 +254,20 @@ class ExprParser {
   }
 
  private:
+  // One level of sub-expression nesting for the guard's lifetime.
+  struct Nesting {
+    explicit Nesting(ExprParser& p) : p_(p) {
+      if (++p_.depth_ > kMaxExprNesting)
+        p_.error("expression nested deeper than ", kMaxExprNesting, " levels");
+    }
+    ~Nesting() { --p_.depth_; }
+    ExprParser& p_;
+  };
+  int depth_ = 0, nodes_ = 0;
+
   ExprP node(Expr::Type type) {
+    if (++nodes_ > kMaxNodesPerTag)
+      error("more than ", kMaxNodesPerTag, " operands and operators in one tag");
     auto e = std::make_unique<Expr>();
     e->type = type;
     e->line = line_;
@@ -260,6 +281,7 @@ class ExprParser {
     return e;
   }
   ExprP conditional() {
+    Nesting nest(*this);
     ExprP e = or_expr();
     while (peek_name("if")) {
       ++p_;
@@ -288,6 +310,7 @@ class ExprParser {
   }
   ExprP not_expr() {
     if (!peek_name("not")) return compare();
+    Nesting nest(*this);
     ++p_;
     auto e = node(Expr::Unary);
     e->name = "not";
@@ -348,6 +371,7 @@ class ExprParser {
   }
   ExprP unary() {
     if (peek_op("-") || peek_op("+")) {
+      Nesting nest(*this);
       auto e = node(Expr::Unary);
       e->name = t_[p_++].text;
       e->kids.push_back(unary());
@@ -536,6 +560,13 @@ class Parser {
   // Parses nodes until a block tag whose keyword is in `stops` (returned in `stop`, with the
   // parser positioned on it) or the end of the template (stop empty).
   std::vector<Node> parse_body(const std::set<std::string>& stops, std::string& stop) {
+    if (++block_depth_ > kMaxBlockNesting)
+      fail(name_, ":", i_ < chunks_.size() ? chunks_[i_].line : 0, ": blocks nested deeper than ",
+           kMaxBlockNesting, " levels");
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{block_depth_};
     std::vector<Node> out;
     while (i_ < chunks_.size()) {
       const Chunk& c = chunks_[i_];
@@ -647,6 +678,7 @@ class Parser {
   const std::string& name_;
   Lexer& lexer_;
   bool has_generation_ = false;
+  int block_depth_ = 0;
 };
 
 }  // namespace

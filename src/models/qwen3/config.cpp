@@ -176,6 +176,20 @@ void Qwen3Config::validate(const std::string& where) const {
   positive(num_attention_heads, "num_attention_heads");
   positive(num_key_value_heads, "num_key_value_heads");
   positive(head_dim, "head_dim");
+  // Upper bounds far above every released Qwen3 (hidden 8192, 94 layers, 128 experts, vocab 151936): a
+  // file asking for more is refused here, before a layer table or a tensor is built from it.
+  auto at_most = [&](int64_t v, int64_t limit, const char* name) {
+    TITAN_CHECK(v <= limit, where, ": ", name, " = ", v, " is larger than titan accepts (at most ", limit,
+                ")");
+  };
+  at_most(vocab_size, int64_t(1) << 24, "vocab_size");
+  at_most(hidden_size, int64_t(1) << 17, "hidden_size");
+  at_most(intermediate_size, int64_t(1) << 20, "intermediate_size");
+  at_most(num_hidden_layers, int64_t(1) << 12, "num_hidden_layers");
+  at_most(num_attention_heads, int64_t(1) << 12, "num_attention_heads");
+  at_most(num_key_value_heads, int64_t(1) << 12, "num_key_value_heads");
+  at_most(head_dim, int64_t(1) << 12, "head_dim");
+  at_most(max_position_embeddings, int64_t(1) << 24, "max_position_embeddings");
   TITAN_CHECK(num_attention_heads % num_key_value_heads == 0, where, ": num_attention_heads (",
               num_attention_heads, ") must be a multiple of num_key_value_heads (", num_key_value_heads, ")");
   TITAN_CHECK(head_dim % 2 == 0, where, ": head_dim must be even for rotary embeddings, got ", head_dim);
@@ -186,6 +200,8 @@ void Qwen3Config::validate(const std::string& where) const {
                 ": num_experts_per_tok must be in [1, num_experts=", num_experts, "], got ",
                 num_experts_per_tok);
     positive(moe_intermediate_size, "moe_intermediate_size");
+    at_most(num_experts, int64_t(1) << 12, "num_experts");
+    at_most(moe_intermediate_size, int64_t(1) << 20, "moe_intermediate_size");
     positive(decoder_sparse_step, "decoder_sparse_step");
     TITAN_CHECK(load_balance_coeff >= 0, where, ": load_balance_coeff must be >= 0");
   }

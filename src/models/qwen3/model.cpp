@@ -1,5 +1,7 @@
 #include "models/qwen3/model.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -235,6 +237,18 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
   add("model.norm.weight", {H});
   if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, H});
 
+  if (allocate && device_.type == DeviceType::CPU) {
+    // Parameters and their gradients (f32), before any is allocated: a config asking for more than this
+    // machine holds is one error, not an allocation failure part-way.
+    double numel = 0;
+    for (auto& g : groups)
+      for (auto& e : g) numel += (double)shape_numel(e.shape);
+    const double need = numel * 8, have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
+    TITAN_CHECK(have <= 0 || need <= have, "model config: ", (int64_t)numel, " parameters (hidden_size ",
+                c.hidden_size, ", num_hidden_layers ", c.num_hidden_layers, ", intermediate_size ",
+                c.intermediate_size, ", vocab_size ", c.vocab_size, ") need ", need / double(1 << 30),
+                " GiB for weights and gradients; this machine has ", have / double(1 << 30), " GiB");
+  }
   for (size_t g = 0; g < groups.size(); ++g) {
     int64_t total = 0;
     for (auto& e : groups[g]) {
