@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -115,6 +116,26 @@ TEST(CheckpointIo, BadCheckpointsAreRefusedBeforeAnythingIsCopied) {
     EXPECT_NE(e.find("no COMPLETE marker (the save did not finish)"), std::string::npos) << e;
     EXPECT_EQ(ckpt::latest(tmp / "meta"), "");
   }
+  {  // metadata that lacks a field or has one of the wrong type, consistently checksummed: named at open
+    for (auto [edit, message] : std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>>{
+             {[](nlohmann::json& m) { m["files"][0].erase("slices"); },
+              "field 'files[0].slices' must be a list"},
+             {[](nlohmann::json& m) { m["files"][0]["slices"][0]["offset"] = "x"; },
+              "field 'files[0].slices[0].offset' must be a non-negative integer"},
+             {[](nlohmann::json& m) { m["tensors"]["a"] = -1; },
+              "field 'tensors.a' must be a non-negative integer"}}) {
+      const std::string dir = save_ab(tmp / "fields", 1);
+      nlohmann::json m = nlohmann::json::parse(std::ifstream(dir + "/metadata.json"));
+      edit(m);
+      std::ofstream(dir + "/metadata.json") << m.dump();
+      std::ofstream(dir + "/COMPLETE")
+          << nlohmann::json{{"step", 1}, {"metadata_xxh3", ckpt::file_checksum(dir + "/metadata.json")}}
+                 .dump();
+      const std::string e = error_of([&] { ckpt::Reader r(dir); });
+      EXPECT_NE(e.find("metadata.json: " + message), std::string::npos) << e;
+      fs::remove_all(tmp / "fields");
+    }
+  }
   EXPECT_NE(error_of([&] { ckpt::Reader r(tmp / "nowhere"); }).find("no such directory"), std::string::npos);
 }
 
@@ -124,6 +145,8 @@ TEST(CheckpointIo, LatestSkipsUnfinishedSavesAndPruneKeepsTheNewest) {
   for (int s = 1; s <= 4; ++s) save_ab(folder, s * 10);
   fs::create_directories(folder + "/step-50");  // an unfinished save that was somehow renamed
   fs::create_directories(folder + "/.step-60.tmp");
+  // A complete checkpoint under a step number past 64 bits is not a step of ours: skipped, not a crash.
+  fs::copy(folder + "/step-40", folder + "/step-18446744073709551617", fs::copy_options::recursive);
   EXPECT_EQ(ckpt::latest(folder), folder + "/step-40");
   ckpt::prune(folder, 2);
   EXPECT_FALSE(fs::exists(folder + "/step-10"));

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -284,6 +285,16 @@ TEST(Qwen3Config, UntrustedDimensionsAreRefusedBeforeAllocation) {
     EXPECT_NE(e.find(std::string("config.json: ") + field + " = 2147483648 is larger than titan accepts"),
               std::string::npos)
         << e;
+  }
+  // A field of the wrong JSON type is named, not reported in the JSON library's words.
+  for (auto [field, value, message] : std::vector<std::tuple<const char*, nlohmann::json, const char*>>{
+           {"model_type", nullptr, "field 'model_type' must be a string, got null"},
+           {"rope_scaling", 0, "field 'rope_scaling' must be an object or null, got number"},
+           {"rope_scaling", {{"type", 3}}, "field 'rope_scaling.type' must be a string, got number"}}) {
+    nlohmann::json j = Qwen3Config::flavor("debug").to_hf_json("float32");
+    j[field] = value;
+    const std::string e = testing::error_of([&] { Qwen3Config::from_hf_json(j, "config.json"); });
+    EXPECT_NE(e.find(std::string("config.json: ") + message), std::string::npos) << e;
   }
   Qwen3Config big = Qwen3Config::flavor("debug");
   big.hidden_size = 65536, big.intermediate_size = 1 << 20;

@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -325,7 +326,14 @@ std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const std::string
                     e.path().c_str(), kMarker);
       continue;
     }
-    out.emplace_back(std::stoll(m[1].str()), e.path());
+    int64_t step = 0;  // a step number past 64 bits is no checkpoint of ours
+    const std::string digits = m[1].str();
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+    if (ec != std::errc() || end != digits.data() + digits.size()) {
+      if (log) std::printf("checkpoint: skipping %s (step number out of range)\n", e.path().c_str());
+      continue;
+    }
+    out.emplace_back(step, e.path());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -372,6 +380,34 @@ Reader::Reader(const std::string& dir) : dir_(dir) {
     (void)meta_.at("step").get<int64_t>();
     TITAN_CHECK(meta_.at("tensors").is_object() && meta_.at("files").is_array(), (d / kMetadata).string(),
                 ": fields 'tensors' / 'files' are malformed");
+    // Every field the reader uses later, with its type, so that reading never meets a surprise.
+    const std::string where = (d / kMetadata).string();
+    auto need = [&](const nlohmann::json& o, const char* key, bool integer, const std::string& at) {
+      TITAN_CHECK(o.is_object() && o.contains(key), where, ": field '", at, ".", key, "' is missing");
+      const auto& v = o[key];
+      TITAN_CHECK(integer ? v.is_number_integer() && v.get<int64_t>() >= 0 : v.is_string(), where,
+                  ": field '", at, ".", key, "' must be ", integer ? "a non-negative integer" : "a string",
+                  ", got ", v.dump());
+    };
+    for (auto& [name, numel] : meta_["tensors"].items())
+      TITAN_CHECK(numel.is_number_integer() && numel.get<int64_t>() >= 0, where, ": field 'tensors.", name,
+                  "' must be a non-negative integer, got ", numel.dump());
+    const auto& files = meta_["files"];
+    for (size_t f = 0; f < files.size(); ++f) {
+      const std::string at = str_cat("files[", f, "]");
+      need(files[f], "file", false, at);
+      need(files[f], "bytes", true, at);
+      need(files[f], "xxh3", false, at);
+      TITAN_CHECK(files[f].contains("slices") && files[f]["slices"].is_array(), where, ": field '", at,
+                  ".slices' must be a list");
+      const auto& slices = files[f]["slices"];
+      for (size_t i = 0; i < slices.size(); ++i) {
+        const std::string sat = str_cat(at, ".slices[", i, "]");
+        need(slices[i], "name", false, sat);
+        need(slices[i], "offset", true, sat);
+        need(slices[i], "count", true, sat);
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint ", dir, ": malformed ", kMetadata, " or ", kMarker, " (", e.what(), ")");
   }

@@ -99,6 +99,8 @@ Qwen3Config Qwen3Config::from_hf_json(const nlohmann::json& j, const std::string
   TITAN_CHECK(j.is_object(), path, ": not a JSON object");
   std::string model_type = "qwen3";
   if (j.contains("model_type")) {
+    TITAN_CHECK(j["model_type"].is_string(), path, ": field 'model_type' must be a string, got ",
+                j["model_type"].type_name());
     model_type = j["model_type"].get<std::string>();
     TITAN_CHECK(model_type == "qwen3" || model_type == "qwen3_moe", path, ": model_type '", model_type,
                 "' is not supported here (expected 'qwen3' or 'qwen3_moe')");
@@ -118,17 +120,27 @@ Qwen3Config Qwen3Config::from_hf_json(const nlohmann::json& j, const std::string
   c.rms_norm_eps = optional<double>(j, "rms_norm_eps", 1e-6, path);
   // rope_theta (transformers v4) or rope_parameters.rope_theta (v5); HF's default base is 10000.
   c.rope_theta = 10000.0;
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
+  // The rope type of a rope_parameters / rope_scaling object: its "rope_type" (or legacy "type") string.
+  auto rope_type = [&](const nlohmann::json& o, const char* field) {
+    TITAN_CHECK(o.is_object(), path, ": field '", field, "' must be an object or null, got ", o.type_name());
+    for (const char* key : {"rope_type", "type"})
+      if (o.contains(key)) {
+        TITAN_CHECK(o[key].is_string(), path, ": field '", field, ".", key, "' must be a string, got ",
+                    o[key].type_name());
+        return o[key].get<std::string>();
+      }
+    return std::string("default");
+  };
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
     auto& rp = j["rope_parameters"];
-    std::string type = rp.value("rope_type", rp.value("type", std::string("default")));
+    std::string type = rope_type(rp, "rope_parameters");
     TITAN_CHECK(type == "default", path, ": rope_parameters.rope_type '", type,
                 "' is not supported (only 'default')");
     c.rope_theta = optional<double>(rp, "rope_theta", c.rope_theta, path);
   }
   c.rope_theta = optional<double>(j, "rope_theta", c.rope_theta, path);
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    auto& rs = j["rope_scaling"];
-    std::string type = rs.value("rope_type", rs.value("type", std::string("default")));
+    std::string type = rope_type(j["rope_scaling"], "rope_scaling");
     TITAN_CHECK(type == "default", path, ": rope_scaling type '", type,
                 "' is not supported (only 'default')");
   }
