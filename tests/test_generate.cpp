@@ -434,6 +434,8 @@ TEST(GenerateCli, BadInputIsOneClearError) {
            {"eval" + m + " --data /no/such/file.txt", "does not exist"},
            {"eval --model /no/such/dir --data " + kGolden + "dense/eval.txt", "does not exist"},
            {"eval" + m + " --data " + kGolden + "dense/eval.txt --seq-len 100000", "no whole window"},
+           {"eval" + m + " --data " + kGolden + "dense/eval.txt --seq-len 2147483647",
+            "seq_len = 2147483647 is larger than titan accepts"},
        }) {
     std::string out;
     EXPECT_EQ(testing::run_titan(c.args, &out), 1) << c.args << "\n" << out;

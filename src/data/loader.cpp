@@ -16,7 +16,14 @@ constexpr int kStateVersion = 1;
 
 void check_config(const DataConfig& cfg) {
   TITAN_CHECK(cfg.seq_len >= 1, "data: seq_len must be >= 1, got ", cfg.seq_len);
+  // A window of seq_len + 1 token ids per row is allocated before reading: bounded like the model's
+  // positions.
+  TITAN_CHECK(cfg.seq_len <= (int64_t(1) << 24), "data: seq_len = ", cfg.seq_len,
+              " is larger than titan accepts (at most ", int64_t(1) << 24, ")");
   TITAN_CHECK(cfg.batch_size >= 1, "data: batch_size must be >= 1, got ", cfg.batch_size);
+  TITAN_CHECK(cfg.batch_size <= (int64_t(1) << 20) && cfg.batch_size * cfg.seq_len <= (int64_t(1) << 30),
+              "data: batch_size x seq_len = ", cfg.batch_size, " x ", cfg.seq_len,
+              " tokens per batch is larger than titan accepts (at most 2^30)");
   TITAN_CHECK(cfg.dp_world >= 1 && cfg.dp_rank >= 0 && cfg.dp_rank < cfg.dp_world, "data: dp_rank ",
               cfg.dp_rank, " is not in [0, dp_world = ", cfg.dp_world, ")");
   TITAN_CHECK(cfg.val_fraction >= 0 && cfg.val_fraction < 1, "data: val_fraction must be in [0, 1), got ",

@@ -673,6 +673,21 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   const int64_t N = B * T, H = c.hidden_size, I = c.intermediate_size, nH = c.num_attention_heads,
                 nKV = c.num_key_value_heads, L = c.num_hidden_layers;
   const int64_t E = c.num_experts, k = c.num_experts_per_tok, Im = c.moe_intermediate_size;
+  {
+    // What the buffers below will take, in double (a sequence of 2^31 tokens overflows nothing here), before
+    // any is allocated: more than this machine holds is one error naming the batch and the sequence.
+    const double n = double(B) * double(T), saved = c.num_attention_heads * n * (double(T) + 1);
+    const double attn_d = n * (4.0 * H + 2 + 3.0 * c.q_dim() + 3.0 * c.kv_dim() + nH + nKV) + saved;
+    const double mlp_d = E > 0 ? n * (E + k + 3.0 * k * Im) : n * 3.0 * I;
+    const double per_layer = ac_ ? n * H : attn_d + mlp_d;
+    const double bytes = 4 * (L * per_layer + (ac_ ? attn_d + mlp_d : 0) +
+                              n * (6.0 * H + 4.0 * c.q_dim() + 4.0 * c.kv_dim() + 3.0 * I + 2) +
+                              std::min(n * c.vocab_size, double(kHeadChunkBytes) / 4));
+    const double have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
+    TITAN_CHECK(device_.type != DeviceType::CPU || have <= 0 || bytes <= have, "activations for batch ", B,
+                " x seq_len ", T, " need ", bytes / double(1 << 30), " GiB; this machine has ",
+                have / double(1 << 30), " GiB");
+  }
   acts_.clear();
   layer_acts_.assign(L, {});
   bool any_dense = false;
