@@ -428,6 +428,16 @@ TEST(Convert, CheckpointToHfAndBackKeepsEveryParameter) {
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.output.find("neither a training checkpoint"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(tmp / "o"));
+  // A write failing part-way (a file-size limit standing in for a full disk): one error, exit 1, and
+  // neither a temporary nor a final output left, in both directions.
+  for (auto [input, output] : std::vector<std::pair<std::string, std::string>>{
+           {tmp / "ck/step-0", tmp / "full/hf"}, {tmp / "hf", tmp / "full/ck"}}) {
+    r = testing::run_shell_command("ulimit -f 64; " + kTitan + " convert --input " + input + " --output " +
+                                   output);
+    EXPECT_EQ(r.rc, 1) << r.output;
+    EXPECT_NE(r.output.find("write failed (File too large)"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(tmp / "full")) << output;
+  }
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -131,6 +132,17 @@ std::vector<std::string> all_gather_strings(dist::ProcessGroup& pg, const std::s
 
 // Renames the finished temporary directory to `final_dir` (an existing one is moved aside to
 // .<name>.old first and deleted after), then makes the rename durable.
+// The outermost directory that create_directories(dir) would make (empty when dir exists): what a failed
+// write removes again, so it leaves no directory of its own behind.
+fs::path first_missing_ancestor(const fs::path& dir) {
+  fs::path missing;
+  for (fs::path p = fs::absolute(dir); !p.empty() && !fs::exists(p); p = p.parent_path()) {
+    missing = p;
+    if (p == p.parent_path()) break;
+  }
+  return missing;
+}
+
 void move_into_place(const fs::path& tmp_dir, const fs::path& final_dir) {
   const fs::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : fs::path(".");
   const fs::path old_dir = parent / ("." + final_dir.filename().string() + ".old");
@@ -178,12 +190,26 @@ std::string save(dist::ProcessGroup& pg, const SaveRequest& req) {
   const fs::path final_dir = folder / step_name(req.step);
   const fs::path tmp_dir = folder / ("." + step_name(req.step) + ".tmp");
   const bool log = req.log && rank == 0;
+  const fs::path made = first_missing_ancestor(folder);
   if (rank == 0) {
     fs::create_directories(folder);
     fs::remove_all(tmp_dir);
     fs::create_directory(tmp_dir);
   }
   pg.barrier();
+  // One process: a save that fails with an error (a write failing part-way) removes its temporary (and the
+  // directories it made). With several ranks a failing rank aborts the job; the next save clears it.
+  struct Cleanup {
+    bool armed;
+    const fs::path& tmp;
+    const fs::path& made;
+    ~Cleanup() {
+      if (!armed || std::uncaught_exceptions() == 0) return;
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      if (!made.empty()) fs::remove_all(made, ec);
+    }
+  } cleanup{W == 1, tmp_dir, made};
 
   // Writers are the ranks with slices; file k belongs to the k-th writer.
   const int64_t writes = req.slices.empty() ? 0 : 1;
@@ -287,12 +313,20 @@ void publish_directory(const std::string& final_path, const std::function<void(c
   const fs::path final_dir(final_path);
   const fs::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : fs::path(".");
   const fs::path tmp_dir = parent / ("." + final_dir.filename().string() + ".tmp");
+  const fs::path made = first_missing_ancestor(parent);
   fs::create_directories(parent);
   fs::remove_all(tmp_dir);
   fs::create_directory(tmp_dir);
-  write(tmp_dir.string());
-  fsync_directory(tmp_dir.string());
-  move_into_place(tmp_dir, final_dir);
+  try {
+    write(tmp_dir.string());
+    fsync_directory(tmp_dir.string());
+    move_into_place(tmp_dir, final_dir);
+  } catch (...) {  // a failed write (disk full) leaves nothing behind: no temporary, no new parent
+    std::error_code ec;
+    fs::remove_all(tmp_dir, ec);
+    if (!made.empty()) fs::remove_all(made, ec);
+    throw;
+  }
 }
 
 // ---- discovery ----

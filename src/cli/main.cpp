@@ -1,4 +1,5 @@
 // titan: one binary, many subcommands (see command.h).
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -49,6 +50,9 @@ int main(int argc, char** argv) {
   // In a multi-rank job (mpirun/srun/titan run) a failing rank must take the whole job down: the dist
   // hooks print "[rank R] titan <cmd>: error: ..." and MPI_Abort instead of returning while the other
   // ranks wait in a collective; on success they finalize MPI. Alone they change nothing.
+  // Past a file-size limit (ulimit -f) a write fails with EFBIG and is reported like a full disk, instead
+  // of the default SIGXFSZ ending the process with its files half written.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     titan::cpu_isa();  // a bad TITAN_CPU_ISA is an error before any work, whatever the command
     return titan::dist::finish_command(name, it->second.fn(argc - 1, argv + 1));
