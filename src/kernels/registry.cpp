@@ -9,6 +9,14 @@ namespace {
 bool can_run(DeviceType device, CpuIsa isa) {
   return device != DeviceType::CPU || cpu_isa_supported(isa);
 }
+
+// The highest variant of `e` this device runs (variants are ascending), or nullptr.
+const KernelVariant* best_variant(const KernelEntry* e, DeviceType device) {
+  if (e)
+    for (auto v = e->variants.rbegin(); v != e->variants.rend(); ++v)
+      if (can_run(device, v->isa)) return &*v;
+  return nullptr;
+}
 }  // namespace
 
 KernelRegistry& KernelRegistry::global() {
@@ -42,11 +50,8 @@ const KernelEntry* KernelRegistry::entry(std::string_view op, DeviceType device,
 }
 
 const void* KernelRegistry::find(std::string_view op, DeviceType device, std::string_view impl) const {
-  const KernelEntry* e = entry(op, device, impl);
-  if (!e) return nullptr;
-  for (auto v = e->variants.rbegin(); v != e->variants.rend(); ++v)
-    if (can_run(device, v->isa)) return v->table;
-  return nullptr;
+  const KernelVariant* v = best_variant(entry(op, device, impl), device);
+  return v ? v->table : nullptr;
 }
 
 const void* KernelRegistry::find_variant(std::string_view op, DeviceType device, std::string_view impl,
@@ -71,11 +76,8 @@ bool KernelRegistry::runnable(std::string_view op, DeviceType device, std::strin
 }
 
 CpuIsa KernelRegistry::running_isa(std::string_view op, DeviceType device, std::string_view impl) const {
-  const KernelEntry* e = entry(op, device, impl);
-  if (e)
-    for (auto v = e->variants.rbegin(); v != e->variants.rend(); ++v)
-      if (can_run(device, v->isa)) return v->isa;
-  return CpuIsa::kBaseline;
+  const KernelVariant* v = best_variant(entry(op, device, impl), device);
+  return v ? v->isa : CpuIsa::kBaseline;
 }
 
 std::string KernelRegistry::why_not_runnable(std::string_view op, DeviceType device,

@@ -1,5 +1,6 @@
 // The CPU device: 64-byte aligned host memory, OpenMP threads. Its kernels register in src/kernels/.
 #include <omp.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +32,9 @@ void copy_host(void* dst, const void* src, size_t n) {
 void zero_host(void* dst, size_t n) {
   std::memset(dst, 0, n);
 }
+int64_t host_memory_bytes() {  // physical memory: what the cpu device's buffers can take
+  return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+}
 int cpu_threads() {
   return omp_get_max_threads();
 }
@@ -46,6 +50,7 @@ struct CpuDeviceRegistration {
     iface.zero = zero_host;
     iface.copy = copy_host;
     iface.num_threads = cpu_threads;
+    iface.memory_bytes = host_memory_bytes;
     register_device(DeviceType::CPU, &iface);
   }
 };

@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "device/cpu/sgemm.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 
@@ -74,12 +75,7 @@ TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CPU, "reference", kRef, 0);
 // bf16-rounded copies of the operands in f32, reused across calls (one per operand slot).
 const float* rounded(int slot, const float* x, int64_t n) {
   static std::vector<float> bufs[2];
-  std::vector<float>& b = bufs[slot];
-  if ((int64_t)b.size() < n) b.resize(n);
-  float* d = b.data();
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) d[i] = round_to_bf16(x[i]);
-  return d;
+  return cpu::bf16_rounded(bufs[slot], x, n);
 }
 
 const MatmulKernels& f32_engine() {

@@ -9,8 +9,9 @@
 //             -> dW_down_e += D_e^T wact_e -> dGU = swiglu'(dact) -> gather x -> dW_gu_e += dGU_e^T X_e
 //             -> dX_e = dGU_e W_gu_e -> dx[n] += sum_s dX[row_of[n,s]]
 //
-// The GEMM engine is a template parameter: "grouped" (op moe_experts) runs BLAS; op moe_experts_bf16 runs
-// the same pipeline on bf16 operands, "reference" (rounded operands, double accumulation: the oracle) and
+// The GEMM engine is a template parameter: "grouped" (op moe_experts) runs the CPU kernels' sgemm (oneDNN
+// where built, else BLAS); op moe_experts_bf16 runs the same pipeline on bf16 operands, "reference" (rounded
+// operands, double accumulation: the oracle), "sgemm" (rounded operands through that sgemm, any CPU) and
 // "onednn" (oneDNN matmul with the row count as a runtime dimension, one primitive per GEMM kind).
 #include <omp.h>
 
@@ -22,8 +23,8 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "device/cpu/sgemm.h"
 #include "core/error.h"
+#include "device/cpu/sgemm.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 
@@ -59,23 +60,14 @@ struct Bf16ReferenceGemm {
   }
 };
 
-// bf16 on any CPU: the operands rounded to bf16 (kept in f32) and multiplied by the f32 BLAS GEMM, so the
-// products are exact and the accumulation f32, as on the bf16 dot-product instructions.
+// bf16 on any CPU: the operands rounded to bf16 (cpu::bf16_rounded) through the f32 GEMM.
 struct Bf16RoundedGemm {
-  static const float* rounded(std::vector<float>& buf, const float* x, int64_t n) {
-    if ((int64_t)buf.size() < n) buf.resize(n);
-    float* d = buf.data();
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) d[i] = round_to_bf16(x[i]);
-    return d;
-  }
   void operator()(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                   const float* B, int64_t ldb, float beta, float* C, int64_t ldc) const {
     TITAN_CHECK(lda == (ta ? M : K) && ldb == (tb ? K : N), "moe_experts_bf16: operands must be dense");
     thread_local std::vector<float> a_buf, b_buf;
-    const float* a = rounded(a_buf, A, M * K);
-    const float* b = rounded(b_buf, B, K * N);
-    F32Gemm{}(ta, tb, M, N, K, a, lda, b, ldb, beta, C, ldc);
+    F32Gemm{}(ta, tb, M, N, K, cpu::bf16_rounded(a_buf, A, M * K), lda, cpu::bf16_rounded(b_buf, B, K * N),
+              ldb, beta, C, ldc);
   }
 };
 
@@ -315,8 +307,7 @@ TITAN_REGISTER_KERNEL(MoeExpertsKernels, CPU, "grouped", kMoeGrouped, 10);
 const MoeExpertsBf16Kernels kMoeBf16Reference{moe_forward<Bf16ReferenceGemm>,
                                               moe_backward<Bf16ReferenceGemm>};
 TITAN_REGISTER_REFERENCE_KERNEL(MoeExpertsBf16Kernels, CPU, "reference", kMoeBf16Reference, 0);
-const MoeExpertsBf16Kernels kMoeBf16Sgemm{
-    {moe_forward<Bf16RoundedGemm>, moe_backward<Bf16RoundedGemm>}};
+const MoeExpertsBf16Kernels kMoeBf16Sgemm{{moe_forward<Bf16RoundedGemm>, moe_backward<Bf16RoundedGemm>}};
 TITAN_REGISTER_KERNEL(MoeExpertsBf16Kernels, CPU, "sgemm", kMoeBf16Sgemm, 5);
 #ifdef TITAN_HAVE_DNNL
 // oneDNN has bf16 matmul kernels from AVX512_BF16 on (AMX where present).

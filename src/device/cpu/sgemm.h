@@ -5,8 +5,13 @@
 // bench/BENCHMARKS.md). Called inside OpenMP regions, both run single-threaded there.
 #pragma once
 #include <cblas.h>
+#include <omp.h>
 
 #include <cstdint>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
 
 #ifdef TITAN_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
@@ -18,11 +23,24 @@ namespace titan::cpu {
 inline void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                   const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
 #ifdef TITAN_HAVE_DNNL
-  dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  const dnnl_status_t st =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  TITAN_CHECK(st == dnnl_success, "oneDNN sgemm failed (status ", (int)st, ")");
 #else
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
-              lda, B, ldb, beta, C, ldc);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha,
+              A, lda, B, ldb, beta, C, ldc);
 #endif
+}
+
+// The bf16 GEMM engines of CPUs without bf16 dot products ("sgemm" of matmul_bf16 / moe_experts_bf16): an
+// operand rounded to bf16 (nearest even) into `buf`, kept in f32, so that sgemm's products are exact and only
+// its accumulation is f32, as on the bf16 instructions. Parallel unless called inside a parallel region.
+inline const float* bf16_rounded(std::vector<float>& buf, const float* x, int64_t n) {
+  if ((int64_t)buf.size() < n) buf.resize(n);
+  float* d = buf.data();
+#pragma omp parallel for simd schedule(static) if (n >= (int64_t(1) << 16) && !omp_in_parallel())
+  for (int64_t i = 0; i < n; ++i) d[i] = round_to_bf16(x[i]);
+  return d;
 }
 
 }  // namespace titan::cpu

@@ -1,7 +1,5 @@
 #include "models/qwen3/model.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -237,13 +235,13 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
   add("model.norm.weight", {H});
   if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, H});
 
-  if (allocate && device_.type == DeviceType::CPU) {
-    // Parameters and their gradients (f32), before any is allocated: a config asking for more than this
-    // machine holds is one error, not an allocation failure part-way.
+  if (allocate) {
+    // Parameters and their gradients (f32), before any is allocated: a config asking for more than the
+    // device holds is one error, not an allocation failure part-way.
     double numel = 0;
     for (auto& g : groups)
       for (auto& e : g) numel += (double)shape_numel(e.shape);
-    const double need = numel * 8, have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
+    const double need = numel * 8, have = device_memory_bytes();
     TITAN_CHECK(have <= 0 || need <= have, "model config: ", (int64_t)numel, " parameters (hidden_size ",
                 c.hidden_size, ", num_hidden_layers ", c.num_hidden_layers, ", intermediate_size ",
                 c.intermediate_size, ", vocab_size ", c.vocab_size, ") need ", need / double(1 << 30),
@@ -268,6 +266,11 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
   if (!allocate) return;
   make_param_views();
   init_weights(0);
+}
+
+// The memory of the model's device (host memory for the cpu); 0 when the device does not say.
+double Qwen3Model::device_memory_bytes() const {
+  return dev_->memory_bytes ? (double)dev_->memory_bytes() : 0.0;
 }
 
 bool Qwen3Model::frozen_scratch_grads(int g) const {
@@ -683,10 +686,9 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     const double bytes = 4 * (L * per_layer + (ac_ ? attn_d + mlp_d : 0) +
                               n * (6.0 * H + 4.0 * c.q_dim() + 4.0 * c.kv_dim() + 3.0 * I + 2) +
                               std::min(n * c.vocab_size, double(kHeadChunkBytes) / 4));
-    const double have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
-    TITAN_CHECK(device_.type != DeviceType::CPU || have <= 0 || bytes <= have, "activations for batch ", B,
-                " x seq_len ", T, " need ", bytes / double(1 << 30), " GiB; this machine has ",
-                have / double(1 << 30), " GiB");
+    const double have = device_memory_bytes();
+    TITAN_CHECK(have <= 0 || bytes <= have, "activations for batch ", B, " x seq_len ", T, " need ",
+                bytes / double(1 << 30), " GiB; this machine has ", have / double(1 << 30), " GiB");
   }
   acts_.clear();
   layer_acts_.assign(L, {});

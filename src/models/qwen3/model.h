@@ -257,6 +257,7 @@ class Qwen3Model {
   void drop_bf16_image(int g);
   void build_rope_tables(int64_t T);
   void zero_accumulated_grads();
+  double device_memory_bytes() const;
   void zero(float* p, int64_t n) const { dev_->zero(p, static_cast<size_t>(n) * sizeof(float)); }
   void round_bf16_if(float* x, int64_t n) const {
     if (bf16_) elementwise_->round_bf16(x, n);
