@@ -19,7 +19,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libboost-context-dev
   fortunes fortunes-min
-  clang-format
+  clang-format clang libclang-rt-dev
   qemu-user
 )
 export DEBIAN_FRONTEND=noninteractive

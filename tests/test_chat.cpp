@@ -172,12 +172,12 @@ TEST(Jinja, UntrustedTemplatesAreBounded) {
   EXPECT_NE(error(blocks).find("blocks nested deeper than"), std::string::npos);
   EXPECT_EQ(render("{{ ((((1 + 2)))) * -(-3) }}"), "9");
   // Output size, range length, tojson's indent.
-  EXPECT_NE(error("\n{{ 'x' * 100000000 }}").find("t.jinja:2: the template's output would pass 64 MiB"),
+  EXPECT_NE(error("\n{{ 'x' * 100000000 }}").find("t.jinja:2: the template's output would pass 16 MiB"),
             std::string::npos);
   EXPECT_NE(
       error("{% set ns = namespace(s='x' * 1000000) %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}"
             "{% endfor %}")
-          .find("would pass 64 MiB"),
+          .find("would pass 16 MiB"),
       std::string::npos);
   EXPECT_NE(error("{% for i in range(9223372036854775807) %}{% endfor %}").find("range() of"),
             std::string::npos);
@@ -185,6 +185,32 @@ TEST(Jinja, UntrustedTemplatesAreBounded) {
       error("{{ [1] | tojson(indent=1000000000) }}").find("tojson's indent 1000000000 is larger than 1024"),
       std::string::npos);
   EXPECT_EQ(render("{{ 'ab' * 3 }}{{ 'ab' * -1 }}{{ range(3, 10, 3) | list }}"), "ababab[3, 6, 9]");
+  // Values nested at run time, values holding one another through namespaces, the render's work.
+  EXPECT_NE(
+      error("{% set ns = namespace(x=[]) %}{% for i in range(5000) %}{% set ns.x = [ns.x] %}{% endfor %}")
+          .find("t.jinja:1: a value nested deeper than 1000 lists and dicts"),
+      std::string::npos);
+  EXPECT_EQ(render("{% set ns = namespace(c=[]) %}{% for i in range(200000) %}{% set t = namespace(x=0) %}"
+                   "{% set t.x = ns.c %}{% set ns.c = [t] %}{% endfor %}{% set ns.c = ns %}ok"),
+            "ok");  // a chain 400,000 values long and a cycle: freed without recursion
+  EXPECT_NE(error("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
+                .find("passes its work bound"),
+            std::string::npos);
+  EXPECT_NE(error("{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}"
+                  "{% endfor %}")
+                .find("passes its work bound"),
+            std::string::npos);
+  EXPECT_NE(
+      error(
+          "{% set s = 'x' * 10000000 %}{{ [s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, "
+          "s,"
+          " s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s,"
+          " s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s,"
+          " s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s] }}")
+          .find("passes its work bound"),
+      std::string::npos);
+  EXPECT_EQ(render("{% set l = [1] %}{{ l.99999999999999999999999 }}|{{ l.0 }}"), "|1");
+  EXPECT_EQ(render("{{ 'héllo'[1:3] }}{{ 'héllo'[::-2] }}{{ 'héllo' | length }}"), "élolh5");
 }
 
 // ---- the Qwen3 template against apply_chat_template ----

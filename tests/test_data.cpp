@@ -306,7 +306,7 @@ TEST_F(DataTest, JsonlErrorsNameFileAndLine) {
   const std::string bad = write("bad.jsonl", "{\"text\": \"a\"}\n\n{\"text\": \"b\"\n");
   e = error_of([&] { read_pieces(bad, FileFormat::Jsonl, o); });
   EXPECT_NE(e.find("bad.jsonl:3"), std::string::npos) << e;
-  EXPECT_NE(e.find("malformed JSON"), std::string::npos) << e;
+  EXPECT_NE(e.find("not valid JSON"), std::string::npos) << e;
 
   const std::string number = write("number.jsonl", "{\"text\": 5}\n");
   e = error_of([&] { read_pieces(number, FileFormat::Jsonl, o); });
@@ -884,7 +884,7 @@ TEST_F(DataTest, CliPrepareAndInfo) {
       run_titan("data prepare --tokenizer builtin:bytes --input " + path("bad") + " --output " + path("o2"),
                 &log),
       1);
-  EXPECT_NE(log.find("x.jsonl:2: malformed JSON"), std::string::npos) << log;
+  EXPECT_NE(log.find("x.jsonl:2: not valid JSON"), std::string::npos) << log;
   EXPECT_FALSE(fs::exists(path("o2")));
   EXPECT_EQ(run_titan("data prepare --tokenizer builtin:bytes --input " + path("missing") + " --output " +
                           path("o3"),

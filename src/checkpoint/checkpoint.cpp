@@ -21,6 +21,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "io/json_file.h"
 #include "io/safetensors.h"
 
 namespace titan::ckpt {
@@ -402,11 +403,11 @@ Reader::Reader(const std::string& dir) : dir_(dir) {
               " marker (the save did not finish)");
   const std::string text = read_text_file(d / kMetadata);
   try {
-    const nlohmann::json marker = nlohmann::json::parse(read_text_file(d / kMarker));
+    const nlohmann::json marker = parse_json(read_text_file(d / kMarker), (d / kMarker).string());
     TITAN_CHECK(marker.at("metadata_xxh3").get<std::string>() == text_checksum(text),
                 (d / kMetadata).string(), ": checksum does not match the ", kMarker,
                 " marker (file corrupted or modified)");
-    meta_ = nlohmann::json::parse(text);
+    meta_ = parse_json(text, (d / kMetadata).string());
     TITAN_CHECK(meta_.at("format") == kFormat, (d / kMetadata).string(), ": field 'format' is ",
                 meta_.at("format").dump(), ", expected \"", kFormat, "\"");
     TITAN_CHECK(meta_.at("version").get<int>() == kVersion, (d / kMetadata).string(), ": field 'version' is ",

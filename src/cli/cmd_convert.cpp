@@ -61,8 +61,7 @@ int convert_main(int argc, char** argv) {
 
   if (!ckpt_dir.empty()) {
     titan::ckpt::Reader reader(ckpt_dir);
-    const auto config = titan::Qwen3Config::from_hf_json(reader.meta().at("model_config"),
-                                                         ckpt_dir + "/metadata.json (model_config)");
+    const titan::Qwen3Config config = titan::saved_model_config(reader);
     titan::Qwen3Model model(config);
     titan::load_model_from_checkpoint(model, ckpt_dir, true);
     if (!merge_lora.empty()) titan::merge_lora_into(model, merge_lora);

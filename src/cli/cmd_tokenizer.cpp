@@ -19,6 +19,7 @@
 #include "cli/cli_errors.h"
 #include "cli/command.h"
 #include "core/error.h"
+#include "io/json_file.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/trainer.h"
 #include "tokenizer/unicode.h"
@@ -42,12 +43,7 @@ int run_encode(const std::string& path, bool add_special) {
     if (line.empty()) continue;
     // Raw invalid UTF-8 inside a JSON string becomes U+FFFD, as the library does for its input.
     if (!titan::tok::is_valid_utf8(line)) line = titan::tok::repair_utf8(line);
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const json::exception& e) {
-      titan::fail("stdin line ", lineno, ": not valid JSON: ", e.what());
-    }
+    const json j = titan::parse_json(line, titan::str_cat("stdin line ", lineno));
     TITAN_CHECK(j.is_string(), "stdin line ", lineno, ": expected a JSON string");
     std::vector<int32_t> ids = tok.encode(j.get_ref<const std::string&>(), add_special);
     out.clear();
@@ -70,12 +66,7 @@ int run_decode(const std::string& path, bool skip_special) {
     ++lineno;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const json::exception& e) {
-      titan::fail("stdin line ", lineno, ": not valid JSON: ", e.what());
-    }
+    const json j = titan::parse_json(line, titan::str_cat("stdin line ", lineno));
     TITAN_CHECK(j.is_array(), "stdin line ", lineno, ": expected a JSON array of ids");
     std::vector<int32_t> ids;
     ids.reserve(j.size());

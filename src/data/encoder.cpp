@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json_file.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -55,12 +56,7 @@ TextEncoder make_chat_encoder(const std::string& spec, const std::string& templa
   };
   e.encode_chat = [tokenizer, tmpl](std::string_view record, const std::string& at, std::vector<int32_t>& ids,
                                     std::vector<int32_t>& labels) {
-    nlohmann::ordered_json j;
-    try {
-      j = nlohmann::ordered_json::parse(record);
-    } catch (const nlohmann::json::exception& ex) {
-      fail(at, ": malformed JSON: ", ex.what());
-    }
+    const nlohmann::ordered_json j = parse_ordered_json(record, at);
     const Conversation c = conversation_from_record(j, at);
     ChatOptions options;
     options.skip_assistant_turns = c.prompt_assistant_turns;

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "data/utf8.h"
+#include "io/json_file.h"
 
 namespace titan::data {
 
@@ -227,12 +228,7 @@ bool TextFileReader::next_jsonl(TextPiece& piece) {
       piece.ends_document = true;
       return true;
     }
-    nlohmann::json record;
-    try {
-      record = nlohmann::json::parse(clean);
-    } catch (const nlohmann::json::exception& e) {
-      fail(path_, ":", line_number, ": malformed JSON: ", e.what());
-    }
+    const nlohmann::json record = parse_json(clean, str_cat(path_, ":", line_number));
     if (!record.is_object())
       fail(path_, ":", line_number, ": expected a JSON object, got ", record.type_name());
     const auto it = record.find(options_.text_field);

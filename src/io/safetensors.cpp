@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json_file.h"
 
 namespace titan {
 
@@ -50,12 +51,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     data_ = base + 8 + header_len;
     const size_t data_size = size_ - 8 - header_len;
 
-    nlohmann::json header;
-    try {
-      header = nlohmann::json::parse(base + 8, base + 8 + header_len);
-    } catch (const nlohmann::json::exception& e) {
-      fail(path, ": header is not valid JSON (", e.what(), ")");
-    }
+    const nlohmann::json header =
+        parse_json(std::string_view(reinterpret_cast<const char*>(base + 8), header_len), path + ": header");
     TITAN_CHECK(header.is_object(), path, ": header is not a JSON object");
 
     std::vector<std::pair<size_t, size_t>> ranges;
@@ -222,7 +219,8 @@ class StreamWriter {
     }
     if (offset_ - started_ >= kChunk) {
       // Start write-back of [started_, offset_); wait for the previous range and drop it.
-      ::sync_file_range(fd_, static_cast<off_t>(started_), static_cast<off_t>(offset_ - started_), SYNC_FILE_RANGE_WRITE);
+      ::sync_file_range(fd_, static_cast<off_t>(started_), static_cast<off_t>(offset_ - started_),
+                        SYNC_FILE_RANGE_WRITE);
       if (started_ > dropped_) {
         ::sync_file_range(fd_, static_cast<off_t>(dropped_), static_cast<off_t>(started_ - dropped_),
                           SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
@@ -260,7 +258,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata, const SafetensorsWriteOptions& options) {
+                      const std::map<std::string, std::string>& metadata,
+                      const SafetensorsWriteOptions& options) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/json_file.h"
 #include "tokenizer/jinja.h"
 #include "tokenizer/tokenizer.h"
 
@@ -107,12 +108,7 @@ ChatTemplate ChatTemplate::from_tokenizer_config(const std::string& path) {
   TITAN_CHECK(fs::exists(file), f,
               ": no such file (chat data needs the model's tokenizer_config.json with a "
               "chat_template)");
-  ojson config;
-  try {
-    config = ojson::parse(read_text(f));
-  } catch (const nlohmann::json::exception& e) {
-    fail(f, ": malformed JSON: ", e.what());
-  }
+  const ojson config = parse_ordered_json(read_text(f), f);
   TITAN_CHECK(config.is_object(), f, ": expected a JSON object");
   std::string source;
   std::string name = f;

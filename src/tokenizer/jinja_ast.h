@@ -1,5 +1,6 @@
 // Internals of the Jinja subset (jinja.h): values, the expression and statement trees.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -14,6 +15,35 @@ struct Value;
 using List = std::vector<Value>;
 using Dict = std::vector<std::pair<std::string, Value>>;  // insertion ordered, like a Python dict
 
+// What one render may make titan do, whatever the template says (a template is untrusted input):
+// every string it builds stays under kMaxStringBytes (the output too), values nest at most
+// kMaxValueDepth lists and dicts deep (walks of a value recurse), and the render's work -- the bytes
+// of values made or copied (their strings included), loop iterations -- stays under
+// kRenderWorkBudget, which so bounds its memory too. Far above any conversation (128k tokens are ~0.5 MiB of
+// text), far below what would exhaust memory or the stack, or take minutes. Past a limit: a titan::Error
+// naming the template and line (jinja_eval.cpp).
+constexpr int64_t kMaxStringBytes = int64_t(16) << 20;
+constexpr int32_t kMaxValueDepth = 1000;
+constexpr int64_t kRenderWorkBudget = int64_t(1) << 30;
+
+// The work left to the render running on this thread (a huge value outside renders).
+extern thread_local int64_t render_work_left;
+void render_work_exhausted();  // throws inside a render; outside one, refills
+inline void charge_work(int64_t units) {
+  if ((render_work_left -= units) < 0) render_work_exhausted();
+}
+// Throws "<template>:<line>: <what>" when a render is running on this thread, else "<what>".
+[[noreturn]] void render_error(const std::string& what);
+inline void check_string_size(size_t bytes) {
+  if (static_cast<int64_t>(bytes) > kMaxStringBytes) [[unlikely]]
+    render_error("a string of the template would pass " + std::to_string(kMaxStringBytes >> 20) + " MiB (" +
+                 std::to_string(bytes) + " bytes)");
+}
+// A namespace lives until the end of the render that made it, which then empties it: values that
+// hold one another through namespaces (a cycle, or a chain as long as the render's loops) are freed
+// without recursion.
+void render_keep_namespace(const std::shared_ptr<Dict>& ns);
+
 // A Jinja value with Python semantics. Lists and dicts are shared (namespace attributes are set
 // through any copy, as in Jinja).
 struct Value {
@@ -26,6 +56,33 @@ struct Value {
   std::shared_ptr<List> list;
   std::shared_ptr<Dict> dict;
   bool is_namespace = false;
+  // Lists and dicts: 1 + the deepest item's depth; a namespace item counts 1, since the walks of a
+  // value (str, repr, tojson, ==) stop at a namespace.
+  int32_t depth = 0;
+
+  Value() = default;
+  Value(const Value& o)
+      : kind(o.kind),
+        b(o.b),
+        i(o.i),
+        f(o.f),
+        s(o.s),
+        list(o.list),
+        dict(o.dict),
+        is_namespace(o.is_namespace),
+        depth(o.depth) {
+    charge_work(static_cast<int64_t>(sizeof(Value) + s.size()));
+  }
+  Value& operator=(const Value& o) {
+    if (this != &o) {
+      Value copy(o);
+      *this = std::move(copy);
+    }
+    return *this;
+  }
+  Value(Value&&) noexcept = default;
+  Value& operator=(Value&&) noexcept = default;
+  int32_t nested_depth() const { return kind == DictK && is_namespace ? 1 : depth; }
 
   static Value none() { return make(None); }
   static Value boolean(bool v) {
@@ -44,17 +101,25 @@ struct Value {
     return x;
   }
   static Value string(std::string v) {
+    check_string_size(v.size());
+    charge_work(static_cast<int64_t>(sizeof(Value) + v.size()));
     Value x = make(Str);
     x.s = std::move(v);
     return x;
   }
   static Value new_list(List v = {}) {
     Value x = make(ListK);
+    x.depth = 1;
+    for (const Value& item : v) x.depth = std::max(x.depth, 1 + item.nested_depth());
+    charge_work(static_cast<int64_t>(sizeof(Value) * (1 + v.size())));
     x.list = std::make_shared<List>(std::move(v));
     return x;
   }
   static Value new_dict(Dict v = {}) {
     Value x = make(DictK);
+    x.depth = 1;
+    for (const auto& kv : v) x.depth = std::max(x.depth, 1 + kv.second.nested_depth());
+    charge_work(static_cast<int64_t>(sizeof(Value) * (1 + v.size())));
     x.dict = std::make_shared<Dict>(std::move(v));
     return x;
   }

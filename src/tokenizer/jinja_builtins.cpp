@@ -70,6 +70,7 @@ Value string_method(const std::string& where, const std::string& s, const std::s
     size_t pos = 0;
     for (size_t f; left != 0 && (f = s.find(from, pos)) != std::string::npos; --left) {
       out += s.substr(pos, f - pos) + to;
+      check_string_size(out.size());
       pos = f + from.size();
     }
     return Value::string(out + s.substr(pos));
@@ -77,7 +78,7 @@ Value string_method(const std::string& where, const std::string& s, const std::s
   if (name == "find") {
     const size_t f = s.find(need_str(where, a.get(0, "sub"), "find's argument"));
     if (f == std::string::npos) return Value::integer(-1);
-    return Value::integer(static_cast<int64_t>(code_points(s.substr(0, f)).size()));
+    return Value::integer(static_cast<int64_t>(count_code_points(s.substr(0, f))));
   }
   if (name == "join") {
     const Value* items = a.get(0, "iterable");
@@ -120,6 +121,7 @@ Value call_function(const std::string& where, const std::string& name, const Arg
   if (name == "namespace") {
     Value ns = Value::new_dict();
     ns.is_namespace = true;
+    render_keep_namespace(ns.dict);
     if (!a.pos.empty()) bad(where, "namespace() takes keyword arguments only");
     for (const auto& [k, v] : a.kw) ns.set(k, v);
     return ns;
@@ -157,7 +159,7 @@ Value call_function(const std::string& where, const std::string& name, const Arg
 
 Value apply_filter(const std::string& where, const std::string& name, const Value& in, const Args& a) {
   if (name == "length" || name == "count") {
-    if (in.kind == Value::Str) return Value::integer(static_cast<int64_t>(code_points(in.s).size()));
+    if (in.kind == Value::Str) return Value::integer(static_cast<int64_t>(count_code_points(in.s)));
     if (in.kind == Value::ListK) return Value::integer(static_cast<int64_t>(in.list->size()));
     if (in.kind == Value::DictK && !in.is_namespace)
       return Value::integer(static_cast<int64_t>(in.dict->size()));
@@ -206,8 +208,10 @@ Value apply_filter(const std::string& where, const std::string& name, const Valu
     if (in.kind != Value::ListK) bad(where, str_cat("join of a ", type_name(in)));
     const Value* sep = a.get(0, "d");
     std::string out;
-    for (size_t k = 0; k < in.list->size(); ++k)
+    for (size_t k = 0; k < in.list->size(); ++k) {
       out += (k && sep ? to_str(*sep) : "") + to_str((*in.list)[k]);
+      check_string_size(out.size());
+    }
     return Value::string(out);
   }
   if (name == "list") {

@@ -1,6 +1,7 @@
 // Jinja subset evaluator: walks the statement tree with Jinja's scoping (a for loop's body is its
 // own scope; namespaces carry values out of it) and Python semantics for expressions.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -13,15 +14,36 @@ namespace titan::jinja {
 
 namespace {
 
-// The most a render may produce: far above any conversation (128k tokens are ~0.5 MiB of text), far below
-// what would exhaust memory or take the tokenizer minutes.
-constexpr int64_t kMaxOutputBytes = int64_t(64) << 20;
+// The most a render may produce (its output and every string it builds): jinja_ast.h's limits.
+constexpr int64_t kMaxOutputBytes = kMaxStringBytes;
 
 enum class Flow { Normal, Break, Continue };
 
+// The render running on this thread: where it is (for the limits' messages) and its namespaces.
+struct RenderState {
+  const std::string* name = nullptr;
+  int line = 0;
+  std::vector<std::shared_ptr<Dict>> namespaces;
+};
+thread_local RenderState* current_render = nullptr;
+
 class Renderer {
  public:
-  Renderer(const std::string& name, RenderResult& out) : name_(name), out_(out) {}
+  Renderer(const std::string& name, RenderResult& out) : name_(name), out_(out) {
+    state_.name = &name_;
+    outer_ = current_render;
+    outer_work_ = render_work_left;
+    current_render = &state_;
+    render_work_left = kRenderWorkBudget;
+  }
+  ~Renderer() {
+    // Empty the namespaces first: every one is still held here, so no release recurses through them.
+    for (auto& ns : state_.namespaces) ns->clear();
+    current_render = outer_;
+    render_work_left = outer_work_;
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
 
   void push_scope() { scopes_.emplace_back(); }
   void pop_scope() { scopes_.pop_back(); }
@@ -47,6 +69,7 @@ class Renderer {
   }
 
   Flow run(const Node& n) {
+    state_.line = n.line;
     switch (n.type) {
       case Node::Text:
         out_.text += n.text;
@@ -115,6 +138,7 @@ class Renderer {
     }
     const int64_t len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
+      charge_work(1);
       push_scope();
       bind(n, items[k]);
       Value loop = Value::new_dict({{"index", Value::integer(k + 1)},
@@ -159,6 +183,7 @@ class Renderer {
   }
 
   Value eval(const Expr& e);
+  Value eval_expr(const Expr& e);
   Value call(const Expr& e);
   Value filter(const Expr& e) {
     const Value input = eval(*e.kids[0]);
@@ -195,10 +220,46 @@ class Renderer {
 
   const std::string& name_;
   RenderResult& out_;
+  RenderState state_;
+  RenderState* outer_ = nullptr;
+  int64_t outer_work_ = 0;
   std::vector<std::unordered_map<std::string, Value>> scopes_;
 };
 
+}  // namespace
+
+thread_local int64_t render_work_left = INT64_MAX;
+
+void render_work_exhausted() {
+  if (!current_render) {
+    render_work_left = INT64_MAX;
+    return;
+  }
+  render_work_left = INT64_MAX;  // the error's own copies must not throw again while it unwinds
+  render_error(str_cat("the render passes its work bound (", kRenderWorkBudget >> 30,
+                       " GiB of values made or copied, loop iterations counted too)"));
+}
+
+void render_error(const std::string& what) {
+  if (current_render) fail(*current_render->name, ":", current_render->line, ": ", what);
+  fail(what);
+}
+
+void render_keep_namespace(const std::shared_ptr<Dict>& ns) {
+  if (current_render) current_render->namespaces.push_back(ns);
+}
+
+namespace {
+
 Value Renderer::eval(const Expr& e) {
+  state_.line = e.line;
+  Value v = eval_expr(e);
+  if (v.depth > kMaxValueDepth)
+    error(e.line, "a value nested deeper than ", kMaxValueDepth, " lists and dicts");
+  return v;
+}
+
+Value Renderer::eval_expr(const Expr& e) {
   switch (e.type) {
     case Expr::Lit:
       return e.lit;
@@ -213,8 +274,13 @@ Value Renderer::eval(const Expr& e) {
       if (obj.kind == Value::None) error(e.line, "cannot read attribute '", e.name, "' of none");
       const Value* v = obj.find(e.name);
       if (v) return *v;
-      if (obj.kind == Value::ListK && !e.name.empty() && std::isdigit(static_cast<unsigned char>(e.name[0])))
-        return index(e, obj, Value::integer(std::stoll(e.name)));
+      if (obj.kind == Value::ListK && !e.name.empty() &&
+          std::isdigit(static_cast<unsigned char>(e.name[0]))) {
+        int64_t k = 0;
+        const auto [end, ec] = std::from_chars(e.name.data(), e.name.data() + e.name.size(), k);
+        if (ec != std::errc() || end != e.name.data() + e.name.size()) return Value();
+        return index(e, obj, Value::integer(k));
+      }
       return Value();
     }
     case Expr::Index: {
@@ -292,15 +358,12 @@ Value Renderer::index(const Expr& e, const Value& obj, const Value& key) {
 
 Value Renderer::slice(const Expr& e) {
   const Value obj = eval(*e.kids[0]);
-  std::vector<Value> items;
-  if (obj.kind == Value::ListK) {
-    items = *obj.list;
-  } else if (obj.kind == Value::Str) {
-    for (auto& c : code_points(obj.s)) items.push_back(Value::string(c));
-  } else {
+  std::vector<std::string> chars;  // a string's code points
+  if (obj.kind == Value::Str)
+    chars = code_points(obj.s);
+  else if (obj.kind != Value::ListK)
     error(e.line, "cannot slice a ", type_name(obj));
-  }
-  const int64_t n = static_cast<int64_t>(items.size());
+  const int64_t n = static_cast<int64_t>(obj.kind == Value::ListK ? obj.list->size() : chars.size());
   auto part = [&](int k) -> std::optional<int64_t> {
     if (!e.kids[k]) return std::nullopt;
     const Value v = eval(*e.kids[k]);
@@ -317,11 +380,13 @@ Value Renderer::slice(const Expr& e) {
   };
   const int64_t start = clamp(part(1), step > 0 ? 0 : n - 1);
   const int64_t stop = clamp(part(2), step > 0 ? n : -1);
-  List out;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(items[i]);
-  if (obj.kind == Value::ListK) return Value::new_list(std::move(out));
+  if (obj.kind == Value::ListK) {
+    List out;
+    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back((*obj.list)[i]);
+    return Value::new_list(std::move(out));
+  }
   std::string s;
-  for (auto& v : out) s += v.s;
+  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) s += chars[i];
   return Value::string(std::move(s));
 }
 

@@ -35,7 +35,7 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
       return new_dict(std::move(d));
     }
     default:
-      fail("unsupported JSON value of type ", j.type_name());
+      render_error(str_cat("unsupported JSON value of type ", j.type_name()));
   }
 }
 
@@ -47,6 +47,7 @@ const Value* Value::find(const std::string& key) const {
 }
 
 void Value::set(const std::string& key, Value v) {
+  depth = std::max(depth, 1 + v.nested_depth());
   for (auto& [k, x] : *dict)
     if (k == key) {
       x = std::move(v);
@@ -172,7 +173,10 @@ std::string repr(const Value& v) {
     }
     case Value::ListK: {
       std::string out = "[";
-      for (size_t k = 0; k < v.list->size(); ++k) out += (k ? ", " : "") + repr((*v.list)[k]);
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        out += (k ? ", " : "") + repr((*v.list)[k]);
+        check_string_size(out.size());
+      }
       return out + "]";
     }
     case Value::DictK: {
@@ -181,6 +185,7 @@ std::string repr(const Value& v) {
       bool first = true;
       for (const auto& [k, x] : *v.dict) {
         out += (first ? "'" : ", '") + k + "': " + repr(x);
+        check_string_size(out.size());
         first = false;
       }
       return out + "}";
@@ -251,7 +256,7 @@ void json_dump(const Value& v, const JsonStyle& st, int depth, std::string& out)
   const std::string item_sep = st.indent >= 0 ? "," : st.item_sep;
   switch (v.kind) {
     case Value::Undefined:
-      fail("tojson: cannot serialize an undefined value");
+      render_error(str_cat("tojson: cannot serialize an undefined value"));
     case Value::None:
       out += "null";
       return;
@@ -278,11 +283,12 @@ void json_dump(const Value& v, const JsonStyle& st, int depth, std::string& out)
       for (size_t k = 0; k < v.list->size(); ++k) {
         out += k ? item_sep + nl : nl;
         json_dump((*v.list)[k], st, depth + 1, out);
+        check_string_size(out.size());
       }
       out += nl_end + "]";
       return;
     case Value::DictK: {
-      if (v.is_namespace) fail("tojson: cannot serialize a namespace");
+      if (v.is_namespace) render_error(str_cat("tojson: cannot serialize a namespace"));
       if (v.dict->empty()) {
         out += "{}";
         return;
@@ -297,6 +303,7 @@ void json_dump(const Value& v, const JsonStyle& st, int depth, std::string& out)
         json_string(items[k]->first, st.ensure_ascii, out);
         out += st.key_sep;
         json_dump(items[k]->second, st, depth + 1, out);
+        check_string_size(out.size());
       }
       out += nl_end + "}";
       return;
@@ -322,7 +329,14 @@ uint32_t next_codepoint(const std::string& s, size_t& pos) {
   return cp;
 }
 
+size_t count_code_points(const std::string& s) {
+  size_t n = 0;
+  for (size_t pos = 0; pos < s.size(); ++n) next_codepoint(s, pos);
+  return n;
+}
+
 std::vector<std::string> code_points(const std::string& s) {
+  charge_work(static_cast<int64_t>(s.size() + sizeof(std::string) * count_code_points(s)));
   std::vector<std::string> out;
   for (size_t pos = 0; pos < s.size();) {
     const size_t start = pos;
@@ -342,7 +356,8 @@ std::string py_strip(const std::string& s, const Value* chars, bool left, bool r
   std::vector<uint32_t> set;
   const bool ws = chars == nullptr || chars->kind == Value::None;
   if (!ws) {
-    if (chars->kind != Value::Str) fail("strip: the characters must be a string, got ", type_name(*chars));
+    if (chars->kind != Value::Str)
+      render_error(str_cat("strip: the characters must be a string, got ", type_name(*chars)));
     for (size_t p = 0; p < chars->s.size();) set.push_back(next_codepoint(chars->s, p));
   }
   auto strip_it = [&](uint32_t cp) {
@@ -392,8 +407,9 @@ std::vector<std::string> py_split(const std::string& s, const Value* sep, int64_
     }
     return out;
   }
-  if (sep->kind != Value::Str) fail("split: the separator must be a string, got ", type_name(*sep));
-  if (sep->s.empty()) fail("split: empty separator");
+  if (sep->kind != Value::Str)
+    render_error(str_cat("split: the separator must be a string, got ", type_name(*sep)));
+  if (sep->s.empty()) render_error(str_cat("split: empty separator"));
   size_t pos = 0;
   for (;;) {
     if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) break;

@@ -27,7 +27,8 @@ std::string to_json(const Value& v, const JsonStyle& style);
 // UTF-8 helpers (strings are valid UTF-8 by construction: JSON input and template literals).
 uint32_t next_codepoint(const std::string& s, size_t& pos);
 std::vector<std::string> code_points(const std::string& s);
-bool is_py_space(uint32_t cp);  // str.isspace() for one code point
+size_t count_code_points(const std::string& s);  // len(s), without building the list
+bool is_py_space(uint32_t cp);                   // str.isspace() for one code point
 // str.strip / lstrip / rstrip (chars: null or none = whitespace).
 std::string py_strip(const std::string& s, const Value* chars, bool left, bool right);
 // str.split(sep, maxsplit) (sep: null or none = runs of whitespace; maxsplit < 0: no limit).

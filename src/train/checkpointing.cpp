@@ -123,6 +123,35 @@ nlohmann::json training_metadata(const Qwen3Model& model, const TrainConfig& cfg
   };
 }
 
+namespace {
+
+// meta[section][key] of a checkpoint, which must be a non-negative integer (integer) or a boolean.
+const nlohmann::json& saved_field(const ckpt::Reader& reader, const char* section, const char* key,
+                                  bool integer) {
+  const nlohmann::json& meta = reader.meta();
+  const std::string where = reader.dir() + "/metadata.json";
+  TITAN_CHECK(meta.contains(section) && meta[section].is_object(), where, ": field '", section,
+              "' is missing or not an object");
+  const nlohmann::json& o = meta[section];
+  TITAN_CHECK(o.contains(key), where, ": field '", section, ".", key, "' is missing");
+  const nlohmann::json& v = o[key];
+  TITAN_CHECK(integer ? v.is_number_integer() && v.get<int64_t>() >= 0 : v.is_boolean(), where, ": field '",
+              section, ".", key, "' must be ", integer ? "a non-negative integer" : "true or false", ", got ",
+              v.dump());
+  return v;
+}
+
+}  // namespace
+
+Qwen3Config saved_model_config(const ckpt::Reader& reader) {
+  const std::string where = reader.dir() + "/metadata.json";
+  TITAN_CHECK(reader.meta().contains("model_config") && reader.meta()["model_config"].is_object(), where,
+              ": field 'model_config' is missing or not an object");
+  Qwen3Config config = Qwen3Config::from_hf_json(reader.meta()["model_config"], where + " (model_config)");
+  config.validate(where + " (model_config)");
+  return config;
+}
+
 void check_same_model(const ckpt::Reader& reader, const Qwen3Config& config) {
   const nlohmann::json saved = reader.meta().value("model_config", nlohmann::json());
   const nlohmann::json mine = config.to_hf_json();
@@ -142,8 +171,13 @@ void check_resumable(const ckpt::Reader& reader, const Qwen3Config& config, cons
   TITAN_CHECK(meta.contains("optimizer") && meta.contains("data_loader") && meta.contains("training"),
               "checkpoint ", reader.dir(),
               ": metadata.json lacks the optimizer / data-loader / training fields");
-  const nlohmann::json& t = meta["training"];
-  const int64_t saved_gbs = t.at("global_batch_size"), saved_seq = t.at("seq_len");
+  const int64_t saved_gbs = saved_field(reader, "training", "global_batch_size", true).get<int64_t>();
+  const int64_t saved_seq = saved_field(reader, "training", "seq_len", true).get<int64_t>();
+  (void)saved_field(reader, "optimizer", "step", true);
+  TITAN_CHECK(meta["data_loader"].is_object(), "checkpoint ", reader.dir(),
+              "/metadata.json: field 'data_loader' must be an object, got ", meta["data_loader"].dump());
+  TITAN_CHECK(!meta.contains("lora") || meta["lora"].is_boolean(), "checkpoint ", reader.dir(),
+              "/metadata.json: field 'lora' must be true or false, got ", meta["lora"].dump());
   TITAN_CHECK(saved_seq == cfg.training.seq_len, "checkpoint ", reader.dir(), ": training.seq_len is ",
               saved_seq, " in the checkpoint, ", cfg.training.seq_len,
               " in this run (resuming needs the same sequence length)");

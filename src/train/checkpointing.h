@@ -40,8 +40,11 @@ nlohmann::json training_metadata(const Qwen3Model& model, const TrainConfig& cfg
                                  const nlohmann::json& loader_state, const dist::DataParallelPlan& dp,
                                  int64_t global_batch_size);
 
+// The model config a checkpoint was saved with (its metadata's model_config), validated.
+Qwen3Config saved_model_config(const ckpt::Reader& reader);
+
 // Throws (naming the checkpoint and the field) unless `reader` holds this model's state and a run with
-// this batch shape can continue it exactly.
+// this batch shape can continue it exactly; every field a resume reads is checked here.
 void check_same_model(const ckpt::Reader& reader, const Qwen3Config& config);
 void check_resumable(const ckpt::Reader& reader, const Qwen3Config& config, const TrainConfig& cfg,
                      int64_t global_batch_size);

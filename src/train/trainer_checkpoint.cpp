@@ -73,7 +73,11 @@ void Trainer::resume() {
   optimizer_->set_step_count(reader.meta()["optimizer"].at("step").get<int64_t>());
   dp_->after_optimizer_step();  // FSDP/HSDP: the loaded shards into the full parameter buffers
   refresh_bf16_model();
-  data_.train->load_state(reader.meta()["data_loader"]);
+  try {
+    data_.train->load_state(reader.meta()["data_loader"]);
+  } catch (const Error& e) {
+    fail("checkpoint ", reader.dir(), "/metadata.json: field 'data_loader': ", e.what());
+  }
   first_step_ = reader.step() + 1;
 }
 
