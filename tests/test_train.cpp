@@ -289,6 +289,22 @@ TEST(Trainer, KernelTheCpuCannotRunIsOneClearError) {
   EXPECT_EQ(out.find("terminate"), std::string::npos) << out;
 }
 
+TEST(Trainer, FilesystemErrorsNameThePath) {
+  // A library's filesystem error in titan's words: the path first, then what failed and why.
+  TempDir tmp;
+  const std::string file = tmp / "a-file";
+  std::ofstream(file) << "x";
+  std::string out;
+  EXPECT_NE(
+      testing::run_titan(
+          "train --training.steps=1 --validation.enable=false --job.dump_folder=" + file + "/run", &out),
+      0);
+  EXPECT_NE(out.find("titan train: error: " + file + "/run: cannot create directories: Not a directory"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("filesystem error"), std::string::npos) << out;
+}
+
 TEST(Trainer, MoeConfigTrainsWhenScaledDown) {
   // Configuration 3 (64 experts, top-4, 4 layers, kernels from the override registry) cut to the
   // debug_moe flavor; once with the HF aux loss, once with aux-loss-free balancing.

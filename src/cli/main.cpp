@@ -3,6 +3,9 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
+#include <new>
+#include <string>
 
 #include "cli/command.h"
 #include "core/cpu_isa.h"
@@ -21,6 +24,24 @@ static void print_usage(FILE* out) {
   for (const auto& [name, cmd] : titan::cli::command_registry())
     std::fprintf(out, "  %-12s %s\n", name.c_str(), cmd.summary.c_str());
   std::fprintf(out, "\n`titan <command> --help` describes a command.\n");
+}
+
+// An exception that is not a titan::Error, in titan's words: a filesystem error starts with the path it
+// is about ("out/x: cannot create directories: Not a directory"), an allocation failure says so.
+static std::string library_error_text(const std::exception& e) {
+  if (const auto* fe = dynamic_cast<const std::filesystem::filesystem_error*>(&e)) {
+    // what(): "filesystem error: <operation>: <reason> [<path1>] [<path2>]"
+    std::string op = fe->what();
+    const std::string tag = "filesystem error: ", reason = fe->code().message();
+    if (op.rfind(tag, 0) == 0) op.erase(0, tag.size());
+    const size_t cut = op.find(": " + reason);
+    if (cut != std::string::npos) op.erase(cut);
+    std::string paths = fe->path1().string();
+    if (!fe->path2().empty()) paths += " -> " + fe->path2().string();
+    return (paths.empty() ? "" : paths + ": ") + op + ": " + reason;
+  }
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return "out of memory (an allocation failed)";
+  return e.what();
 }
 
 int main(int argc, char** argv) {
@@ -61,8 +82,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "titan %s: error: %s\n", name, e.what());
     return 1;
   } catch (const std::exception& e) {
-    titan::dist::report_fatal_error(name, e.what());
-    std::fprintf(stderr, "titan %s: error: %s\n", name, e.what());
+    const std::string message = library_error_text(e);
+    titan::dist::report_fatal_error(name, message.c_str());
+    std::fprintf(stderr, "titan %s: error: %s\n", name, message.c_str());
     return 1;
   }
 }
