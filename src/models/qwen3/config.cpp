@@ -1,7 +1,11 @@
 #include "models/qwen3/config.h"
 
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <map>
+#include <type_traits>
+#include <vector>
 
 #include "core/error.h"
 #include "io/json_file.h"
@@ -67,30 +71,79 @@ double Qwen3Config::training_flops_per_token(int64_t seq_len) const {
 
 namespace {
 
+// j[key] as a T, strictly: integers are JSON integers (or floats with an integral value, as some
+// exporters write them) within int64; nothing is truncated or wrapped.
+template <class T>
+bool convert(const nlohmann::json& v, T& out) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) return false;
+    out = v.get<bool>();
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    if (v.is_number_unsigned()) {
+      if (v.get<uint64_t>() > uint64_t(INT64_MAX)) return false;
+      out = static_cast<int64_t>(v.get<uint64_t>());
+    } else if (v.is_number_integer()) {
+      out = v.get<int64_t>();
+    } else if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (!(std::fabs(d) < 0x1p62) || d != std::trunc(d)) return false;
+      out = static_cast<int64_t>(d);
+    } else {
+      return false;
+    }
+  } else if constexpr (std::is_same_v<T, double>) {
+    if (!v.is_number()) return false;
+    out = v.get<double>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) return false;
+    out = v.get<std::string>();
+  } else {  // std::vector<int64_t>
+    if (!v.is_array()) return false;
+    out.clear();
+    for (const auto& x : v) {
+      int64_t k = 0;
+      if (!convert(x, k)) return false;
+      out.push_back(k);
+    }
+  }
+  return true;
+}
+
+template <class T>
+const char* type_word() {
+  if constexpr (std::is_same_v<T, bool>) return "true or false";
+  if constexpr (std::is_same_v<T, int64_t>) return "an integer";
+  if constexpr (std::is_same_v<T, double>) return "a number";
+  if constexpr (std::is_same_v<T, std::string>) return "a string";
+  return "a list of integers";
+}
+
+template <class T>
+T field(const nlohmann::json& j, const char* key, const std::string& path) {
+  T out{};
+  TITAN_CHECK(convert(j[key], out), path, ": field '", key, "' must be ", type_word<T>(), ", got ",
+              j[key].dump());
+  return out;
+}
+
 template <class T>
 T required(const nlohmann::json& j, const char* key, const std::string& path) {
   TITAN_CHECK(j.contains(key) && !j[key].is_null(), path, ": missing required field '", key, "'");
-  try {
-    return j[key].get<T>();
-  } catch (const nlohmann::json::exception&) {
-    fail(path, ": field '", key, "' has the wrong type (", j[key].dump(), ")");
-  }
+  return field<T>(j, key, path);
 }
 
 template <class T>
 T optional(const nlohmann::json& j, const char* key, T fallback, const std::string& path) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
-  try {
-    return j[key].get<T>();
-  } catch (const nlohmann::json::exception&) {
-    fail(path, ": field '", key, "' has the wrong type (", j[key].dump(), ")");
-  }
+  return field<T>(j, key, path);
 }
 
-int64_t first_token_id(const nlohmann::json& j, const char* key, int64_t fallback) {
+// bos_token_id / eos_token_id: an id or a list of ids (the first counts).
+int64_t first_token_id(const nlohmann::json& j, const char* key, int64_t fallback, const std::string& path) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
-  if (j[key].is_array()) return j[key].empty() ? fallback : j[key][0].get<int64_t>();
-  return j[key].get<int64_t>();
+  if (!j[key].is_array()) return field<int64_t>(j, key, path);
+  const std::vector<int64_t> ids = field<std::vector<int64_t>>(j, key, path);
+  return ids.empty() ? fallback : ids[0];
 }
 
 }  // namespace
@@ -153,8 +206,8 @@ Qwen3Config Qwen3Config::from_hf_json(const nlohmann::json& j, const std::string
   c.tie_word_embeddings = optional<bool>(j, "tie_word_embeddings", false, path);
   c.max_position_embeddings = optional<int64_t>(j, "max_position_embeddings", 32768, path);
   c.initializer_range = optional<double>(j, "initializer_range", 0.02, path);
-  c.bos_token_id = first_token_id(j, "bos_token_id", 151643);
-  c.eos_token_id = first_token_id(j, "eos_token_id", 151645);
+  c.bos_token_id = first_token_id(j, "bos_token_id", 151643, path);
+  c.eos_token_id = first_token_id(j, "eos_token_id", 151645, path);
   if (moe) {
     // transformers v5 writes num_local_experts (attribute_map num_experts -> num_local_experts), v4
     // num_experts.
