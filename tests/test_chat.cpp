@@ -210,6 +210,7 @@ TEST(Jinja, UntrustedTemplatesAreBounded) {
           .find("passes its work bound"),
       std::string::npos);
   EXPECT_EQ(render("{% set l = [1] %}{{ l.99999999999999999999999 }}|{{ l.0 }}"), "|1");
+  EXPECT_EQ(render("{{ '' * 372036854775695 }}|{{ 'ab' * 0 }}"), "|");  // nothing repeated: at once
   EXPECT_EQ(render("{{ 'héllo'[1:3] }}{{ 'héllo'[::-2] }}{{ 'héllo' | length }}"), "élolh5");
 }
 

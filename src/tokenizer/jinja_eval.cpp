@@ -462,8 +462,10 @@ Value Renderer::apply_op(const Expr& e, const std::string& op, const Value& a, c
     }
   }
   if (op == "*" && a.kind == Value::Str && b.kind == Value::Int) {
-    if (b.i > 0 && !a.s.empty()) check_size(e.line, b.i > kMaxOutputBytes ? b.i : (int64_t)a.s.size() * b.i);
+    if (b.i <= 0 || a.s.empty()) return Value::string("");
+    check_size(e.line, b.i > kMaxOutputBytes ? b.i : (int64_t)a.s.size() * b.i);
     std::string s;
+    s.reserve(a.s.size() * b.i);
     for (int64_t k = 0; k < b.i; ++k) s += a.s;
     return Value::string(std::move(s));
   }
