@@ -54,11 +54,12 @@ ISA_CAPS = {
 }
 
 
-def worker_env(name, env, isa):
+def worker_env(name, env, isa, moe):
     """torch.compile under ATEN_CPU_CAPABILITY=avx2 crashes (SIGSEGV) in Qwen3-MoE's compiled step (torch 2.15):
-    under --isa avx2 it keeps inductor's own choice of vector width (AVX-512 on an AVX-512 machine) and only
-    its MKL/oneDNN GEMMs are capped, which can only favour it."""
-    if isa == "avx2" and name == "compile":
+    for the MoE shape under --isa avx2 it keeps inductor's own choice of vector width (AVX-512 on an AVX-512
+    machine) and only its MKL/oneDNN GEMMs are capped, which can only favour it. The dense shapes run
+    inductor's AVX2 code, as on an AVX2-only CPU."""
+    if isa == "avx2" and name == "compile" and moe:
         return {k: v for k, v in env.items() if k != "ATEN_CPU_CAPABILITY"}
     return env
 
@@ -201,7 +202,7 @@ def main():
         impls = args.impls.split(",")
         workers = []
         for name in impls:
-            w = Worker(name, cmds[name], worker_env(name, env, args.isa))
+            w = Worker(name, cmds[name], worker_env(name, env, args.isa, bool(s["experts"])))
             dt = w.wait_ready()
             print(f"[{shape_name}] {name}: " + (f"warm-up {dt:.1f}s" if dt is not None else f"FAILED {w.error}"),
                   file=sys.stderr, flush=True)

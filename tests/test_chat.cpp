@@ -111,7 +111,7 @@ TEST(Jinja, UnsupportedConstructsNameTheTemplateLineAndConstruct) {
   auto parse_error = [](const std::string& src) {
     return error_of([&] { jinja::Template::parse(src, "t.jinja"); });
   };
-  EXPECT_NE(parse_error("a\n{% macro m() %}{% endmacro %}").find("t.jinja:2: unsupported statement 'macro'"),
+  EXPECT_NE(parse_error("a\n{% include 'x.jinja' %}").find("t.jinja:2: unsupported statement 'include'"),
             std::string::npos);
   EXPECT_NE(parse_error("{% if x %}").find("missing {% endif %}"), std::string::npos);
   EXPECT_NE(parse_error("{{ x ** 2 }}").find("unsupported operator '**'"), std::string::npos);
@@ -135,6 +135,33 @@ TEST(Jinja, UnsupportedConstructsNameTheTemplateLineAndConstruct) {
 // What a template may ask for is bounded: integer arithmetic past 64 bits, nesting, output size, range
 // length and tojson's indent are errors naming the template line, never a trap, a stack overflow or an
 // allocation failure. Python's results stand where 64 bits hold them.
+TEST(Jinja, MacroMistakesNameTheLine) {
+  auto error = [](const std::string& src) {
+    return error_of([&] { jinja::Template::parse(src, "t.jinja").render(ojson::object()); });
+  };
+  EXPECT_NE(error("{% macro m(a) %}{% endmacro %}\n{{ m(1, 2) }}")
+                .find("t.jinja:2: macro 'm' takes 1 arguments, got 2"),
+            std::string::npos);
+  EXPECT_NE(error("{% macro m(a) %}{% endmacro %}{{ m(b=1) }}").find("macro 'm' has no parameter 'b'"),
+            std::string::npos);
+  EXPECT_NE(
+      error("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}").find("macro calls nested deeper than 100"),
+      std::string::npos);
+  EXPECT_NE(error("{% set ns = namespace(c=none) %}{% macro m() %}{% set ns.c = caller %}{% endmacro %}"
+                  "{% call m() %}x{% endcall %}{% set f = ns.c %}{{ f() }}")
+                .find("caller() called after its {% call %} block ended"),
+            std::string::npos);
+  EXPECT_NE(error("{% set x = 1 %}{{ x() }}").find("'x' is a int, not callable"), std::string::npos);
+  EXPECT_NE(error("{% call nothing() %}{% endcall %}").find("'nothing' is not a macro"), std::string::npos);
+  EXPECT_NE(error_of([] {
+              jinja::Template::parse("{% macro m(a=1, b) %}{% endmacro %}", "t.jinja");
+            }).find("parameter 'b' without a default follows one with a default"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([] { jinja::Template::parse("{% macro m() %}", "t.jinja"); }).find("missing {% endmacro %}"),
+      std::string::npos);
+}
+
 TEST(Jinja, UntrustedTemplatesAreBounded) {
   auto render = [](const std::string& src) {
     return jinja::Template::parse(src, "t.jinja").render(ojson::object()).text;
@@ -225,6 +252,21 @@ TEST(ChatTemplate, Qwen3MatchesApplyChatTemplate) {
   const auto cases = read_jsonl(kGolden + "/qwen3.jsonl");
   ASSERT_GE(cases.size(), 50u);
   check_cases(tmpl, cases, "qwen3");
+}
+
+TEST(ChatTemplate, QwenFamiliesMatchApplyChatTemplate) {
+  // Qwen2.5, Qwen3 (revised), Qwen3-Instruct-2507, QwQ and Qwen3-Coder (macros, XML tool calls), each on
+  // its conversations (tools/golden/make_chat_family_golden.py).
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
+  std::map<std::string, std::vector<ojson>> by_template;
+  for (ojson& c : read_jsonl(kGolden + "/families.jsonl")) by_template[c["template"]].push_back(std::move(c));
+  ASSERT_EQ(by_template.size(), 5u);
+  for (const auto& [name, cases] : by_template) {
+    const ChatTemplate tmpl =
+        ChatTemplate::from_string(slurp(kGolden + "/templates/" + name + ".jinja"), name + ".jinja",
+                                  {{"eos_token", "<|im_end|>"}, {"pad_token", "<|endoftext|>"}});
+    check_cases(tmpl, cases, name);
+  }
 }
 
 TEST(ChatTemplate, GenerationBlocksMatchHfAssistantTokensMask) {
@@ -321,10 +363,10 @@ TEST(ChatTemplate, TemplatesItCannotHandleAreClearErrors) {
   SKIP_WITHOUT_QWEN3_TOKENIZER();
   TempDir tmp;
   std::ofstream(tmp / "tokenizer_config.json")
-      << R"({"chat_template": "{% for m in messages %}\n{% macro x() %}{% endmacro %}{% endfor %}"})";
+      << R"({"chat_template": "{% for m in messages %}\n{% include 'x.jinja' %}{% endfor %}"})";
   const std::string e = error_of([&] { ChatTemplate::from_tokenizer_config(tmp.path.string()); });
   EXPECT_NE(e.find(tmp / "tokenizer_config.json"), std::string::npos) << e;
-  EXPECT_NE(e.find(":2: unsupported statement 'macro'"), std::string::npos) << e;
+  EXPECT_NE(e.find(":2: unsupported statement 'include'"), std::string::npos) << e;
   std::ofstream(tmp / "tokenizer_config.json") << R"({"eos_token": "</s>"})";
   EXPECT_NE(error_of([&] {
               ChatTemplate::from_tokenizer_config(tmp.path.string());

@@ -47,7 +47,7 @@ void render_keep_namespace(const std::shared_ptr<Dict>& ns);
 // A Jinja value with Python semantics. Lists and dicts are shared (namespace attributes are set
 // through any copy, as in Jinja).
 struct Value {
-  enum Kind { Undefined, None, Bool, Int, Float, Str, ListK, DictK };
+  enum Kind { Undefined, None, Bool, Int, Float, Str, ListK, DictK, MacroK };
   Kind kind = Undefined;
   bool b = false;
   int64_t i = 0;
@@ -56,6 +56,10 @@ struct Value {
   std::shared_ptr<List> list;
   std::shared_ptr<Dict> dict;
   bool is_namespace = false;
+  // MacroK: a {% macro %} (or the `caller` of a {% call %} block: then the serial of that block's
+  // activation, which must still be running when caller() is called).
+  const Node* macro = nullptr;
+  int64_t caller_of = -1;
   // Lists and dicts: 1 + the deepest item's depth; a namespace item counts 1, since the walks of a
   // value (str, repr, tojson, ==) stop at a namespace.
   int32_t depth = 0;
@@ -70,6 +74,8 @@ struct Value {
         list(o.list),
         dict(o.dict),
         is_namespace(o.is_namespace),
+        macro(o.macro),
+        caller_of(o.caller_of),
         depth(o.depth) {
     charge_work(static_cast<int64_t>(sizeof(Value) + s.size()));
   }
@@ -156,7 +162,7 @@ struct Expr {
 };
 
 struct Node {
-  enum Type { Text, Output, If, For, Set, Generation, Break, Continue };
+  enum Type { Text, Output, If, For, Set, Generation, Break, Continue, Macro, CallBlock };
   Type type = Text;
   int line = 0;
   std::string text;  // Text
@@ -167,7 +173,11 @@ struct Node {
   std::vector<std::string> vars;
   ExprP filter;
   std::vector<Node> body, else_body;
-  std::string target, attr;  // Set: `set target = ...` or `set target.attr = ...`
+  std::string target, attr;  // Set: `set target = ...` or `set target.attr = ...`; Macro: its name
+  // Set without expr: a block set, the rendered body is the value.
+  // Macro: vars are the parameters, defaults their default values (null: none), body the macro.
+  // CallBlock: expr the macro call, vars/defaults the parameters of `caller`, body caller's body.
+  std::vector<ExprP> defaults;
 };
 
 // Parser entry point (jinja_parse.cpp).

@@ -45,8 +45,17 @@ class Renderer {
   Renderer(const Renderer&) = delete;
   Renderer& operator=(const Renderer&) = delete;
 
-  void push_scope() { scopes_.emplace_back(); }
-  void pop_scope() { scopes_.pop_back(); }
+  // A new innermost scope whose names shadow `parent`'s (default: the innermost one so far). Lookups go
+  // from a scope to its parent: a macro's body sees its arguments and the template's globals, a call
+  // block's `caller` body the scope of the {% call %} tag.
+  void push_scope(int parent = -2) {
+    parents_.push_back(parent == -2 ? static_cast<int>(scopes_.size()) - 1 : parent);
+    scopes_.emplace_back();
+  }
+  void pop_scope() {
+    scopes_.pop_back();
+    parents_.pop_back();
+  }
   void define(const std::string& k, Value v) { scopes_.back()[k] = std::move(v); }
 
   Flow run(const std::vector<Node>& nodes) {
@@ -88,7 +97,7 @@ class Renderer {
       case Node::For:
         return run_for(n);
       case Node::Set: {
-        Value v = eval(*n.expr);
+        Value v = n.expr ? eval(*n.expr) : Value::string(capture(n.body));
         if (n.attr.empty()) {
           scopes_.back()[n.target] = std::move(v);
           return Flow::Normal;
@@ -104,6 +113,32 @@ class Renderer {
         const Flow f = run(n.body);
         out_.generation_spans.emplace_back(begin, out_.text.size());
         return f;
+      }
+      case Node::Macro: {
+        Value m;
+        m.kind = Value::MacroK;
+        m.macro = &n;
+        define(n.target, std::move(m));
+        return Flow::Normal;
+      }
+      case Node::CallBlock: {
+        // caller: the block's body, run in this scope when the macro calls it.
+        const Expr& call = *n.expr;
+        const Value callee = call.kids[0]->type == Expr::Name ? lookup_value(call.kids[0]->name) : Value();
+        if (callee.kind != Value::MacroK)
+          error(n.line, "{% call %}: '", call.kids[0]->name, "' is not a macro");
+        Value caller;
+        caller.kind = Value::MacroK;
+        caller.macro = &n;
+        caller.caller_of = next_call_serial_++;
+        call_blocks_.emplace_back(caller.caller_of, static_cast<int>(scopes_.size()) - 1);
+        struct Leave {
+          std::vector<std::pair<int64_t, int>>& blocks;
+          ~Leave() { blocks.pop_back(); }
+        } leave{call_blocks_};
+        out_.text += call_macro(call, callee, args_of(call, 1), &caller).s;
+        check_size(n.line, (int64_t)out_.text.size());
+        return Flow::Normal;
       }
       case Node::Break:
         return Flow::Break;
@@ -175,11 +210,60 @@ class Renderer {
   }
 
   Value* lookup(const std::string& k) {
-    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
-      auto f = it->find(k);
-      if (f != it->end()) return &f->second;
+    for (int i = static_cast<int>(scopes_.size()) - 1; i >= 0; i = parents_[i]) {
+      auto f = scopes_[i].find(k);
+      if (f != scopes_[i].end()) return &f->second;
     }
     return nullptr;
+  }
+  Value lookup_value(const std::string& k) {
+    const Value* v = lookup(k);
+    return v ? *v : Value();
+  }
+
+  // What `body` writes, as a string (a macro's result, a block set's value). Generation spans inside it
+  // are dropped: the text is a value now, not output.
+  std::string capture(const std::vector<Node>& body) {
+    const size_t mark = out_.text.size(), spans = out_.generation_spans.size();
+    run(body);
+    std::string text = out_.text.substr(mark);
+    out_.text.resize(mark);
+    out_.generation_spans.resize(spans);
+    return text;
+  }
+
+  // Calls macro `m` (or a call block's `caller`) with `args`; its output is the result.
+  Value call_macro(const Expr& e, const Value& m, const Args& args, const Value* caller) {
+    const Node& def = *m.macro;
+    int parent = 1;  // a macro: the template's top-level variables, then the render's context
+    if (m.caller_of >= 0) {
+      auto it = std::find_if(call_blocks_.begin(), call_blocks_.end(),
+                             [&](const auto& b) { return b.first == m.caller_of; });
+      if (it == call_blocks_.end()) error(e.line, "caller() called after its {% call %} block ended");
+      parent = it->second;
+    }
+    if (++macro_depth_ > kMaxMacroDepth) error(e.line, "macro calls nested deeper than ", kMaxMacroDepth);
+    struct Leave {
+      int& depth;
+      ~Leave() { --depth; }
+    } leave{macro_depth_};
+    const std::string what = m.caller_of >= 0 ? "caller()" : "macro '" + def.target + "'";
+    if (args.pos.size() > def.vars.size())
+      error(e.line, what, " takes ", def.vars.size(), " arguments, got ", args.pos.size());
+    for (const auto& [k, v] : args.kw)
+      if (std::find(def.vars.begin(), def.vars.end(), k) == def.vars.end())
+        error(e.line, what, " has no parameter '", k, "'");
+    push_scope(parent);
+    struct Pop {
+      Renderer& r;
+      ~Pop() { r.pop_scope(); }
+    } pop{*this};
+    for (size_t k = 0; k < def.vars.size(); ++k) {
+      const Value* v = args.get(k, def.vars[k].c_str());
+      define(def.vars[k], v ? *v : def.defaults[k] ? eval(*def.defaults[k]) : Value());
+    }
+    if (caller) define("caller", *caller);
+    return Value::string(capture(def.body));
   }
 
   Value eval(const Expr& e);
@@ -218,9 +302,15 @@ class Renderer {
     error(e.line, what, " must be an integer, got ", type_name(v));
   }
 
+  static constexpr int kMaxMacroDepth = 100;
+
   const std::string& name_;
   RenderResult& out_;
   RenderState state_;
+  std::vector<int> parents_;  // per scope: the scope its lookups continue in (-1: none)
+  std::vector<std::pair<int64_t, int>> call_blocks_;  // running {% call %} blocks: serial, scope
+  int64_t next_call_serial_ = 0;
+  int macro_depth_ = 0;
   RenderState* outer_ = nullptr;
   int64_t outer_work_ = 0;
   std::vector<std::unordered_map<std::string, Value>> scopes_;
@@ -514,7 +604,11 @@ Value Renderer::call(const Expr& e) {
     return call_method(where(e), obj, callee.name, args_of(e, 1));
   }
   if (callee.type != Expr::Name) error(e.line, "unsupported call expression");
-  if (lookup(callee.name)) error(e.line, "unsupported call of variable '", callee.name, "'");
+  if (const Value* v = lookup(callee.name)) {
+    if (v->kind != Value::MacroK) error(e.line, "'", callee.name, "' is a ", type_name(*v), ", not callable");
+    const Value m = *v;
+    return call_macro(e, m, args_of(e, 1), nullptr);
+  }
   return call_function(where(e), callee.name, args_of(e, 1));
 }
 

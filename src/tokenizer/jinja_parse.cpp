@@ -654,10 +654,29 @@ class Parser {
         n.attr = ep.take_name();
       }
       if (ep.peek_op(",")) ep.error("unsupported: set with several targets");
-      if (ep.at_end()) ep.error("unsupported statement: block set ({% set x %}...{% endset %})");
+      if (ep.at_end()) {  // {% set x %}...{% endset %}: the rendered body
+        n.body = parse_body({"endset"}, stop);
+        ++i_;
+        return n;
+      }
       ep.expect_op("=");
       n.expr = ep.parse_expression();
       ep.expect_end();
+    } else if (kw == "macro") {
+      n.type = Node::Macro;
+      n.target = ep.take_name();
+      parameters(ep, n);
+      ep.expect_end();
+      n.body = parse_body({"endmacro"}, stop);
+      ++i_;
+    } else if (kw == "call") {
+      n.type = Node::CallBlock;
+      if (ep.peek_op("(")) parameters(ep, n);
+      n.expr = ep.parse_expression();
+      if (n.expr->type != Expr::Call) ep.error("{% call %} needs a macro call, e.g. {% call m(x) %}");
+      ep.expect_end();
+      n.body = parse_body({"endcall"}, stop);
+      ++i_;
     } else if (kw == "generation") {
       n.type = Node::Generation;
       ep.expect_end();
@@ -671,6 +690,24 @@ class Parser {
       ep.error("unsupported statement '", kw, "'");
     }
     return n;
+  }
+
+  // `(a, b=default, ...)` of a macro or a call block: names into n.vars, defaults into n.defaults.
+  void parameters(ExprParser& ep, Node& n) {
+    ep.expect_op("(");
+    while (!ep.peek_op(")")) {
+      n.vars.push_back(ep.take_name());
+      if (ep.peek_op("=")) {
+        ep.expect_op("=");
+        n.defaults.push_back(ep.parse_expression());
+      } else {
+        if (!n.defaults.empty() && n.defaults.back())
+          ep.error("parameter '", n.vars.back(), "' without a default follows one with a default");
+        n.defaults.push_back(nullptr);
+      }
+      if (!ep.peek_op(")")) ep.expect_op(",");
+    }
+    ep.expect_op(")");
   }
 
   std::vector<Chunk> chunks_;

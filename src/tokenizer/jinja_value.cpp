@@ -74,6 +74,8 @@ const char* type_name(const Value& v) {
       return "list";
     case Value::DictK:
       return v.is_namespace ? "namespace" : "dict";
+    case Value::MacroK:
+      return "macro";
   }
   return "?";
 }
@@ -95,6 +97,8 @@ bool truthy(const Value& v) {
       return !v.list->empty();
     case Value::DictK:
       return v.is_namespace || !v.dict->empty();
+    case Value::MacroK:
+      return true;
   }
   return false;
 }
@@ -190,6 +194,8 @@ std::string repr(const Value& v) {
       }
       return out + "}";
     }
+    case Value::MacroK:
+      return "<Macro '" + (v.caller_of >= 0 ? std::string("caller") : v.macro->target) + "'>";
     default:
       return to_str(v);
   }
@@ -257,6 +263,8 @@ void json_dump(const Value& v, const JsonStyle& st, int depth, std::string& out)
   switch (v.kind) {
     case Value::Undefined:
       render_error(str_cat("tojson: cannot serialize an undefined value"));
+    case Value::MacroK:
+      render_error(str_cat("tojson: cannot serialize a macro"));
     case Value::None:
       out += "null";
       return;
@@ -458,6 +466,8 @@ bool equal(const Value& a, const Value& b) {
         if (!w || !equal(v, *w)) return false;
       }
       return true;
+    case Value::MacroK:
+      return a.macro == b.macro && a.caller_of == b.caller_of;
     default:
       return false;
   }

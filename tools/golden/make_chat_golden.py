@@ -223,6 +223,22 @@ JINJA_CASES = [
     ("{% set x = 'a' %}{% if x in ['a', 'b'] %}{{ x | upper }}{% endif %}{{ 'Hi' | lower }}", {}),
     ("A\n{% for i in range(2) %}\n  {{ i }}\n{% endfor %}\nB", {}),
     ("{{ \"dq 'sq'\" }} {{ 'sq \"dq\"' }} {{ 'a' 'b' }}", {}),
+    # Macros (defaults, keywords, the template's variables, recursion), call blocks, block set.
+    ("{% macro tag(name, body='-', close=true) %}<{{ name }}>{{ body }}{% if close %}</{{ name }}>{% endif %}"
+     "{% endmacro %}{{ tag('a') }}|{{ tag('b', 'x') }}|{{ tag('c', close=false) }}|{{ tag(body='y', name='d') }}",
+     {}),
+    ("{%- macro greet(who) -%}\n  Hi {{ who }} from {{ site }}{{ missing }}!\n{%- endmacro %}\n{{ greet('you') }}"
+     "{{ greet('me') | upper }}{{ greet('x') | length }}", {"site": "here"}),
+    ("{% macro fact(n) %}{% if n <= 1 %}1{% else %}{{ n }}*{{ fact(n - 1) }}{% endif %}{% endmacro %}{{ fact(4) }}",
+     {}),
+    ("{% macro wrap(cls) %}<div class={{ cls }}>{{ caller() }}</div>{% endmacro %}"
+     "{% call wrap('box') %}inside {{ v }}{% endcall %}", {"v": 7}),
+    ("{% macro each(xs) %}{% for x in xs %}[{{ caller(x, loop.index) }}]{% endfor %}{% endmacro %}"
+     "{% set sep = ':' %}{% call(item, i) each(['a', 'b']) %}{{ i }}{{ sep }}{{ item }}{% endcall %}", {}),
+    ("{% set block %}\n  text {{ 1 + 1 }}\n{% endset %}[{{ block }}]{% set ns = namespace(a=1) %}"
+     "{% macro bump() %}{% set ns.a = ns.a + 1 %}{% endmacro %}{{ bump() }}{{ bump() }}{{ ns.a }}", {}),
+    ("{% macro m(a, b=a ~ '!') %}{{ a }}{{ b }}{% endmacro %}{{ m('x') }}{{ m('y', b='z') }}{% set m2 = m %}"
+     "{{ m2('w') }}{{ m is defined }}", {}),
 ]
 
 
