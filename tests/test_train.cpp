@@ -62,6 +62,18 @@ TEST(TrainConfig, OverridesApplyAfterTheFileAndRoundTripThroughToml) {
   TrainConfig d;
   apply_toml(d, c.to_toml(), "dump");
   EXPECT_EQ(d.to_toml(), c.to_toml());
+  // Floats as written: the shortest text that reads back as the same double, always a TOML float.
+  const std::string text = c.to_toml();
+  EXPECT_NE(text.find("beta1 = 0.9\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("weight_decay = 0.1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("decay_ratio = -1.0\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("0000000"), std::string::npos) << text;
+  TrainConfig e;
+  apply_toml(e, "[optimizer]\nlr = 3.0000000000000004e-4\nbeta2 = 1e300\n", "odd.toml");
+  TrainConfig f;
+  apply_toml(f, e.to_toml(), "dump");
+  EXPECT_EQ(f.optimizer.lr, 3.0000000000000004e-4);
+  EXPECT_EQ(f.optimizer.beta2, 1e300);
 }
 
 using testing::small_run_args;

@@ -3,6 +3,8 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -337,6 +339,21 @@ void TrainConfig::validate() const {
               "the CPU device runs eager (set compile.enable = false)");
 }
 
+namespace {
+
+// The shortest decimal that reads back as the same double, as a TOML float (never an integer literal).
+std::string shortest_toml_float(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, x);
+  std::string out(buf, end);
+  if (out.find_first_of(".e") == std::string::npos) out += ".0";
+  return out;
+}
+
+}  // namespace
+
 std::string TrainConfig::to_toml() const {
   TrainConfig copy = *this;
   toml::table root;
@@ -364,6 +381,10 @@ std::string TrainConfig::to_toml() const {
   for (auto& s : section_names()) {
     os << "[" << s << "]\n";
     for (auto& [key, value] : *root[s].as_table()) {
+      if (const auto* d = value.as_floating_point()) {  // as the user wrote it: 0.9, not 0.90000000000000002
+        os << key.str() << " = " << shortest_toml_float(d->get()) << "\n";
+        continue;
+      }
       toml::table one;
       one.insert(key, value);
       os << one << "\n";
