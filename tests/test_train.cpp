@@ -17,6 +17,7 @@
 #include "support/testing.h"
 #include "train/config.h"
 #include "train/forward_tool.h"
+#include "train/tensorboard.h"
 #include "train/trainer.h"
 
 namespace titan {
@@ -299,6 +300,127 @@ TEST(Trainer, KernelTheCpuCannotRunIsOneClearError) {
   EXPECT_NE(testing::run_titan("train --dry-run", &out, "TITAN_CPU_ISA=avx3"), 0);
   EXPECT_NE(out.find("TITAN_CPU_ISA = 'avx3': unknown CPU ISA level"), std::string::npos) << out;
   EXPECT_EQ(out.find("terminate"), std::string::npos) << out;
+}
+
+// ---- TensorBoard event files ----
+
+namespace {
+
+uint64_t read_varint(const std::string& s, size_t& p) {
+  uint64_t v = 0;
+  for (int shift = 0; p < s.size(); shift += 7) {
+    const uint8_t b = static_cast<uint8_t>(s[p++]);
+    v |= uint64_t(b & 0x7F) << shift;
+    if (!(b & 0x80)) break;
+  }
+  return v;
+}
+
+// The scalars of one Event (tag -> value) and its step, decoded field by field.
+std::map<std::string, float> event_scalars(const std::string& ev, int64_t& step) {
+  std::map<std::string, float> out;
+  for (size_t p = 0; p < ev.size();) {
+    const uint64_t key = read_varint(ev, p);
+    const int field = static_cast<int>(key >> 3), wire = static_cast<int>(key & 7);
+    if (wire == 1) {
+      p += 8;
+    } else if (wire == 0) {
+      const uint64_t v = read_varint(ev, p);
+      if (field == 2) step = static_cast<int64_t>(v);
+    } else if (wire == 2) {
+      const uint64_t n = read_varint(ev, p);
+      const std::string sub = ev.substr(p, n);
+      p += n;
+      if (field != 5) continue;
+      for (size_t q = 0; q < sub.size();) {  // Summary.value
+        read_varint(sub, q);
+        const uint64_t vn = read_varint(sub, q);
+        const std::string val = sub.substr(q, vn);
+        q += vn;
+        size_t r = 0;
+        read_varint(val, r);
+        const uint64_t tn = read_varint(val, r);
+        const std::string tag = val.substr(r, tn);
+        r += tn;
+        EXPECT_EQ(read_varint(val, r), (2u << 3) | 5u);
+        float x;
+        std::memcpy(&x, val.data() + r, 4);
+        out[tag] = x;
+      }
+    } else {
+      ADD_FAILURE() << "unexpected wire type " << wire;
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(TensorBoard, Crc32cAndRecordFraming) {
+  // CRC-32C check values (RFC 3720 B.4 and the usual "123456789").
+  EXPECT_EQ(tb::crc32c("123456789", 9), 0xE3069283u);
+  const std::string zeros(32, '\0'), ones(32, '\xff');
+  EXPECT_EQ(tb::crc32c(zeros.data(), 32), 0x8A9136AAu);
+  EXPECT_EQ(tb::crc32c(ones.data(), 32), 0x62A8AB43u);
+  EXPECT_EQ(tb::crc32c("6789", 4, tb::crc32c("12345", 5)), 0xE3069283u);  // continued
+  // A record: length, masked CRC of the length, payload, masked CRC of the payload.
+  const std::string rec = tb::tfrecord("hello");
+  ASSERT_EQ(rec.size(), 8u + 4 + 5 + 4);
+  uint64_t len;
+  uint32_t c1, c2;
+  std::memcpy(&len, rec.data(), 8);
+  std::memcpy(&c1, rec.data() + 8, 4);
+  std::memcpy(&c2, rec.data() + 17, 4);
+  EXPECT_EQ(len, 5u);
+  EXPECT_EQ(c1, tb::masked_crc32c(rec.data(), 8));
+  EXPECT_EQ(c2, tb::masked_crc32c("hello", 5));
+  const uint32_t crc = tb::crc32c("hello", 5);
+  EXPECT_EQ(c2, ((crc >> 15) | (crc << 17)) + 0xa282ead8u);
+  int64_t step = -1;
+  const auto sc = event_scalars(tb::scalar_event(1.5, 300, {{"loss", 2.5f}, {"mfu(%)", 41.25f}}), step);
+  EXPECT_EQ(step, 300);
+  EXPECT_EQ(sc.at("loss"), 2.5f);
+  EXPECT_EQ(sc.at("mfu(%)"), 41.25f);
+}
+
+TEST(TensorBoard, TrainingWritesEveryStepsScalars) {
+  TempDir tmp;
+  auto args = small_run_args(tmp, 4);
+  args.push_back("--metrics.enable_tensorboard=true");
+  args.push_back("--metrics.save_tb_folder=board");
+  const TrainResult r = run_training(parse_train_args(args));
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(tmp / "out/board"))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  std::ifstream in(files[0], std::ios::binary);
+  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> events;
+  for (size_t p = 0; p < data.size();) {
+    ASSERT_LE(p + 12, data.size());
+    uint64_t len;
+    uint32_t c;
+    std::memcpy(&len, data.data() + p, 8);
+    std::memcpy(&c, data.data() + p + 8, 4);
+    ASSERT_EQ(c, tb::masked_crc32c(data.data() + p, 8));
+    ASSERT_LE(p + 16 + len, data.size());
+    events.push_back(data.substr(p + 12, len));
+    std::memcpy(&c, data.data() + p + 12 + len, 4);
+    ASSERT_EQ(c, tb::masked_crc32c(events.back().data(), len));
+    p += 16 + len;
+  }
+  ASSERT_EQ(events.size(), 5u);  // the version, then one per step
+  EXPECT_NE(events[0].find("brain.Event:2"), std::string::npos);
+  for (size_t k = 1; k < events.size(); ++k) {
+    int64_t step = -1;
+    const auto sc = event_scalars(events[k], step);
+    EXPECT_EQ(step, static_cast<int64_t>(k));
+    EXPECT_EQ(sc.at("loss_metrics/global_avg_loss"), static_cast<float>(r.losses[k - 1]));
+    for (const char* tag :
+         {"grad_norm", "lr", "throughput(tps)", "tflops", "mfu(%)", "memory/max_reserved(GiB)"})
+      EXPECT_TRUE(sc.count(tag)) << tag;
+  }
 }
 
 TEST(Trainer, FilesystemErrorsNameThePath) {

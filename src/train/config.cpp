@@ -83,6 +83,8 @@ std::vector<Field> fields(TrainConfig& c) {
       {"metrics", "peak_tflops", &c.metrics.peak_tflops},
       {"metrics", "enable_jsonl", &c.metrics.enable_jsonl},
       {"metrics", "progress_bar", &c.metrics.progress_bar},
+      {"metrics", "enable_tensorboard", &c.metrics.enable_tensorboard},
+      {"metrics", "save_tb_folder", &c.metrics.save_tb_folder},
       {"compile", "enable", &c.compile.enable},
       {"compile", "components", &c.compile.components},
       {"activation_checkpoint", "mode", &c.activation_checkpoint.mode},
@@ -296,6 +298,9 @@ void TrainConfig::validate() const {
   check_choice("checkpoint.export_dtype", checkpoint.export_dtype, {"float32", "bfloat16"});
   check_choice("activation_checkpoint.mode", activation_checkpoint.mode, {"none", "full"});
   check_choice("lora.base_dtype", lora.base_dtype, {"bfloat16", "float32"});
+  TITAN_CHECK(!metrics.enable_tensorboard || !metrics.save_tb_folder.empty(),
+              "metrics.save_tb_folder must name a folder (relative to job.dump_folder) when "
+              "metrics.enable_tensorboard = true");
   TITAN_CHECK(lora.rank > 0, "lora.rank must be positive, got ", lora.rank);
   TITAN_CHECK(lora.alpha > 0, "lora.alpha must be positive, got ", lora.alpha);
   TITAN_CHECK(lora.dropout >= 0 && lora.dropout < 1, "lora.dropout must be in [0, 1), got ", lora.dropout);

@@ -98,6 +98,10 @@ struct MetricsConfig {
   double peak_tflops = 0;  // > 0: peak for MFU; 0: measure the GEMM rate at start
   bool enable_jsonl = true;
   bool progress_bar = true;  // only when stdout is a terminal
+  // TensorBoard event files in <dump_folder>/<save_tb_folder>/<YYYYmmdd-HHMM>/ (torchtitan's keys; lead
+  // rank).
+  bool enable_tensorboard = false;
+  std::string save_tb_folder = "tb";
 };
 
 struct CompileConfig {

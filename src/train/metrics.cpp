@@ -16,8 +16,9 @@
 namespace titan {
 
 MetricsLogger::MetricsLogger(const std::string& jsonl_path, int64_t total_steps, bool progress, bool print,
-                             int64_t resumed_step)
+                             int64_t resumed_step, const std::string& tb_dir)
     : total_steps_(total_steps), progress_(progress && isatty(STDOUT_FILENO)), print_(print) {
+  if (!tb_dir.empty()) tb_ = std::make_unique<tb::EventWriter>(tb_dir);
   if (!jsonl_path.empty()) {
     // A resumed run keeps the records up to its checkpoint's step and continues after them.
     std::string kept;
@@ -51,6 +52,22 @@ void MetricsLogger::log(const StepMetrics& m) {
     if (validated) std::fprintf(jsonl_, ", \"val_loss\": %.17g, \"val_ppl\": %.17g", m.val_loss, m.val_ppl);
     std::fprintf(jsonl_, "}\n");
     std::fflush(jsonl_);
+  }
+  if (tb_) {  // torchtitan's tags
+    std::vector<std::pair<std::string, float>> scalars = {{"loss_metrics/global_avg_loss", (float)m.loss},
+                                                          {"grad_norm", (float)m.grad_norm},
+                                                          {"lr", (float)m.lr},
+                                                          {"throughput(tps)", (float)m.tps},
+                                                          {"tflops", (float)m.tflops},
+                                                          {"mfu(%)", (float)m.mfu},
+                                                          {"memory/max_reserved(GiB)", (float)m.mem_gib},
+                                                          {"memory/max_reserved(%)", (float)m.mem_pct},
+                                                          {"time_metrics/end_to_end(s)", (float)m.time_s}};
+    if (validated) {
+      scalars.emplace_back("validation_metrics/loss", (float)m.val_loss);
+      scalars.emplace_back("validation_metrics/perplexity", (float)m.val_ppl);
+    }
+    tb_->add_scalars(m.step, scalars);
   }
   if (!print_) return;
   if (progress_) std::printf("\r\033[K");

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "core/cpu_isa.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
+#include "train/tensorboard.h"
 
 namespace titan {
 
@@ -29,8 +31,9 @@ class MetricsLogger {
  public:
   // jsonl_path empty: no file. progress: draw a bar (only if stdout is a terminal).
   // resumed_step > 0: keep the file's records up to that step and continue it (a resumed run).
+  // tb_dir: also TensorBoard event files there (empty: none).
   MetricsLogger(const std::string& jsonl_path, int64_t total_steps, bool progress, bool print,
-                int64_t resumed_step = 0);
+                int64_t resumed_step = 0, const std::string& tb_dir = "");
   ~MetricsLogger();
   void log(const StepMetrics& m);
   void finish();
@@ -39,6 +42,7 @@ class MetricsLogger {
   void draw_progress(int64_t step) const;
 
   FILE* jsonl_ = nullptr;
+  std::unique_ptr<tb::EventWriter> tb_;
   int64_t total_steps_;
   bool progress_, print_;
   double elapsed_ = 0;

@@ -2,6 +2,7 @@
 #include "train/trainer.h"
 
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 
@@ -247,8 +248,16 @@ void Trainer::build_metrics() {
   }
   const std::string jsonl =
       cfg_.metrics.enable_jsonl && lead_ ? (fs::path(cfg_.job.dump_folder) / "metrics.jsonl").string() : "";
+  std::string tb_dir;
+  if (cfg_.metrics.enable_tensorboard && lead_) {  // torchtitan's layout: one folder per run start
+    char stamp[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M", std::localtime(&now));
+    tb_dir = (fs::path(cfg_.job.dump_folder) / cfg_.metrics.save_tb_folder / stamp).string();
+  }
   metrics_ = std::make_unique<MetricsLogger>(
-      jsonl, cfg_.training.steps, cfg_.metrics.progress_bar && world_ == 1, lead_, first_step_ - 1);
+      jsonl, cfg_.training.steps, cfg_.metrics.progress_bar && world_ == 1, lead_, first_step_ - 1, tb_dir);
+  if (!tb_dir.empty()) std::printf("TensorBoard: %s\n", tb_dir.c_str());
 }
 
 TrainResult run_training(const TrainConfig& config) {
