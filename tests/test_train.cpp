@@ -3,6 +3,7 @@
 // validation (against `titan forward`, across ranks, leaving training untouched).
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "support/testing.h"
 #include "train/config.h"
 #include "train/forward_tool.h"
+#include "train/preemption.h"
 #include "train/tensorboard.h"
 #include "train/trainer.h"
 
@@ -421,6 +423,88 @@ TEST(TensorBoard, TrainingWritesEveryStepsScalars) {
          {"grad_norm", "lr", "throughput(tps)", "tflops", "mfu(%)", "memory/max_reserved(GiB)"})
       EXPECT_TRUE(sc.count(tag)) << tag;
   }
+}
+
+// ---- preemption (train/preemption.h) ----
+
+namespace {
+
+// The arguments of small_run_args without the dump folder, checkpointing on (no periodic saves).
+std::string preemption_args(const TempDir& tmp, int64_t steps, const std::string& batch) {
+  std::string common;
+  for (auto& a : small_run_args(tmp, steps))
+    if (!a.starts_with("--job.dump_folder") && !a.starts_with("--training.local_batch_size"))
+      common += " " + a;
+  return common + " --training.local_batch_size=" + batch +
+         " --checkpoint.enable=true --checkpoint.interval=1000";
+}
+
+int shell_status(const std::string& cmd) {
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+}  // namespace
+
+TEST(Trainer, PreemptedRunSavesItsStepAndResumesBitExactly) {
+  TempDir tmp;
+  const std::string common = preemption_args(tmp, 8, "2");
+  std::string out;
+  ASSERT_EQ(testing::run_titan("train" + common + " --job.dump_folder=" + (tmp / "one"), &out), 0) << out;
+  // SIGTERM during step 3: the step finishes, its checkpoint is saved, the status says "preempted".
+  const std::string pre = "train" + common + " --job.dump_folder=" + (tmp / "pre");
+  ASSERT_EQ(testing::run_titan(pre, &out, "TITAN_FAULT_INJECT=signal:TERM@3"), kPreemptedExitStatus) << out;
+  EXPECT_NE(out.find("preempted: stopped after step 3; checkpoint "), std::string::npos) << out;
+  EXPECT_TRUE(std::filesystem::exists(tmp / "pre/checkpoint/step-3/COMPLETE"));
+  EXPECT_EQ(jsonl_losses(tmp / "pre/metrics.jsonl").size(), 3u);
+  // The same command again resumes: the losses equal the uninterrupted run's, bit for bit.
+  ASSERT_EQ(testing::run_titan(pre, &out), 0) << out;
+  EXPECT_NE(out.find("resuming from"), std::string::npos) << out;
+  EXPECT_EQ(jsonl_losses(tmp / "pre/metrics.jsonl"), jsonl_losses(tmp / "one/metrics.jsonl"));
+  // A second signal stops at once: status 128 + SIGTERM, nothing saved.
+  EXPECT_EQ(testing::run_titan("train" + common + " --job.dump_folder=" + (tmp / "twice"), &out,
+                               "TITAN_FAULT_INJECT=signal:TERM*2@2"),
+            128 + SIGTERM)
+      << out;
+  EXPECT_FALSE(std::filesystem::exists(tmp / "twice/checkpoint/step-2"));
+}
+
+TEST(Trainer, PreemptionStopsEveryRankAfterOneStep) {
+  TempDir tmp;
+  const std::string common = preemption_args(tmp, 30, "1");
+  const std::string mpirun =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 timeout 300 mpirun "
+      "--oversubscribe --bind-to none -np 2 -x TITAN_FAULT_INJECT " +
+      std::string(TITAN_BINARY) + " train" + common;
+  auto run = [&](const std::string& dir, const std::string& inject) {
+    return shell_status("TITAN_FAULT_INJECT=" + inject + " " + mpirun + " --job.dump_folder=" + (tmp / dir) +
+                        " >> " + (tmp / dir) + ".log 2>&1");
+  };
+  ASSERT_EQ(run("ref", "none"), 0);
+  const auto ref = jsonl_losses(tmp / "ref/metrics.jsonl");
+  ASSERT_EQ(ref.size(), 30u);
+  // SIGUSR1 on rank 1 only: both ranks stop after step 4 (they agree every step) with one checkpoint.
+  ASSERT_EQ(run("usr1", "signal:USR1@4:rank1"), kPreemptedExitStatus);
+  EXPECT_TRUE(std::filesystem::exists(tmp / "usr1/checkpoint/step-4/COMPLETE"));
+  ASSERT_EQ(run("usr1", "none"), 0);
+  EXPECT_EQ(jsonl_losses(tmp / "usr1/metrics.jsonl"), ref);
+  // `titan run` turns SIGTERM into a preemption of every rank (mpirun forwards SIGUSR1 to them).
+  const std::string log = tmp / "run.log";
+  const std::string launch = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " +
+                             std::string(TITAN_BINARY) + " run --nproc-per-node 2 train" + common +
+                             " --job.dump_folder=" + (tmp / "run");
+  const int rc =
+      shell_status("sh -c '" + launch + " > " + log + " 2>&1 & pid=$!; while ! grep -q \"step:    2\" " +
+                   log + "; do sleep 0.05; done; kill -TERM $pid; wait $pid; exit $?'");
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  ASSERT_EQ(rc, kPreemptedExitStatus) << text;
+  EXPECT_NE(text.find("titan run: the job was preempted"), std::string::npos) << text;
+  const size_t stopped = jsonl_losses(tmp / "run/metrics.jsonl").size();
+  EXPECT_LT(stopped, 30u);
+  EXPECT_TRUE(std::filesystem::exists(tmp / ("run/checkpoint/step-" + std::to_string(stopped))));
+  ASSERT_EQ(shell_status(launch + " > " + log + ".2 2>&1"), 0);
+  EXPECT_EQ(jsonl_losses(tmp / "run/metrics.jsonl"), ref);
 }
 
 TEST(Trainer, FilesystemErrorsNameThePath) {

@@ -50,8 +50,16 @@ std::string self_exe() {
 }
 
 volatile sig_atomic_t g_child = 0;
+volatile sig_atomic_t g_preempt_signals = 0;
 void forward_signal(int sig) {
-  if (g_child > 0) kill(g_child, sig);
+  if (g_child <= 0) return;
+  // SIGTERM / SIGUSR1 (preemption): mpirun passes SIGUSR1 on to every rank, which finish their step, save and
+  // exit (train/preemption.h); SIGTERM itself would make mpirun kill the ranks. A second one: SIGTERM, stop.
+  if (sig == SIGTERM || sig == SIGUSR1) {
+    sig = g_preempt_signals == 0 ? SIGUSR1 : SIGTERM;
+    g_preempt_signals = 1;
+  }
+  kill(g_child, sig);
 }
 
 }  // namespace
@@ -263,11 +271,13 @@ int launch(const LaunchOptions& o) {
   close(out_pipe[1]);
   close(err_pipe[1]);
   g_child = pid;
-  // Ctrl-C / SIGTERM go to mpirun, which forwards them to every rank and then exits.
+  // Ctrl-C goes to mpirun, which forwards it to every rank and then exits; SIGTERM / SIGUSR1 become a
+  // preemption (forward_signal).
   struct sigaction sa {};
   sa.sa_handler = forward_signal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
 
   RankOutputRelay relay(o.nproc_per_node, o.local_ranks_filter);
   struct Stream {
@@ -322,7 +332,11 @@ int launch(const LaunchOptions& o) {
   }
   g_child = 0;
   int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  if (rc != 0) {
+  if (rc == 75) {  // train/preemption.h's kPreemptedExitStatus
+    std::fprintf(stderr,
+                 "titan run: the job was preempted: stopped after a step with a checkpoint; run the same "
+                 "command again to resume\n");
+  } else if (rc != 0) {
     if (relay.failed_rank() >= 0)
       std::fprintf(stderr,
                    "titan run: rank %d failed (%s); the job was stopped on every rank (exit status %d)\n",

@@ -12,6 +12,7 @@
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 #include "train/metrics.h"
+#include "train/preemption.h"
 #include "train/trainer.h"
 
 namespace titan {
@@ -27,6 +28,7 @@ double now_s() {
 TrainResult Trainer::train() {
   if (result_.dry_run) return result_;
   const int64_t last = cfg_.training.steps;
+  PreemptionGuard preemption;
   for (int64_t step = first_step_; step <= last; ++step) {
     const double t0 = now_s();
     StepOutcome s = train_step(step);
@@ -44,10 +46,36 @@ TrainResult Trainer::train() {
       result_.checkpoint_dir = save(step, final_export);
       if (final_export) result_.export_dir = result_.checkpoint_dir;
     }
+    if (step < last && preempted(preemption, step)) {
+      metrics_->finish();
+      return result_;
+    }
   }
   metrics_->finish();
   finish();
   return result_;
+}
+
+// After each step: did any rank get SIGTERM / SIGUSR1? All ranks agree (one all-reduce), then save this
+// step's training state (unless this step just saved it) and stop.
+bool Trainer::preempted(const PreemptionGuard& preemption, int64_t step) {
+  PreemptionGuard::inject_fault(step, rank_);
+  int64_t stop = preemption.requested() ? 1 : 0;
+  if (world_ > 1) pg_->all_reduce(&stop, 1, dist::ReduceOp::Max);
+  if (!stop) return false;
+  result_.preempted_at = step;
+  const bool saved = cfg_.checkpoint.enable && step % cfg_.checkpoint.interval == 0;
+  if (cfg_.checkpoint.enable && !saved) result_.checkpoint_dir = save(step, false);
+  if (lead_) {
+    if (cfg_.checkpoint.enable)
+      std::printf("preempted: stopped after step %lld; checkpoint %s; run the same command again to resume\n",
+                  (long long)step, result_.checkpoint_dir.c_str());
+    else
+      std::printf("preempted: stopped after step %lld; nothing saved (checkpoint.enable = false)\n",
+                  (long long)step);
+    std::fflush(stdout);
+  }
+  return true;
 }
 
 // The micro-batches of one step: forward + backward of each, gradients accumulated. Fills totals with

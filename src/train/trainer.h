@@ -31,6 +31,8 @@
 
 namespace titan {
 
+class PreemptionGuard;
+
 class Qwen3Model;
 class LoraAdapters;
 class FrozenBf16Base;
@@ -55,6 +57,9 @@ struct TrainResult {
   std::string sample;          // text generated at the end ("" if none)
   bool dry_run = false;
   std::vector<std::pair<int64_t, double>> val_losses;  // (step, validation loss) of every validation
+  // > 0: the run stopped after this step on SIGTERM / SIGUSR1 (train/preemption.h), its checkpoint in
+  // checkpoint_dir when checkpoint.enable; `titan train` then exits with kPreemptedExitStatus.
+  int64_t preempted_at = 0;
 };
 
 // The outcome of one optimizer step (train_step).
@@ -90,6 +95,7 @@ class Trainer {
   void resume();
   // After the last step: streamed parameters back, experts gathered, HF export, loss curve, sample.
   void finish();
+  bool preempted(const PreemptionGuard& preemption, int64_t step);
 
   int64_t first_step() const { return first_step_; }
   const RunPlan& plan() const { return plan_; }
