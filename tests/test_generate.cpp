@@ -3,6 +3,7 @@
 // over the same packed windows (fixtures from tools/golden/make_generate_golden.py); sampling semantics;
 // streaming detokenisation; the CLI's results and errors.
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 #include "data/loader.h"
@@ -386,6 +387,18 @@ TEST(GenerateCli, GreedyIdsAndTextAndEval) {
   EXPECT_NE(out.find("\n" + want + "\n"), std::string::npos) << out;
   Tokenizer tok = Tokenizer::load(kGolden + "dense");
   EXPECT_EQ(out.rfind(tok.decode(ids_of(g["output_ids"]), true), 0), 0u) << out;
+  // Prompt ids need no tokenizer: a model directory without tokenizer.json prints the ids alone.
+  testing::TempDir bare;
+  for (const char* f : {"config.json", "model.safetensors", "generation_config.json"})
+    if (std::filesystem::exists(kGolden + "dense/" + f))
+      std::filesystem::copy_file(kGolden + "dense/" + f, bare / f);
+  ASSERT_EQ(testing::run_titan("generate --model " + bare.path.string() + " --prompt-ids " + ids +
+                                   " --max-new-tokens 20 --greedy",
+                               &out),
+            0)
+      << out;
+  EXPECT_NE(out.find(want + "\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("no tokenizer.json"), std::string::npos) << out;
   // --prompt TEXT gives the same tokens (the fixture prompt ids are the text's encoding)
   ASSERT_EQ(testing::run_titan("generate --model " + kGolden +
                                    "moe --prompt 'The quick brown fox' --print-ids "

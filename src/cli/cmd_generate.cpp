@@ -4,7 +4,9 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "cli/cli_errors.h"
@@ -106,26 +108,38 @@ int generate_main(int argc, char** argv) {
 
   std::unique_ptr<titan::Qwen3Model> model = titan::load_model_dir(
       model_dir, dtype == "bf16", model_kernels, lora_dir, titan::parse_device(device, "--device"));
-  titan::Tokenizer tok = titan::Tokenizer::load(model_dir);
+  // Prompt ids need no tokenizer: without a tokenizer.json beside the model the output is the ids alone.
+  std::optional<titan::Tokenizer> tok;
+  const bool have_tokenizer = std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json") ||
+                              !std::filesystem::is_directory(model_dir);
+  if (prompt_ids.empty() || have_tokenizer) tok.emplace(titan::Tokenizer::load(model_dir));
+  if (!tok) {
+    print_ids = true;
+    std::fprintf(stderr, "[no tokenizer.json in %s: printing the generated ids only]\n", model_dir.c_str());
+  }
 
-  if (chat) return titan::run_chat(*model, tok, model_dir, go, max_context, kc);
+  if (chat) return titan::run_chat(*model, *tok, model_dir, go, max_context, kc);
 
-  std::vector<int32_t> ids = prompt_ids.empty() ? tok.encode(prompt) : parse_ids(prompt_ids);
+  std::vector<int32_t> ids = prompt_ids.empty() ? tok->encode(prompt) : parse_ids(prompt_ids);
   TITAN_CHECK(!ids.empty(), "--prompt: the prompt encodes to no tokens");
   const int64_t limit = model->config().max_position_embeddings;
   const int64_t want = static_cast<int64_t>(ids.size()) + max_new;
   if (max_context <= 0) max_context = std::min(want, limit);
   titan::KVCacheModel kv(*model, max_context, kc);
-  titan::TextStreamer streamer(tok);
+  std::optional<titan::TextStreamer> streamer;
+  if (tok) streamer.emplace(*tok);
   const auto t0 = Clock::now();
   double t_first = 0;
   std::vector<int32_t> out = titan::generate(kv, ids, go, [&](int32_t id) {
     if (t_first == 0) t_first = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::fputs(streamer.put(id).c_str(), stdout);
+    if (!streamer) return;
+    std::fputs(streamer->put(id).c_str(), stdout);
     std::fflush(stdout);
   });
-  std::fputs(streamer.finish().c_str(), stdout);
-  std::fputs("\n", stdout);
+  if (streamer) {
+    std::fputs(streamer->finish().c_str(), stdout);
+    std::fputs("\n", stdout);
+  }
   const double total = std::chrono::duration<double>(Clock::now() - t0).count();
   if (print_ids) {
     for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
