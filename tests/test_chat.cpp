@@ -448,6 +448,79 @@ TEST(ChatData, LongConversationsAreTruncatedAndUntrainableOnesSkipped) {
   EXPECT_NE(b.input_ids.back(), loader.eos_id());
 }
 
+TEST(ChatData, LoaderCountsRowsTrainedTruncatedSkippedAndPadding) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
+  TempDir tmp;
+  std::ofstream(tmp / "a.jsonl")
+      << R"({"messages":[{"role":"user","content":")" << std::string(400, 'x')
+      << R"("},{"role":"assistant","content":"late"}]})"
+      << "\n"
+      << R"({"messages":[{"role":"user","content":"q"},{"role":"assistant","content":")"
+      << std::string(300, 'y') << R"("}]})"
+      << "\n"
+      << R"({"prompt":"Bye","completion":"Goodbye."})"
+      << "\n";
+  data::DataConfig cfg = chat_config(tmp / "a.jsonl", 32, 1);
+  cfg.shuffle = false;
+  cfg.max_epochs = 1;
+  cfg.on_warning = [](const std::string&) {};
+  data::DataLoader loader(cfg);
+  data::Batch b;
+  int64_t trained = 0, padding = 0, rows = 0;
+  while (loader.next_batch(b)) {
+    ++rows;
+    for (int32_t y : b.labels) trained += y != -100;
+    for (int64_t t = 31; t >= 0 && b.labels[t] == -100 && b.input_ids[t] == loader.eos_id(); --t) ++padding;
+  }
+  const data::LoaderStats s = loader.stats();
+  EXPECT_EQ(rows, 2);
+  EXPECT_EQ(s.rows, 2u);
+  EXPECT_EQ(s.skipped, 1u);    // no assistant token in the first 33
+  EXPECT_EQ(s.truncated, 1u);  // the 300-character answer
+  EXPECT_EQ(s.trained, static_cast<uint64_t>(trained));
+  EXPECT_EQ(s.padding, static_cast<uint64_t>(padding));
+  EXPECT_EQ(s.tokens + s.padding, 64u);
+}
+
+TEST(ChatData, DataShowMarksTheTrainedTokensOfEachRow) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
+  std::string out;
+  ASSERT_EQ(testing::run_titan("data show " + kGolden + "/train.jsonl --format chat --tokenizer " + kQwen +
+                                   " --seq-len 64 --rows 2 --ids --color never",
+                               &out),
+            0)
+      << out;
+  // The rows are the loader's: the bracketed text of row 1 is the decoded trained tokens.
+  data::DataConfig cfg = chat_config(kGolden + "/train.jsonl", 64, 1);
+  cfg.shuffle = false;
+  data::DataLoader loader(cfg);
+  data::Batch b;
+  ASSERT_TRUE(loader.next_batch(b));
+  std::vector<int32_t> trained;
+  for (int64_t t = 1; t < 64; ++t)
+    if (b.labels[t - 1] != -100) trained.push_back(b.input_ids[t]);
+  const std::string want = "[[" + qwen_tokenizer().decode(trained) + "]]";
+  EXPECT_NE(out.find(want), std::string::npos) << out << "\nwant " << want;
+  EXPECT_NE(out.find("--- row 2: "), std::string::npos) << out;
+  EXPECT_EQ(out.find("--- row 3: "), std::string::npos) << out;
+  EXPECT_NE(out.find("ids: 151644 "), std::string::npos) << out;
+  EXPECT_NE(out.find(" [151645]"), std::string::npos) << out;  // <|im_end|> of the assistant turn: trained
+  EXPECT_NE(out.find("--- whole epoch: 24 conversations, 24 row(s) of 64"), std::string::npos) << out;
+  EXPECT_NE(out.find("0 truncated, 0 skipped, padding "), std::string::npos) << out;
+  // Text data: packed windows, every next token trained.
+  testing::TempDir tmp;
+  std::ofstream(tmp / "t.txt") << "hello world\n%\nsecond doc here\n";
+  ASSERT_EQ(
+      testing::run_titan("data show " + (tmp / "t.txt") + " --delimiter percent --tokenizer " +
+                             std::string(TITAN_SOURCE_DIR) + "/tests/golden/tokenizer/small --seq-len 8",
+                         &out),
+      0)
+      << out;
+  EXPECT_NE(out.find("--- row 1: 8 tokens, 8 trained (every next token)\nhello world<|endoftext|>"),
+            std::string::npos)
+      << out;
+}
+
 TEST(ChatData, ResumesExactlyFromItsState) {
   SKIP_WITHOUT_QWEN3_TOKENIZER();
   data::DataConfig cfg = chat_config(kGolden + "/train.jsonl", 48, 2);

@@ -1,4 +1,7 @@
-// titan data prepare | info: pre-tokenize corpora into token shards, and describe a dataset.
+// titan data prepare | info | show: pre-tokenize corpora into token shards, describe a dataset, print its
+// first rows as the trainer sees them.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +17,7 @@
 #include "data/prepare.h"
 #include "data/sources.h"
 #include "data/token_shard.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 
@@ -109,6 +113,95 @@ int run_info(DataConfig cfg, const std::string& format, const std::string& delim
   return 0;
 }
 
+struct ShowOptions {
+  std::string format = "auto", delimiter = "file", color = "auto";
+  int64_t rows = 3;
+  int64_t limit = 0;  // rows counted (0: the whole first epoch)
+  bool ids = false;
+};
+
+// `titan data show`: the first rows exactly as the trainer's loader builds them, the trained tokens
+// marked, then counts over the data (the first epoch, or --limit rows).
+int run_show(DataConfig cfg, const ShowOptions& o) {
+  cfg.format = parse_data_format(o.format);
+  cfg.delimiter = parse_doc_delimiter(o.delimiter);
+  TITAN_CHECK(o.color == "auto" || o.color == "always" || o.color == "never",
+              "--color must be auto, always or never, got '", o.color, "'");
+  TITAN_CHECK(!cfg.tokenizer.empty() && cfg.tokenizer != kByteEncoderName,
+              "titan data show needs --tokenizer (a tokenizer.json or its directory) to print the text");
+  cfg.batch_size = 1;
+  cfg.dp_rank = 0;
+  cfg.dp_world = 1;
+  cfg.max_epochs = 1;
+  const bool chat = cfg.format == DataFormat::Chat;
+  const bool color = o.color == "always" || (o.color == "auto" && isatty(STDOUT_FILENO));
+  // Trained text: green on a terminal, [[...]] otherwise.
+  const std::string open = color ? "\033[32m" : "[[", close = color ? "\033[0m" : "]]";
+  uint64_t warnings = 0;
+  cfg.on_warning = [&](const std::string& w) {
+    ++warnings;
+    std::fprintf(stderr, "warning: %s\n", w.c_str());
+  };
+  const titan::Tokenizer tok = titan::Tokenizer::load(cfg.tokenizer);
+  DataLoader loader(cfg);
+  Batch batch;
+  const int64_t L = cfg.seq_len;
+  int64_t row = 0;
+  while ((o.limit <= 0 || row < o.limit) && loader.next_batch(batch)) {
+    ++row;
+    if (row > o.rows) continue;
+    // Token t (t >= 1) is trained when the label of position t - 1 (its prediction) is not -100.
+    int64_t real = L, trained = 0;
+    if (chat) {
+      while (real > 1 && batch.labels[real - 1] == -100 && batch.input_ids[real - 1] == loader.eos_id())
+        --real;
+    }
+    for (int64_t t = 0; t < L; ++t) trained += batch.labels[t] != -100;
+    std::printf("--- row %lld: %lld tokens%s, %lld trained%s\n", (long long)row, (long long)real,
+                real < L ? titan::str_cat(" + ", L - real, " padding").c_str() : "", (long long)trained,
+                chat ? "" : " (every next token)");
+    std::string text;
+    std::vector<int32_t> run;
+    bool run_trained = false;
+    auto flush = [&] {
+      if (run.empty()) return;
+      const std::string s = tok.decode(run);
+      text += run_trained && chat ? open + s + close : s;
+      run.clear();
+    };
+    for (int64_t t = 0; t < real; ++t) {
+      const bool tr = t >= 1 && batch.labels[t - 1] != -100;
+      if (tr != run_trained) flush();
+      run_trained = tr;
+      run.push_back(batch.input_ids[t]);
+    }
+    flush();
+    std::printf("%s\n", text.c_str());
+    if (o.ids) {
+      std::printf("ids:");
+      for (int64_t t = 0; t < real; ++t) {
+        const bool tr = chat && t >= 1 && batch.labels[t - 1] != -100;
+        std::printf(tr ? " [%d]" : " %d", batch.input_ids[t]);
+      }
+      std::printf("\n");
+    }
+  }
+  const LoaderStats s = loader.stats();
+  const double positions = static_cast<double>(s.rows) * static_cast<double>(L);
+  std::printf(
+      "--- %s%s: %llu %s, %llu row(s) of %lld, %llu tokens, %llu trained (%.1f%% of the rows' positions)",
+      o.limit > 0 && row >= o.limit ? "first " : "",
+      o.limit > 0 && row >= o.limit ? titan::str_cat(row, " rows").c_str() : "whole epoch",
+      (unsigned long long)s.documents, chat ? "conversations" : "documents", (unsigned long long)s.rows,
+      (long long)L, (unsigned long long)s.tokens, (unsigned long long)s.trained,
+      positions > 0 ? 100.0 * s.trained / positions : 0.0);
+  if (chat)
+    std::printf(", %llu truncated, %llu skipped, padding %.1f%%", (unsigned long long)s.truncated,
+                (unsigned long long)s.skipped, positions > 0 ? 100.0 * s.padding / positions : 0.0);
+  std::printf("\n");
+  return 0;
+}
+
 int cmd_data(int argc, char** argv) {
   CLI::App app{"Datasets: pre-tokenize corpora into token shards; describe a dataset", "titan data"};
   app.require_subcommand(1);
@@ -155,15 +248,37 @@ int cmd_data(int argc, char** argv) {
   info->add_option("--batches", info_batches,
                    "time the loader over this many batches (ids of the first 3 shown)");
 
+  DataConfig show_cfg;
+  show_cfg.shuffle = false;
+  show_cfg.val_fraction = 0;
+  ShowOptions show_opts;
+  auto* show = app.add_subcommand(
+      "show", "The first rows as the trainer sees them (trained tokens marked), and counts of the data");
+  show->add_option("sources", show_cfg.sources, "files or directories (text, JSON Lines or chat)")
+      ->required();
+  show->add_option("--tokenizer", show_cfg.tokenizer, "tokenizer.json or its directory")->required();
+  show->add_option("--chat-template", show_cfg.chat_template,
+                   "chat: tokenizer_config.json with the template (default: beside the tokenizer)");
+  show->add_option("--format", show_opts.format, "auto | text | jsonl | chat")->capture_default_str();
+  show->add_option("--delimiter", show_opts.delimiter, "text: file | percent | blank")->capture_default_str();
+  show->add_option("--text-field", show_cfg.text_field)->capture_default_str();
+  show->add_option("--seq-len", show_cfg.seq_len, "training.seq_len")->capture_default_str();
+  show->add_option("--rows", show_opts.rows, "rows to print")->capture_default_str();
+  show->add_option("--limit", show_opts.limit, "count only this many rows (default: the whole epoch)");
+  show->add_flag("--ids", show_opts.ids, "also print each row's token ids (trained ones in brackets)");
+  show->add_option("--color", show_opts.color, "auto | always | never: trained text in green, else [[...]]")
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return titan::cli::exit_on_parse_error(app, e);
   }
   if (*prepare) return run_prepare(prep_tokenizer, prep, prep_format, prep_delimiter, prep_eos);
+  if (*show) return run_show(show_cfg, show_opts);
   return run_info(info_cfg, info_format, info_delimiter, !info_no_count, info_batches);
 }
 
 }  // namespace
 
-TITAN_COMMAND("data", "datasets: prepare token shards, inspect a dataset", cmd_data);
+TITAN_COMMAND("data", "datasets: prepare token shards, inspect a dataset, show rows as trained", cmd_data);

@@ -58,6 +58,7 @@ struct DataLoader::Impl {
 
   uint64_t step = 0, tokens = 0;
   std::vector<int32_t> window;
+  LoaderStats stats;
 
   void init(const DataConfig& config, const TextEncoder& encoder) {
     check_config(config);
@@ -98,6 +99,7 @@ struct DataLoader::Impl {
         doc_offset = 0;
         doc_position = std::move(position);
         ++docs_in_epoch;
+        ++stats.documents;
         return true;
       }
       if (epoch_from_start && docs_in_epoch == 0)
@@ -144,7 +146,12 @@ struct DataLoader::Impl {
       for (uint64_t t = 0; t < L; ++t) {
         row_ids[t] = t < n ? doc[t] : eos;
         row_labels[t] = t + 1 < n ? doc_labels[t + 1] : -100;
+        stats.trained += row_labels[t] != -100;
       }
+      ++stats.rows;
+      stats.tokens += std::min(n, L);
+      stats.padding += L - std::min(n, L);
+      stats.truncated += doc.size() > L + 1;
     }
     doc_offset = doc_len;
     tokens += n;
@@ -197,6 +204,9 @@ struct DataLoader::Impl {
       std::copy(window.begin(), window.end() - 1,
                 batch.input_ids.begin() + static_cast<std::ptrdiff_t>(b * L));
       std::copy(window.begin() + 1, window.end(), batch.labels.begin() + static_cast<std::ptrdiff_t>(b * L));
+      ++stats.rows;
+      stats.tokens += L;
+      stats.trained += L;
     }
     batch.step = step++;
     return true;
@@ -302,6 +312,11 @@ uint64_t DataLoader::tokens_consumed() const {
 }
 const DataConfig& DataLoader::config() const {
   return impl_->cfg;
+}
+LoaderStats DataLoader::stats() const {
+  LoaderStats s = impl_->stats;
+  s.skipped = impl_->source->skipped();
+  return s;
 }
 
 }  // namespace titan::data

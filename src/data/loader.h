@@ -38,6 +38,17 @@ struct Batch {
   uint64_t epoch = 0;              // epoch of the batch's first token
 };
 
+// What this rank's batches held so far (`titan data show`).
+struct LoaderStats {
+  uint64_t rows = 0;       // rows of seq_len positions
+  uint64_t documents = 0;  // documents begun (chat: conversations, one per row)
+  uint64_t tokens = 0;     // input positions holding data (not padding)
+  uint64_t trained = 0;    // positions whose label is not -100
+  uint64_t truncated = 0;  // chat: conversations longer than seq_len + 1 tokens, cut
+  uint64_t padding = 0;    // chat: input positions after the conversation (EOS, label -100)
+  uint64_t skipped = 0;    // records the source skipped (chat: no assistant token within seq_len + 1)
+};
+
 class DataLoader {
  public:
   // Builds the encoder from cfg.tokenizer when the sources are text.
@@ -67,6 +78,7 @@ class DataLoader {
   uint64_t step() const;
   uint64_t tokens_consumed() const;  // global stream tokens behind us (all ranks)
   const DataConfig& config() const;
+  LoaderStats stats() const;
 
  private:
   struct Impl;

@@ -177,6 +177,7 @@ class TextSource final : public DocumentSource {
         const std::string where = str_cat(reader_->path(), ":", piece.line);
         encoder_.encode_chat(piece.text, where, ids_, labels_);
         if (!trainable()) {
+          ++skipped_;
           if (first_report("untrainable:" + reader_->path()))
             warn(cfg_.on_warning, str_cat(where, ": no assistant token within the first seq_len + 1 = ",
                                           cfg_.seq_len + 1, " tokens; conversation skipped (further ones in ",
@@ -197,6 +198,7 @@ class TextSource final : public DocumentSource {
   std::span<const int32_t> labels() const override {
     return chat_ ? std::span<const int32_t>(labels_) : std::span<const int32_t>();
   }
+  uint64_t skipped() const override { return skipped_; }
   int32_t vocab_size() const override { return encoder_.vocab_size; }
   int32_t eos_id() const override { return eos_id_; }
 
@@ -269,6 +271,7 @@ class TextSource final : public DocumentSource {
   std::unique_ptr<TextFileReader> reader_;
   TextPosition pending_;  // where to start reading the file at file_pos_ when it is opened
   uint64_t pieces_in_file_ = 0;
+  uint64_t skipped_ = 0;
   std::vector<int32_t> ids_, labels_;
   bool chat_ = false;
 };

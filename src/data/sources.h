@@ -55,6 +55,8 @@ class DocumentSource {
   // Chat data: the labels of the document next() returned (ids on assistant tokens, -100
   // elsewhere, not shifted; valid until the next call). Empty for other data.
   virtual std::span<const int32_t> labels() const { return {}; }
+  // Records skipped so far (chat: conversations without an assistant token within seq_len + 1 tokens).
+  virtual uint64_t skipped() const { return 0; }
   virtual int32_t vocab_size() const = 0;
   virtual int32_t eos_id() const = 0;
   // Identifies the data and options, so a saved loader state is not applied to other data.
