@@ -507,8 +507,30 @@ TEST(ChatData, DataShowMarksTheTrainedTokensOfEachRow) {
   EXPECT_NE(out.find(" [151645]"), std::string::npos) << out;  // <|im_end|> of the assistant turn: trained
   EXPECT_NE(out.find("--- whole epoch: 24 conversations, 24 row(s) of 64"), std::string::npos) << out;
   EXPECT_NE(out.find("0 truncated, 0 skipped, padding "), std::string::npos) << out;
-  // Text data: packed windows, every next token trained.
+  // A record's tools and an assistant turn's tool_calls come through as the template writes them.
   testing::TempDir tmp;
+  std::ofstream(tmp / "tools.jsonl")
+      << R"({"tools": [{"type": "function", "function": {"name": "clock", "description": "Time now",)"
+      << R"( "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}}], "messages": [)"
+      << R"({"role": "user", "content": "Time?"}, {"role": "assistant", "content": "", "tool_calls": [)"
+      << R"({"type": "function", "function": {"name": "clock", "arguments": {"tz": "UTC"}}}]},)"
+      << R"( {"role": "tool", "content": "12:00"}, {"role": "assistant", "content": "Noon."}]})"
+      << "\n";
+  ASSERT_EQ(testing::run_titan("data show " + (tmp / "tools.jsonl") + " --format chat --tokenizer " + kQwen +
+                                   " --seq-len 512 --color never",
+                               &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"clock\""),
+            std::string::npos)
+      << out;
+  EXPECT_NE(
+      out.find(
+          "[[<tool_call>\n{\"name\": \"clock\", \"arguments\": {\"tz\": \"UTC\"}}\n</tool_call><|im_end|>]]"),
+      std::string::npos)
+      << out;
+  EXPECT_NE(out.find("<tool_response>\n12:00\n</tool_response>"), std::string::npos) << out;
+  // Text data: packed windows, every next token trained.
   std::ofstream(tmp / "t.txt") << "hello world\n%\nsecond doc here\n";
   ASSERT_EQ(
       testing::run_titan("data show " + (tmp / "t.txt") + " --delimiter percent --tokenizer " +
