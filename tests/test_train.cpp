@@ -523,6 +523,33 @@ TEST(Trainer, FilesystemErrorsNameThePath) {
   EXPECT_EQ(out.find("filesystem error"), std::string::npos) << out;
 }
 
+TEST(Trainer, CompileOnTheCpuChangesNothing) {
+  // The CPU step is native code with a fixed memory plan: compile.enable is accepted, said once, and the
+  // losses are those of the eager run, bit for bit.
+  TempDir a, b;
+  const auto ref = run_training(parse_train_args(small_run_args(a, 4)));
+  auto args = small_run_args(b, 4);
+  args.push_back("--compile.enable=true");
+  args.push_back("--compile.components=[\"model\"]");
+  args.push_back("--compile.backend=inductor");
+  ::testing::internal::CaptureStdout();
+  const auto got = run_training(parse_train_args(args));
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(got.losses, ref.losses);
+  EXPECT_NE(out.find("compile: the CPU device's step is already compiled native code"), std::string::npos);
+  // Keys as torchtitan names them, validated; the CUDA device refuses it (no CUDA-graph capture yet).
+  EXPECT_NE(testing::error_of([&] { parse_train_args({"--compile.backend=tvm"}); }).find("compile.backend"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] {
+              parse_train_args({"--compile.components=[\"optimizer\"]"});
+            }).find("compile.components"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] {
+              parse_train_args({"--compile.enable=true", "--job.device=cuda"});
+            }).find("compile.enable = true on job.device = 'cuda'"),
+            std::string::npos);
+}
+
 TEST(Trainer, MoeConfigTrainsWhenScaledDown) {
   // Configuration 3 (64 experts, top-4, 4 layers, kernels from the override registry) cut to the
   // debug_moe flavor; once with the HF aux loss, once with aux-loss-free balancing.

@@ -87,6 +87,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"metrics", "save_tb_folder", &c.metrics.save_tb_folder},
       {"compile", "enable", &c.compile.enable},
       {"compile", "components", &c.compile.components},
+      {"compile", "backend", &c.compile.backend},
       {"activation_checkpoint", "mode", &c.activation_checkpoint.mode},
       {"lora", "enable", &c.lora.enable},
       {"lora", "rank", &c.lora.rank},
@@ -339,9 +340,11 @@ void TrainConfig::validate() const {
   TITAN_CHECK(parallelism.data_parallel_shard_degree == -1 || parallelism.data_parallel_shard_degree >= 1,
               "parallelism.data_parallel_shard_degree must be -1 or >= 1");
   TITAN_CHECK(parallelism.expert_parallel_degree >= 1, "parallelism.expert_parallel_degree must be >= 1");
-  TITAN_CHECK(!compile.enable,
-              "compile.enable = true: graph compilation is not available in this build; "
-              "the CPU device runs eager (set compile.enable = false)");
+  for (const auto& c : compile.components) check_choice("compile.components", c, {"model", "loss"});
+  check_choice("compile.backend", compile.backend, {"inductor", "aot_eager", "eager", "cudagraphs"});
+  TITAN_CHECK(!compile.enable || parse_device(job.device, "job.device").type == DeviceType::CPU,
+              "compile.enable = true on job.device = '", job.device,
+              "': capturing the step into CUDA graphs is not available yet; set compile.enable = false");
 }
 
 namespace {

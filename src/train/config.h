@@ -104,9 +104,13 @@ struct MetricsConfig {
   std::string save_tb_folder = "tb";
 };
 
+// torchtitan's [compile]. The CPU device's step is already native code with a fixed memory plan: there
+// enable = true is accepted and changes nothing (logged once). On the CUDA device it is refused until the
+// step is captured into CUDA graphs.
 struct CompileConfig {
   bool enable = false;
-  std::vector<std::string> components = {"model", "loss"};
+  std::vector<std::string> components = {"model", "loss"};  // any of model, loss
+  std::string backend = "inductor";                         // inductor | aot_eager | eager | cudagraphs
 };
 
 struct ActivationCheckpointConfig {

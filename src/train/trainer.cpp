@@ -119,6 +119,10 @@ void Trainer::build_model() {
   kernels_ = kernels_for_device(cfg_.kernels, device_.type, &notes);
   if (lead_ && !notes.empty()) std::printf("%s", notes.c_str());
   validate_kernel_choice(kernels_, device_.type);
+  if (cfg_.compile.enable && lead_)  // config validation refused it on any other device
+    std::printf(
+        "compile: the CPU device's step is already compiled native code with a fixed memory plan; "
+        "there is no graph to capture, compile.enable changes nothing\n");
   if (cfg_.lora.enable) return build_lora_model();
   // Expert parallel: groups of expert_parallel_degree consecutive ranks split every sparse layer's experts.
   ep_group_ = dist::make_expert_group(tensor_pg(), static_cast<int>(plan_.expert_parallel));
