@@ -339,8 +339,8 @@ TEST(Qwen3Model, ActivationCheckpointingIsExactAndSavesMemory) {
     Qwen3Model model(Qwen3Config::from_hf_file(dir + "/config.json"));
     model.load_hf(dir);
     TokenBatch batch = read_token_batch_json(dir + "/input.json");
-    auto run = [&](bool ac, int64_t* act_bytes) {
-      model.set_activation_checkpointing(ac);
+    auto run = [&](int64_t every, int64_t* act_bytes) {
+      model.set_activation_checkpoint_every(every);
       model.zero_grad();
       ForwardResult r = model.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T);
       model.backward();
@@ -349,14 +349,37 @@ TEST(Qwen3Model, ActivationCheckpointingIsExactAndSavesMemory) {
       for (auto& g : model.flat_grads()) grads.push_back(g.clone());
       return std::make_pair(r.loss, grads);
     };
-    int64_t bytes_none = 0, bytes_full = 0;
-    auto [loss_none, grads_none] = run(false, &bytes_none);
-    auto [loss_full, grads_full] = run(true, &bytes_full);
+    int64_t bytes_none = 0, bytes_full = 0, bytes_sel = 0;
+    auto [loss_none, grads_none] = run(0, &bytes_none);
+    auto [loss_full, grads_full] = run(1, &bytes_full);
+    auto [loss_sel, grads_sel] = run(2, &bytes_sel);  // selective: every 2nd layer (of 2: the last)
     EXPECT_EQ(loss_none, loss_full) << dir_name;
-    for (size_t i = 0; i < grads_none.size(); ++i)
+    EXPECT_EQ(loss_none, loss_sel) << dir_name;
+    for (size_t i = 0; i < grads_none.size(); ++i) {
       EXPECT_EQ(testing::rel_error(grads_full[i], grads_none[i]), 0.0) << dir_name << " group " << i;
+      EXPECT_EQ(testing::rel_error(grads_sel[i], grads_none[i]), 0.0) << dir_name << " group " << i;
+    }
     EXPECT_LT(bytes_full, bytes_none) << dir_name;
   }
+  // Selective: with 4 layers, every 2nd checkpointed keeps two layers' activations plus the shared block.
+  Qwen3Model model(Qwen3Config::flavor("debug"));
+  model.init_weights(3);
+  std::vector<int32_t> ids(2 * 64), labels(2 * 64);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37) % 2048);
+  for (size_t i = 0; i < ids.size(); ++i) labels[i] = ids[(i + 1) % ids.size()];
+  std::vector<double> losses;
+  std::vector<int64_t> bytes;
+  for (int64_t every : {0, 2, 1}) {
+    model.set_activation_checkpoint_every(every);
+    model.zero_grad();
+    losses.push_back(model.forward(ids.data(), labels.data(), 2, 64).loss);
+    model.backward();
+    bytes.push_back(model.activation_bytes());
+  }
+  EXPECT_EQ(losses[1], losses[0]);
+  EXPECT_EQ(losses[2], losses[0]);
+  EXPECT_LT(bytes[1], bytes[0]);
+  EXPECT_LT(bytes[2], bytes[1]);
 }
 
 }  // namespace

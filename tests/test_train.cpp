@@ -523,6 +523,29 @@ TEST(Trainer, FilesystemErrorsNameThePath) {
   EXPECT_EQ(out.find("filesystem error"), std::string::npos) << out;
 }
 
+TEST(Trainer, SelectiveActivationCheckpointingGivesTheSameLosses) {
+  // torchtitan's mode = "selective" with selective_ac_option = "N": every N-th layer checkpointed.
+  TempDir a, b, c;
+  const auto none = run_training(parse_train_args(small_run_args(a, 4)));
+  auto sel = small_run_args(b, 4);
+  sel.push_back("--activation_checkpoint.mode=selective");
+  sel.push_back("--activation_checkpoint.selective_ac_option=2");
+  EXPECT_EQ(run_training(parse_train_args(sel)).losses, none.losses);
+  auto full = small_run_args(c, 4);
+  full.push_back("--activation_checkpoint.mode=full");
+  EXPECT_EQ(run_training(parse_train_args(full)).losses, none.losses);
+  EXPECT_NE(testing::error_of([] {
+              parse_train_args({"--activation_checkpoint.mode=selective",
+                                "--activation_checkpoint.selective_ac_option=op"});
+            }).find("selective_ac_option = 'op'"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([] {
+              parse_train_args({"--activation_checkpoint.mode=selective",
+                                "--activation_checkpoint.selective_ac_option=0"});
+            }).find("must be a positive integer N"),
+            std::string::npos);
+}
+
 TEST(Trainer, CompileOnTheCpuChangesNothing) {
   // The CPU step is native code with a fixed memory plan: compile.enable is accepted, said once, and the
   // losses are those of the eager run, bit for bit.

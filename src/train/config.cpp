@@ -89,6 +89,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"compile", "components", &c.compile.components},
       {"compile", "backend", &c.compile.backend},
       {"activation_checkpoint", "mode", &c.activation_checkpoint.mode},
+      {"activation_checkpoint", "selective_ac_option", &c.activation_checkpoint.selective_ac_option},
       {"lora", "enable", &c.lora.enable},
       {"lora", "rank", &c.lora.rank},
       {"lora", "alpha", &c.lora.alpha},
@@ -128,6 +129,12 @@ void set_field(const Field& f, const toml::node& node, const std::string& where)
       [&](auto* p) {
         using T = std::remove_pointer_t<decltype(p)>;
         if constexpr (std::is_same_v<T, std::string>) {
+          // An integer where a string is expected reads as its digits (--activation_checkpoint.
+          // selective_ac_option=2, as torchtitan's "2"; --job.dump_folder=2024).
+          if (node.is_integer()) {
+            *p = std::to_string(node.as_integer()->get());
+            return;
+          }
           if (!node.is_string()) type_error("a string");
           *p = node.as_string()->get();
         } else if constexpr (std::is_same_v<T, int64_t>) {
@@ -297,7 +304,8 @@ void TrainConfig::validate() const {
   check_choice("training.dataset_delimiter", training.dataset_delimiter, {"file", "percent", "blank"});
   check_choice("training.mixed_precision_param", training.mixed_precision_param, {"float32", "bfloat16"});
   check_choice("checkpoint.export_dtype", checkpoint.export_dtype, {"float32", "bfloat16"});
-  check_choice("activation_checkpoint.mode", activation_checkpoint.mode, {"none", "full"});
+  check_choice("activation_checkpoint.mode", activation_checkpoint.mode, {"none", "full", "selective"});
+  (void)activation_checkpoint.every();
   check_choice("lora.base_dtype", lora.base_dtype, {"bfloat16", "float32"});
   TITAN_CHECK(!metrics.enable_tensorboard || !metrics.save_tb_folder.empty(),
               "metrics.save_tb_folder must name a folder (relative to job.dump_folder) when "
@@ -345,6 +353,23 @@ void TrainConfig::validate() const {
   TITAN_CHECK(!compile.enable || parse_device(job.device, "job.device").type == DeviceType::CPU,
               "compile.enable = true on job.device = '", job.device,
               "': capturing the step into CUDA graphs is not available yet; set compile.enable = false");
+}
+
+int64_t ActivationCheckpointConfig::every() const {
+  if (mode == "none") return 0;
+  if (mode == "full") return 1;
+  const std::string& o = selective_ac_option;
+  TITAN_CHECK(
+      o != "op",
+      "activation_checkpoint.selective_ac_option = 'op' (saving GEMM and attention outputs, recomputing "
+      "the pointwise ops) is not available yet; give an integer N to checkpoint every N-th layer");
+  int64_t n = 0;
+  const auto [end, ec] = std::from_chars(o.data(), o.data() + o.size(), n);
+  TITAN_CHECK(ec == std::errc() && end == o.data() + o.size() && n >= 1,
+              "activation_checkpoint.selective_ac_option must be a positive integer N (checkpoint every N-th "
+              "layer), got '",
+              o, "'");
+  return n;
 }
 
 namespace {

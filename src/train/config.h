@@ -113,8 +113,13 @@ struct CompileConfig {
   std::string backend = "inductor";                         // inductor | aot_eager | eager | cudagraphs
 };
 
+// torchtitan's [activation_checkpoint]: mode none | full | selective; selective_ac_option "N" checkpoints
+// every N-th layer (layers N-1, 2N-1, ...: each keeps only its input and is recomputed in backward).
 struct ActivationCheckpointConfig {
-  std::string mode = "none";  // none | full
+  std::string mode = "none";
+  std::string selective_ac_option = "2";
+  // Layers checkpointed: 0 none, 1 every layer, N every N-th (validated by TrainConfig::validate).
+  int64_t every() const;
 };
 
 // LoRA fine-tuning (HF PEFT semantics, models/qwen3/lora.h): the base is frozen, only the adapters train.

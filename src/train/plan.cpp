@@ -26,8 +26,8 @@ std::string human(double n) {
 }  // namespace
 
 RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int64_t dp_shard,
-                  int64_t local_batch, int64_t global_batch, int64_t seq_len,
-                  const std::string& activation_checkpoint, int64_t expert_parallel) {
+                  int64_t local_batch, int64_t global_batch, int64_t seq_len, int64_t checkpoint_every,
+                  int64_t expert_parallel) {
   RunPlan p;
   p.world = world;
   p.dp_replicate = dp_replicate;
@@ -78,8 +78,9 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   const int64_t per_layer = N * H * 4 + N * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 +
                             N * (c.num_attention_heads + c.num_key_value_heads) +
                             local_batch * c.num_attention_heads * seq_len * seq_len + N * 3 * I;
-  const int64_t layers_saved = activation_checkpoint == "full" ? 1 : c.num_hidden_layers;
-  const int64_t checkpointed_inputs = activation_checkpoint == "full" ? c.num_hidden_layers * N * H : 0;
+  const int64_t checkpointed = checkpoint_every > 0 ? c.num_hidden_layers / checkpoint_every : 0;
+  const int64_t layers_saved = c.num_hidden_layers - checkpointed + (checkpointed > 0 ? 1 : 0);
+  const int64_t checkpointed_inputs = checkpointed * N * H;
   const int64_t scratch = N * (3 * H + 2 * c.q_dim() + 3 * c.kv_dim() + 3 * I);
   p.activation_bytes = 4 * (layers_saved * per_layer + checkpointed_inputs + scratch + N * c.vocab_size);
   return p;

@@ -21,10 +21,11 @@ struct RunPlan {
   std::string describe() const;  // multi-line human-readable summary
 };
 
-// activation_checkpoint: "none" or "full"; dp_shard divides parameters, gradients and optimizer state;
-// expert_parallel divides the routed experts (errors name the parallelism field when it cannot).
+// checkpoint_every: 0 none, 1 every layer, N every N-th layer; dp_shard divides parameters, gradients and
+// optimizer state; expert_parallel divides the routed experts (errors name the parallelism field when it
+// cannot).
 RunPlan make_plan(const Qwen3Config& model, int64_t world, int64_t dp_replicate, int64_t dp_shard,
-                  int64_t local_batch, int64_t global_batch, int64_t seq_len,
-                  const std::string& activation_checkpoint, int64_t expert_parallel = 1);
+                  int64_t local_batch, int64_t global_batch, int64_t seq_len, int64_t checkpoint_every,
+                  int64_t expert_parallel = 1);
 
 }  // namespace titan

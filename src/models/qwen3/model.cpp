@@ -665,9 +665,10 @@ void Qwen3Model::set_head_chunk_rows(int64_t rows) {
   head_chunk_rows_ = rows;
 }
 
-void Qwen3Model::set_activation_checkpointing(bool on) {
-  if (on != ac_) B_ = T_ = 0;  // re-plan the activations at the next forward
-  ac_ = on;
+void Qwen3Model::set_activation_checkpoint_every(int64_t every) {
+  TITAN_CHECK(every >= 0, "activation checkpointing: every must be >= 0, got ", every);
+  if (every != ac_every_) B_ = T_ = 0;  // re-plan the activations at the next forward
+  ac_every_ = every;
 }
 
 void Qwen3Model::plan_activations(int64_t B, int64_t T) {
@@ -682,8 +683,10 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     const double n = double(B) * double(T), saved = c.num_attention_heads * n * (double(T) + 1);
     const double attn_d = n * (4.0 * H + 2 + 3.0 * c.q_dim() + 3.0 * c.kv_dim() + nH + nKV) + saved;
     const double mlp_d = E > 0 ? n * (E + k + 3.0 * k * Im) : n * 3.0 * I;
-    const double per_layer = ac_ ? n * H : attn_d + mlp_d;
-    const double bytes = 4 * (L * per_layer + (ac_ ? attn_d + mlp_d : 0) +
+    int64_t checkpointed = 0;
+    for (int64_t l = 0; l < L; ++l) checkpointed += layer_checkpointed(l);
+    const double bytes = 4 * (checkpointed * n * H + (L - checkpointed) * (attn_d + mlp_d) +
+                              (checkpointed > 0 ? attn_d + mlp_d : 0) +
                               n * (6.0 * H + 4.0 * c.q_dim() + 4.0 * c.kv_dim() + 3.0 * I + 2) +
                               std::min(n * c.vocab_size, double(kHeadChunkBytes) / 4));
     const double have = device_memory_bytes();
@@ -696,11 +699,13 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   // One float allocation per layer (plus one int32 for MoE routing), carved into named pointers.
   const int64_t attn = N * H * 4 + N * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) +
                        attention_->saved_floats(B, T, nH);
-  // Checkpointing: every layer keeps only its input; the rest is one block shared by all layers
+  // Checkpointing: a checkpointed layer keeps only its input; the rest is one block shared by those layers
   // (a layer's activations are recomputed into it during backward).
   float* shared = nullptr;
   int32_t* shared_int = nullptr;
-  if (ac_) {
+  bool any_checkpointed = false;
+  for (int64_t l = 0; l < L; ++l) any_checkpointed |= layer_checkpointed(l);
+  if (any_checkpointed) {
     int64_t mlp_max = 0;
     for (int64_t l = 0; l < L; ++l)
       mlp_max =
@@ -713,11 +718,11 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     }
   }
   for (int64_t l = 0; l < L; ++l) {
-    const bool moe = c.is_moe_layer(l);
+    const bool moe = c.is_moe_layer(l), ck = layer_checkpointed(l);
     any_dense |= !moe;
     const int64_t mlp = moe ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 2 * I + N * I;
     float* p = shared;
-    if (!ac_) {
+    if (!ck) {
       acts_.push_back(Tensor::empty({attn + mlp}, DType::F32, device_));
       p = acts_.back().f32();
     }
@@ -728,7 +733,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     };
     LayerActs& a = layer_acts_[l];
     a.resid_in = take(N * H);
-    if (ac_) {
+    if (ck) {
       acts_.push_back(Tensor::empty({N * H}, DType::F32, device_));  // the layer's own saved input
       a.resid_in = acts_.back().f32();
     }
@@ -755,7 +760,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
       a.moe.gu = take(N * k * 2 * Im);
       a.moe.act = take(N * k * Im);
       int32_t* ip = shared_int;
-      if (!ac_) {
+      if (!ck) {
         acts_.push_back(Tensor::empty({N * k * 3 + E + 1}, DType::I32, device_));
         ip = acts_.back().data<int32_t>();
       }

@@ -152,10 +152,13 @@ class Qwen3Model {
   // as a bf16 model in PyTorch computes. Gradients and the optimizer stay f32.
   void set_bf16_compute(bool on);
   bool bf16_compute() const { return bf16_; }
-  // Activation checkpointing ("full"): keep only each layer's input; backward recomputes the layer's
-  // forward (bit-identical) into one shared activation buffer before differentiating it.
-  void set_activation_checkpointing(bool on);
-  bool activation_checkpointing() const { return ac_; }
+  // Activation checkpointing: a checkpointed layer keeps only its input; backward recomputes its forward
+  // (bit-identical) into one shared activation buffer before differentiating it. every = 0: none; 1: every
+  // layer ("full"); N: every N-th layer, layers N-1, 2N-1, ... (torchtitan's selective_ac_option = "N").
+  void set_activation_checkpointing(bool on) { set_activation_checkpoint_every(on ? 1 : 0); }
+  void set_activation_checkpoint_every(int64_t every);
+  bool activation_checkpointing() const { return ac_every_ > 0; }
+  bool layer_checkpointed(int64_t layer) const { return ac_every_ > 0 && (layer + 1) % ac_every_ == 0; }
   // Rows of the lm_head + cross-entropy chunk (0 = automatic: chunks of at most kHeadChunkBytes of logits).
   void set_head_chunk_rows(int64_t rows);
   int64_t head_rows() const { return head_rows_; }
@@ -309,7 +312,7 @@ class Qwen3Model {
   // backward).
   bool head_grad_zeroed_ = false, layer_grads_zeroed_ = false;
   bool bf16_ = false;
-  bool ac_ = false;
+  int64_t ac_every_ = 0;
   LoraAdapters* lora_ = nullptr;
   bool frozen_ = false;
   bool frozen_scratch_grads(int g) const;  // frozen: group g still needs a (scratch) gradient buffer

@@ -219,7 +219,7 @@ void Qwen3Model::backward() {
     // for the unused output here; it is cleared before every use below).
     acquire_params(static_cast<int>(l) + 1);
     acquire_grads(static_cast<int>(l) + 1);
-    if (ac_) forward_layer(l, dln, false, false);
+    if (layer_checkpointed(l)) forward_layer(l, dln, false, false);
     LayerActs& a = layer_acts_[l];
     LayerView w = layer_view(l);
     LayerView g{};
