@@ -362,17 +362,20 @@ TEST(Qwen3Model, ActivationCheckpointingIsExactAndSavesMemory) {
     EXPECT_LT(bytes_full, bytes_none) << dir_name;
   }
   // Selective: with 4 layers, every 2nd checkpointed keeps two layers' activations plus the shared block.
-  Qwen3Model model(Qwen3Config::flavor("debug"));
+  Qwen3Config four =
+      Qwen3Config::from_hf_file(testing::source_path("tests/golden/qwen3/tied_gqa2/config.json"));
+  four.num_hidden_layers = 4;
+  Qwen3Model model(four);
   model.init_weights(3);
-  std::vector<int32_t> ids(2 * 64), labels(2 * 64);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37) % 2048);
+  std::vector<int32_t> ids(2 * 16), labels(2 * 16);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37) % four.vocab_size);
   for (size_t i = 0; i < ids.size(); ++i) labels[i] = ids[(i + 1) % ids.size()];
   std::vector<double> losses;
   std::vector<int64_t> bytes;
   for (int64_t every : {0, 2, 1}) {
     model.set_activation_checkpoint_every(every);
     model.zero_grad();
-    losses.push_back(model.forward(ids.data(), labels.data(), 2, 64).loss);
+    losses.push_back(model.forward(ids.data(), labels.data(), 2, 16).loss);
     model.backward();
     bytes.push_back(model.activation_bytes());
   }
