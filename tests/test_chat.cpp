@@ -94,6 +94,11 @@ void check_cases(const ChatTemplate& tmpl, const std::vector<ojson>& cases, cons
 
 // ---- the Jinja subset ----
 
+// The error of parsing and rendering `src` (named t.jinja) with `ctx` ("" when there is none).
+std::string render_error_of(const std::string& src, const ojson& ctx = ojson::object()) {
+  return error_of([&] { jinja::Template::parse(src, "t.jinja").render(ctx); });
+}
+
 TEST(Jinja, RendersLikeJinja2WithHfSettings) {
   const auto cases = read_jsonl(kGolden + "/jinja.jsonl");
   ASSERT_GE(cases.size(), 25u);
@@ -116,8 +121,8 @@ TEST(Jinja, UnsupportedConstructsNameTheTemplateLineAndConstruct) {
   EXPECT_NE(parse_error("{% if x %}").find("missing {% endif %}"), std::string::npos);
   EXPECT_NE(parse_error("{{ x ** 2 }}").find("unsupported operator '**'"), std::string::npos);
   EXPECT_NE(parse_error("{{ 'abc }}").find("t.jinja:1: unclosed {{ tag"), std::string::npos);
-  auto render_error = [](const std::string& src, ojson ctx = ojson::object()) {
-    return error_of([&] { jinja::Template::parse(src, "t.jinja").render(ctx); });
+  const auto render_error = [](const std::string& src, const ojson& ctx = ojson::object()) {
+    return render_error_of(src, ctx);
   };
   EXPECT_NE(render_error("\n\n{{ x | wordwrap }}").find("t.jinja:3: unsupported filter 'wordwrap'"),
             std::string::npos);
@@ -132,13 +137,8 @@ TEST(Jinja, UnsupportedConstructsNameTheTemplateLineAndConstruct) {
             std::string::npos);
 }
 
-// What a template may ask for is bounded: integer arithmetic past 64 bits, nesting, output size, range
-// length and tojson's indent are errors naming the template line, never a trap, a stack overflow or an
-// allocation failure. Python's results stand where 64 bits hold them.
 TEST(Jinja, MacroMistakesNameTheLine) {
-  auto error = [](const std::string& src) {
-    return error_of([&] { jinja::Template::parse(src, "t.jinja").render(ojson::object()); });
-  };
+  const auto error = [](const std::string& src) { return render_error_of(src); };
   EXPECT_NE(error("{% macro m(a) %}{% endmacro %}\n{{ m(1, 2) }}")
                 .find("t.jinja:2: macro 'm' takes 1 arguments, got 2"),
             std::string::npos);
@@ -162,13 +162,14 @@ TEST(Jinja, MacroMistakesNameTheLine) {
       std::string::npos);
 }
 
+// What a template may ask for is bounded: integer arithmetic past 64 bits, nesting, output size, range
+// length and tojson's indent are errors naming the template line, never a trap, a stack overflow or an
+// allocation failure. Python's results stand where 64 bits hold them.
 TEST(Jinja, UntrustedTemplatesAreBounded) {
   auto render = [](const std::string& src) {
     return jinja::Template::parse(src, "t.jinja").render(ojson::object()).text;
   };
-  auto error = [](const std::string& src) {
-    return error_of([&] { jinja::Template::parse(src, "t.jinja").render(ojson::object()); });
-  };
+  const auto error = [](const std::string& src) { return render_error_of(src); };
   // Python semantics where they are defined in 64 bits.
   EXPECT_EQ(render("{{ (-9223372036854775807 - 1) % -1 }}"), "0");
   EXPECT_EQ(render("{{ -7 // 2 }} {{ -7 % 2 }} {{ 7 // -2 }} {{ 7 % -2 }} {{ 5 // -1 }}"), "-4 1 -4 -1 -5");

@@ -137,11 +137,7 @@ int run_show(DataConfig cfg, const ShowOptions& o) {
   const bool color = o.color == "always" || (o.color == "auto" && isatty(STDOUT_FILENO));
   // Trained text: green on a terminal, [[...]] otherwise.
   const std::string open = color ? "\033[32m" : "[[", close = color ? "\033[0m" : "]]";
-  uint64_t warnings = 0;
-  cfg.on_warning = [&](const std::string& w) {
-    ++warnings;
-    std::fprintf(stderr, "warning: %s\n", w.c_str());
-  };
+  cfg.on_warning = [](const std::string& w) { std::fprintf(stderr, "warning: %s\n", w.c_str()); };
   const titan::Tokenizer tok = titan::Tokenizer::load(cfg.tokenizer);
   DataLoader loader(cfg);
   Batch batch;

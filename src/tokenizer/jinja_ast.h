@@ -36,8 +36,8 @@ inline void charge_work(int64_t units) {
 [[noreturn]] void render_error(const std::string& what);
 inline void check_string_size(size_t bytes) {
   if (static_cast<int64_t>(bytes) > kMaxStringBytes) [[unlikely]]
-    render_error("a string of the template would pass " + std::to_string(kMaxStringBytes >> 20) + " MiB (" +
-                 std::to_string(bytes) + " bytes)");
+    render_error("the template's output would pass " + std::to_string(kMaxStringBytes >> 20) +
+                 " MiB (a string of " + std::to_string(bytes) + " bytes)");
 }
 // A namespace lives until the end of the render that made it, which then empties it: values that
 // hold one another through namespaces (a cycle, or a chain as long as the render's loops) are freed

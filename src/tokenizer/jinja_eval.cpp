@@ -14,9 +14,6 @@ namespace titan::jinja {
 
 namespace {
 
-// The most a render may produce (its output and every string it builds): jinja_ast.h's limits.
-constexpr int64_t kMaxOutputBytes = kMaxStringBytes;
-
 enum class Flow { Normal, Break, Continue };
 
 // The render running on this thread: where it is (for the limits' messages) and its namespaces.
@@ -71,23 +68,18 @@ class Renderer {
   [[noreturn]] void error(int line, A&&... a) const {
     fail(name_, ":", line, ": ", std::forward<A>(a)...);
   }
-  // A string the template builds (its output, a concatenation, a repetition) stays under kMaxOutputBytes.
-  void check_size(int line, int64_t bytes) const {
-    if (bytes > kMaxOutputBytes)
-      error(line, "the template's output would pass ", kMaxOutputBytes >> 20, " MiB (", bytes, " bytes)");
-  }
 
   Flow run(const Node& n) {
     state_.line = n.line;
     switch (n.type) {
       case Node::Text:
         out_.text += n.text;
-        check_size(n.line, (int64_t)out_.text.size());
+        check_string_size(out_.text.size());
         return Flow::Normal;
       case Node::Output: {
         const Value v = eval(*n.expr);
         out_.text += to_str(v);
-        check_size(n.line, (int64_t)out_.text.size());
+        check_string_size(out_.text.size());
         return Flow::Normal;
       }
       case Node::If:
@@ -137,7 +129,8 @@ class Renderer {
           ~Leave() { blocks.pop_back(); }
         } leave{call_blocks_};
         out_.text += call_macro(call, callee, args_of(call, 1), &caller).s;
-        check_size(n.line, (int64_t)out_.text.size());
+        state_.line = n.line;
+        check_string_size(out_.text.size());
         return Flow::Normal;
       }
       case Node::Break:
@@ -321,11 +314,10 @@ class Renderer {
 thread_local int64_t render_work_left = INT64_MAX;
 
 void render_work_exhausted() {
-  if (!current_render) {
-    render_work_left = INT64_MAX;
-    return;
-  }
-  render_work_left = INT64_MAX;  // the error's own copies must not throw again while it unwinds
+  // Outside a render: refill. Inside: refill too (the error's own copies must not throw again while it
+  // unwinds; the Renderer restores the outer value), then stop the render.
+  render_work_left = INT64_MAX;
+  if (!current_render) return;
   render_error(str_cat("the render passes its work bound (", kRenderWorkBudget >> 30,
                        " GiB of values made or copied, loop iterations counted too)"));
 }
@@ -505,7 +497,7 @@ Value Renderer::binary(const Expr& e) {
 Value Renderer::apply_op(const Expr& e, const std::string& op, const Value& a, const Value& b) {
   if (op == "~") {
     std::string s = to_str(a) + to_str(b);
-    check_size(e.line, (int64_t)s.size());
+    check_string_size(s.size());
     return Value::string(std::move(s));
   }
   if (op == "in" || op == "not in") {
@@ -542,7 +534,7 @@ Value Renderer::apply_op(const Expr& e, const std::string& op, const Value& a, c
   }
   if (op == "+") {
     if (a.kind == Value::Str && b.kind == Value::Str) {
-      check_size(e.line, (int64_t)(a.s.size() + b.s.size()));
+      check_string_size(a.s.size() + b.s.size());
       return Value::string(a.s + b.s);
     }
     if (a.kind == Value::ListK && b.kind == Value::ListK) {
@@ -553,7 +545,7 @@ Value Renderer::apply_op(const Expr& e, const std::string& op, const Value& a, c
   }
   if (op == "*" && a.kind == Value::Str && b.kind == Value::Int) {
     if (b.i <= 0 || a.s.empty()) return Value::string("");
-    check_size(e.line, b.i > kMaxOutputBytes ? b.i : (int64_t)a.s.size() * b.i);
+    check_string_size(static_cast<size_t>(b.i > kMaxStringBytes ? b.i : (int64_t)a.s.size() * b.i));
     std::string s;
     s.reserve(a.s.size() * b.i);
     for (int64_t k = 0; k < b.i; ++k) s += a.s;

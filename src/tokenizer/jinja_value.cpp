@@ -262,9 +262,9 @@ void json_dump(const Value& v, const JsonStyle& st, int depth, std::string& out)
   const std::string item_sep = st.indent >= 0 ? "," : st.item_sep;
   switch (v.kind) {
     case Value::Undefined:
-      render_error(str_cat("tojson: cannot serialize an undefined value"));
+      render_error("tojson: cannot serialize an undefined value");
     case Value::MacroK:
-      render_error(str_cat("tojson: cannot serialize a macro"));
+      render_error("tojson: cannot serialize a macro");
     case Value::None:
       out += "null";
       return;
@@ -296,7 +296,7 @@ void json_dump(const Value& v, const JsonStyle& st, int depth, std::string& out)
       out += nl_end + "]";
       return;
     case Value::DictK: {
-      if (v.is_namespace) render_error(str_cat("tojson: cannot serialize a namespace"));
+      if (v.is_namespace) render_error("tojson: cannot serialize a namespace");
       if (v.dict->empty()) {
         out += "{}";
         return;
@@ -417,7 +417,7 @@ std::vector<std::string> py_split(const std::string& s, const Value* sep, int64_
   }
   if (sep->kind != Value::Str)
     render_error(str_cat("split: the separator must be a string, got ", type_name(*sep)));
-  if (sep->s.empty()) render_error(str_cat("split: empty separator"));
+  if (sep->s.empty()) render_error("split: empty separator");
   size_t pos = 0;
   for (;;) {
     if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) break;

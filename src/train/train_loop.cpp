@@ -41,12 +41,13 @@ TrainResult Trainer::train() {
     }
     if (step % cfg_.metrics.log_freq == 0 || step == last || s.validation) log_step(step, s, seconds);
     if (step == last) gather_final_model();
-    if (cfg_.checkpoint.enable && (step % cfg_.checkpoint.interval == 0 || step == last)) {
+    const bool save_now = cfg_.checkpoint.enable && (step % cfg_.checkpoint.interval == 0 || step == last);
+    if (save_now) {
       const bool final_export = step == last && cfg_.checkpoint.last_save_in_hf;
       result_.checkpoint_dir = save(step, final_export);
       if (final_export) result_.export_dir = result_.checkpoint_dir;
     }
-    if (step < last && preempted(preemption, step)) {
+    if (step < last && preempted(preemption, step, save_now)) {
       metrics_->finish();
       return result_;
     }
@@ -57,14 +58,13 @@ TrainResult Trainer::train() {
 }
 
 // After each step: did any rank get SIGTERM / SIGUSR1? All ranks agree (one all-reduce), then save this
-// step's training state (unless this step just saved it) and stop.
-bool Trainer::preempted(const PreemptionGuard& preemption, int64_t step) {
+// step's training state (unless this step just saved it: `saved`) and stop.
+bool Trainer::preempted(const PreemptionGuard& preemption, int64_t step, bool saved) {
   PreemptionGuard::inject_fault(step, rank_);
   int64_t stop = preemption.requested() ? 1 : 0;
   if (world_ > 1) pg_->all_reduce(&stop, 1, dist::ReduceOp::Max);
   if (!stop) return false;
   result_.preempted_at = step;
-  const bool saved = cfg_.checkpoint.enable && step % cfg_.checkpoint.interval == 0;
   if (cfg_.checkpoint.enable && !saved) result_.checkpoint_dir = save(step, false);
   if (lead_) {
     if (cfg_.checkpoint.enable)

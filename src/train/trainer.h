@@ -95,7 +95,7 @@ class Trainer {
   void resume();
   // After the last step: streamed parameters back, experts gathered, HF export, loss curve, sample.
   void finish();
-  bool preempted(const PreemptionGuard& preemption, int64_t step);
+  bool preempted(const PreemptionGuard& preemption, int64_t step, bool saved);
 
   int64_t first_step() const { return first_step_; }
   const RunPlan& plan() const { return plan_; }
