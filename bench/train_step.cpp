@@ -5,6 +5,7 @@
 //                     --moe-intermediate 0] [--seq 512 --batch 1 --steps 5 --warmup 1 --ac 0 --bf16 0]
 //                    [--device cpu|cuda[:i]] [--peak-tflops 989.4] [--init hf|tiled]
 //                    [--serve 1]
+// --ac: 0 none, 1 every layer ("full"), N every N-th layer, op (selective by op: pointwise ops recomputed).
 // --flavor 0.6B cuts the 0.6B shape to 4 layers (the CPU default); --preset NAME is the released shape of
 // Qwen3Config::flavor(NAME) with all its layers. --device cuda: parameters, gradients, activations and the
 // AdamW state live on the GPU; the gradient norm (sum_squares op) and AdamW (adamw op) run there too;
@@ -98,6 +99,7 @@ int main(int argc, char** argv) try {
   if (preset.empty() && flavor == "0.6B") c.num_hidden_layers = 4;
   int64_t seq = on_gpu ? 2048 : 512, batch = 1, steps = 5, warmup = 1, ac = 0, serve = 0, bf16 = 0,
           head_chunk = 0;
+  bool ac_ops = false;
   double peak_tflops = on_gpu ? 989.4 : 0.0;
   std::string init = on_gpu ? "tiled" : "hf";
   titan::KernelChoice kernels;
@@ -144,8 +146,8 @@ int main(int argc, char** argv) try {
       steps = v;
     else if (k == "--warmup")
       warmup = v;
-    else if (k == "--ac")
-      ac = v;  // 1: activation checkpointing (full)
+    else if (k == "--ac")  // 0 none, 1 every layer (full), N every N-th layer, op (selective by op)
+      ac_ops = std::strcmp(argv[i + 1], "op") == 0, ac = ac_ops ? 0 : v;
     else if (k == "--bf16")
       bf16 = v;  // 1: training.mixed_precision_param = "bfloat16"
     else if (k == "--head-chunk")
@@ -170,7 +172,8 @@ int main(int argc, char** argv) try {
     init_tiled(model, 0);
   else
     model.init_weights(0);
-  model.set_activation_checkpointing(ac != 0);
+  model.set_activation_checkpoint_every(ac);
+  model.set_activation_recompute_ops(ac_ops);
   model.set_head_chunk_rows(head_chunk);
   if (bf16) model.set_bf16_compute(true);
   const titan::AdamWConfig adamw_cfg{1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f};

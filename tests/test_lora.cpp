@@ -133,7 +133,7 @@ struct LoraRun {
   double loss;
 };
 
-LoraRun lora_step(const std::string& dir, double dropout, bool checkpointing) {
+LoraRun lora_step(const std::string& dir, double dropout, bool checkpointing, bool recompute_ops = false) {
   Qwen3Model model(Qwen3Config::from_hf_file(dir + "/config.json"));
   model.load_hf(dir);
   LoraConfig lc = LoraConfig::from_peft_file(dir + "/adapter/adapter_config.json");
@@ -143,6 +143,7 @@ LoraRun lora_step(const std::string& dir, double dropout, bool checkpointing) {
   lora.load_peft(dir + "/adapter");
   model.set_lora(&lora);
   model.set_activation_checkpointing(checkpointing);
+  model.set_activation_recompute_ops(recompute_ops);
   const TokenBatch b = read_token_batch_json(dir + "/input.json");
   model.zero_grad();
   LoraRun r;
@@ -164,6 +165,9 @@ TEST(Lora, ActivationCheckpointingIsExactWithDropout) {
       const LoraRun a = lora_step(case_dir(name), p, false), b = lora_step(case_dir(name), p, true);
       EXPECT_EQ(a.loss, b.loss) << name << " dropout " << p;
       EXPECT_EQ(a.grads, b.grads) << name << " dropout " << p;
+      const LoraRun op = lora_step(case_dir(name), p, false, true);  // selective by op
+      EXPECT_EQ(a.loss, op.loss) << name << " dropout " << p;
+      EXPECT_EQ(a.grads, op.grads) << name << " dropout " << p;
     }
     // Dropout changes the step (it is applied), deterministically for a seed.
     const LoraRun d = lora_step(case_dir(name), 0.3, false), n = lora_step(case_dir(name), 0.0, false);

@@ -339,8 +339,9 @@ TEST(Qwen3Model, ActivationCheckpointingIsExactAndSavesMemory) {
     Qwen3Model model(Qwen3Config::from_hf_file(dir + "/config.json"));
     model.load_hf(dir);
     TokenBatch batch = read_token_batch_json(dir + "/input.json");
-    auto run = [&](int64_t every, int64_t* act_bytes) {
+    auto run = [&](int64_t every, int64_t* act_bytes, bool ops = false) {
       model.set_activation_checkpoint_every(every);
+      model.set_activation_recompute_ops(ops);
       model.zero_grad();
       ForwardResult r = model.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T);
       model.backward();
@@ -349,17 +350,21 @@ TEST(Qwen3Model, ActivationCheckpointingIsExactAndSavesMemory) {
       for (auto& g : model.flat_grads()) grads.push_back(g.clone());
       return std::make_pair(r.loss, grads);
     };
-    int64_t bytes_none = 0, bytes_full = 0, bytes_sel = 0;
+    int64_t bytes_none = 0, bytes_full = 0, bytes_sel = 0, bytes_op = 0;
     auto [loss_none, grads_none] = run(0, &bytes_none);
     auto [loss_full, grads_full] = run(1, &bytes_full);
-    auto [loss_sel, grads_sel] = run(2, &bytes_sel);  // selective: every 2nd layer (of 2: the last)
+    auto [loss_sel, grads_sel] = run(2, &bytes_sel);     // selective: every 2nd layer (of 2: the last)
+    auto [loss_op, grads_op] = run(0, &bytes_op, true);  // selective by op: pointwise outputs recomputed
     EXPECT_EQ(loss_none, loss_full) << dir_name;
     EXPECT_EQ(loss_none, loss_sel) << dir_name;
+    EXPECT_EQ(loss_none, loss_op) << dir_name;
     for (size_t i = 0; i < grads_none.size(); ++i) {
       EXPECT_EQ(testing::rel_error(grads_full[i], grads_none[i]), 0.0) << dir_name << " group " << i;
       EXPECT_EQ(testing::rel_error(grads_sel[i], grads_none[i]), 0.0) << dir_name << " group " << i;
+      EXPECT_EQ(testing::rel_error(grads_op[i], grads_none[i]), 0.0) << dir_name << " group " << i;
     }
     EXPECT_LT(bytes_full, bytes_none) << dir_name;
+    EXPECT_LT(bytes_op, bytes_none) << dir_name;
   }
   // Selective: with 4 layers, every 2nd checkpointed keeps two layers' activations plus the shared block.
   Qwen3Config four =
@@ -370,19 +375,35 @@ TEST(Qwen3Model, ActivationCheckpointingIsExactAndSavesMemory) {
   std::vector<int32_t> ids(2 * 16), labels(2 * 16);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37) % four.vocab_size);
   for (size_t i = 0; i < ids.size(); ++i) labels[i] = ids[(i + 1) % ids.size()];
-  std::vector<double> losses;
-  std::vector<int64_t> bytes;
-  for (int64_t every : {0, 2, 1}) {
-    model.set_activation_checkpoint_every(every);
-    model.zero_grad();
-    losses.push_back(model.forward(ids.data(), labels.data(), 2, 16).loss);
-    model.backward();
-    bytes.push_back(model.activation_bytes());
+  // Policies: none, every 2nd, full, op, every 2nd + op on the others; each in f32 and bf16 compute.
+  const std::vector<std::pair<int64_t, bool>> policies = {
+      {0, false}, {2, false}, {1, false}, {0, true}, {2, true}};
+  for (bool bf16 : {false, true}) {
+    model.set_bf16_compute(bf16);
+    std::vector<double> losses;
+    std::vector<int64_t> bytes;
+    std::vector<std::vector<Tensor>> grads;
+    for (auto [every, ops] : policies) {
+      model.set_activation_checkpoint_every(every);
+      model.set_activation_recompute_ops(ops);
+      model.zero_grad();
+      losses.push_back(model.forward(ids.data(), labels.data(), 2, 16).loss);
+      model.backward();
+      bytes.push_back(model.activation_bytes());
+      grads.emplace_back();
+      for (auto& g : model.flat_grads()) grads.back().push_back(g.clone());
+    }
+    for (size_t p = 1; p < policies.size(); ++p) {
+      EXPECT_EQ(losses[p], losses[0]) << "policy " << p << " bf16 " << bf16;
+      for (size_t i = 0; i < grads[0].size(); ++i)
+        EXPECT_EQ(testing::rel_error(grads[p][i], grads[0][i]), 0.0) << "policy " << p << " group " << i;
+    }
+    EXPECT_LT(bytes[1], bytes[0]);  // every 2nd < none
+    EXPECT_LT(bytes[2], bytes[1]);  // full < every 2nd
+    EXPECT_LT(bytes[3], bytes[0]);  // op < none
+    EXPECT_LT(bytes[4], bytes[3]);  // every 2nd + op < op
+    EXPECT_LT(bytes[4], bytes[1]);  // every 2nd + op < every 2nd
   }
-  EXPECT_EQ(losses[1], losses[0]);
-  EXPECT_EQ(losses[2], losses[0]);
-  EXPECT_LT(bytes[1], bytes[0]);
-  EXPECT_LT(bytes[2], bytes[1]);
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ int plan_main(int argc, char** argv) {
                             : nproc / rep;
   auto plan = titan::make_plan(mc, nproc, rep, shard, cfg.training.local_batch_size,
                                cfg.training.global_batch_size, cfg.training.seq_len,
-                               cfg.activation_checkpoint.every(), cfg.parallelism.expert_parallel_degree);
+                               cfg.activation_checkpoint.policy(), cfg.parallelism.expert_parallel_degree);
   std::printf("%s\n", plan.describe().c_str());
   return 0;
 }

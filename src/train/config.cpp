@@ -359,15 +359,12 @@ int64_t ActivationCheckpointConfig::every() const {
   if (mode == "none") return 0;
   if (mode == "full") return 1;
   const std::string& o = selective_ac_option;
-  TITAN_CHECK(
-      o != "op",
-      "activation_checkpoint.selective_ac_option = 'op' (saving GEMM and attention outputs, recomputing "
-      "the pointwise ops) is not available yet; give an integer N to checkpoint every N-th layer");
+  if (o == "op") return 0;
   int64_t n = 0;
   const auto [end, ec] = std::from_chars(o.data(), o.data() + o.size(), n);
   TITAN_CHECK(ec == std::errc() && end == o.data() + o.size() && n >= 1,
-              "activation_checkpoint.selective_ac_option must be a positive integer N (checkpoint every N-th "
-              "layer), got '",
+              "activation_checkpoint.selective_ac_option must be 'op' (keep GEMM and attention outputs, "
+              "recompute the pointwise ops) or a positive integer N (checkpoint every N-th layer), got '",
               o, "'");
   return n;
 }

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "train/plan.h"
+
 namespace titan {
 
 struct JobConfig {
@@ -114,12 +116,16 @@ struct CompileConfig {
 };
 
 // torchtitan's [activation_checkpoint]: mode none | full | selective; selective_ac_option "N" checkpoints
-// every N-th layer (layers N-1, 2N-1, ...: each keeps only its input and is recomputed in backward).
+// every N-th layer (layers N-1, 2N-1, ...: each keeps only its input and is recomputed in backward), "op"
+// keeps every layer's GEMM and attention outputs and recomputes the pointwise ops.
 struct ActivationCheckpointConfig {
   std::string mode = "none";
   std::string selective_ac_option = "2";
-  // Layers checkpointed: 0 none, 1 every layer, N every N-th (validated by TrainConfig::validate).
+  // Layers checkpointed: 0 none, 1 every layer, N every N-th (validated by TrainConfig::validate); under
+  // selective_ac_option = "op" none, and the layers recompute their pointwise ops instead.
   int64_t every() const;
+  bool recompute_ops() const { return mode == "selective" && selective_ac_option == "op"; }
+  CheckpointPolicy policy() const { return {every(), recompute_ops()}; }
 };
 
 // LoRA fine-tuning (HF PEFT semantics, models/qwen3/lora.h): the base is frozen, only the adapters train.

@@ -26,7 +26,7 @@ std::string human(double n) {
 }  // namespace
 
 RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int64_t dp_shard,
-                  int64_t local_batch, int64_t global_batch, int64_t seq_len, int64_t checkpoint_every,
+                  int64_t local_batch, int64_t global_batch, int64_t seq_len, CheckpointPolicy checkpointing,
                   int64_t expert_parallel) {
   RunPlan p;
   p.world = world;
@@ -78,11 +78,17 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   const int64_t per_layer = N * H * 4 + N * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 +
                             N * (c.num_attention_heads + c.num_key_value_heads) +
                             local_batch * c.num_attention_heads * seq_len * seq_len + N * 3 * I;
-  const int64_t checkpointed = checkpoint_every > 0 ? c.num_hidden_layers / checkpoint_every : 0;
+  const int64_t every = checkpointing.every;
+  const int64_t checkpointed = every > 0 ? c.num_hidden_layers / every : 0;
   const int64_t layers_saved = c.num_hidden_layers - checkpointed + (checkpointed > 0 ? 1 : 0);
   const int64_t checkpointed_inputs = checkpointed * N * H;
   const int64_t scratch = N * (3 * H + 2 * c.q_dim() + 3 * c.kv_dim() + 3 * I);
-  p.activation_bytes = 4 * (layers_saved * per_layer + checkpointed_inputs + scratch + N * c.vocab_size);
+  // Selective 'op': the saved layers keep ln1, ln2, q/k after norm + RoPE and act in one shared block.
+  const int64_t pointwise = N * (2 * H + c.q_dim() + c.kv_dim() + I);
+  const int64_t op_layers = checkpointing.recompute_ops ? c.num_hidden_layers - checkpointed : 0;
+  const int64_t recomputed = op_layers > 0 ? (op_layers - 1) * pointwise : 0;
+  p.activation_bytes =
+      4 * (layers_saved * per_layer - recomputed + checkpointed_inputs + scratch + N * c.vocab_size);
   return p;
 }
 

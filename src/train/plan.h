@@ -21,11 +21,18 @@ struct RunPlan {
   std::string describe() const;  // multi-line human-readable summary
 };
 
-// checkpoint_every: 0 none, 1 every layer, N every N-th layer; dp_shard divides parameters, gradients and
-// optimizer state; expert_parallel divides the routed experts (errors name the parallelism field when it
-// cannot).
+// Which activations a step keeps (torchtitan's activation_checkpoint): every = 0 none, 1 every layer, N every
+// N-th layer checkpointed (keeps its input only); recompute_ops: the other layers keep GEMM and attention
+// outputs and recompute their pointwise ops (selective_ac_option = "op").
+struct CheckpointPolicy {
+  int64_t every = 0;
+  bool recompute_ops = false;
+};
+
+// dp_shard divides parameters, gradients and optimizer state; expert_parallel divides the routed experts
+// (errors name the parallelism field when it cannot).
 RunPlan make_plan(const Qwen3Config& model, int64_t world, int64_t dp_replicate, int64_t dp_shard,
-                  int64_t local_batch, int64_t global_batch, int64_t seq_len, int64_t checkpoint_every,
+                  int64_t local_batch, int64_t global_batch, int64_t seq_len, CheckpointPolicy checkpointing,
                   int64_t expert_parallel = 1);
 
 }  // namespace titan

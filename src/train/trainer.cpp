@@ -56,7 +56,7 @@ void Trainer::build_process_group_and_plan() {
   mc_ = resolve_model_config(cfg_);
   plan_ = make_plan(mc_, world_, par.data_parallel_replicate_degree, dp_shard, cfg_.training.local_batch_size,
                     cfg_.training.global_batch_size, cfg_.training.seq_len,
-                    cfg_.activation_checkpoint.every(), par.expert_parallel_degree);
+                    cfg_.activation_checkpoint.policy(), par.expert_parallel_degree);
   if (cfg_.lora.enable) {
     // LoRA: the frozen base (bf16 or f32) without gradients or optimizer state; the adapters train.
     LoraConfig lc;
@@ -129,6 +129,7 @@ void Trainer::build_model() {
   model_ = std::make_unique<Qwen3Model>(mc_, kernels_, ep_group_.get(), true, device_);
   model_->init_weights(cfg_.training.seed);
   model_->set_activation_checkpoint_every(cfg_.activation_checkpoint.every());
+  model_->set_activation_recompute_ops(cfg_.activation_checkpoint.recompute_ops());
   export_model_ = model_.get();
   find_resume_checkpoint();
   load_initial_weights();

@@ -49,6 +49,7 @@ void Trainer::build_lora_model() {
   model_ = std::make_unique<Qwen3Model>(mc_, kernels_, nullptr, /*allocate=*/!bf16_base, device_);
   model_->set_lora(lora_.get());
   model_->set_activation_checkpoint_every(cfg_.activation_checkpoint.every());
+  model_->set_activation_recompute_ops(cfg_.activation_checkpoint.recompute_ops());
   export_model_ = model_.get();
   find_resume_checkpoint();  // a checkpoint of this run holds the adapters; the base is loaded below
   if (!resume_dir_.empty()) {

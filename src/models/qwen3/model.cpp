@@ -671,6 +671,11 @@ void Qwen3Model::set_activation_checkpoint_every(int64_t every) {
   ac_every_ = every;
 }
 
+void Qwen3Model::set_activation_recompute_ops(bool on) {
+  if (on != ac_ops_) B_ = T_ = 0;  // re-plan the activations at the next forward
+  ac_ops_ = on;
+}
+
 void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   if (B == B_ && T == T_) return;
   const auto& c = config_;
@@ -683,9 +688,17 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     const double n = double(B) * double(T), saved = c.num_attention_heads * n * (double(T) + 1);
     const double attn_d = n * (4.0 * H + 2 + 3.0 * c.q_dim() + 3.0 * c.kv_dim() + nH + nKV) + saved;
     const double mlp_d = E > 0 ? n * (E + k + 3.0 * k * Im) : n * 3.0 * I;
-    int64_t checkpointed = 0;
-    for (int64_t l = 0; l < L; ++l) checkpointed += layer_checkpointed(l);
-    const double bytes = 4 * (checkpointed * n * H + (L - checkpointed) * (attn_d + mlp_d) +
+    // Op-selective layers keep ln1, ln2, qr, kr (and a dense layer's act) in one shared block instead.
+    const double pointwise = n * (2.0 * H + c.q_dim() + c.kv_dim()), act = n * I;
+    int64_t checkpointed = 0, op_layers = 0, op_dense = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      checkpointed += layer_checkpointed(l);
+      op_layers += layer_recomputes_ops(l);
+      op_dense += layer_recomputes_ops(l) && !c.is_moe_layer(l);
+    }
+    const double recomputed =
+        op_layers * pointwise + op_dense * act - (op_layers > 0 ? pointwise + (op_dense > 0 ? act : 0) : 0);
+    const double bytes = 4 * (checkpointed * n * H + (L - checkpointed) * (attn_d + mlp_d) - recomputed +
                               (checkpointed > 0 ? attn_d + mlp_d : 0) +
                               n * (6.0 * H + 4.0 * c.q_dim() + 4.0 * c.kv_dim() + 3.0 * I + 2) +
                               std::min(n * c.vocab_size, double(kHeadChunkBytes) / 4));
@@ -717,18 +730,38 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
       shared_int = acts_.back().data<int32_t>();
     }
   }
+  // Op-selective layers: their pointwise outputs (ln1, qr, kr, ln2, a dense layer's act) live in one block
+  // shared by those layers, recomputed before each layer's backward.
+  auto pointwise_floats = [&](int64_t l) {
+    return N * (2 * H + c.q_dim() + c.kv_dim()) + (c.is_moe_layer(l) ? 0 : N * I);
+  };
+  float* ops_shared = nullptr;
+  int64_t ops_max = 0;
+  for (int64_t l = 0; l < L; ++l)
+    if (layer_recomputes_ops(l)) ops_max = std::max(ops_max, pointwise_floats(l));
+  if (ops_max > 0) {
+    acts_.push_back(Tensor::empty({ops_max}, DType::F32, device_));
+    ops_shared = acts_.back().f32();
+  }
   for (int64_t l = 0; l < L; ++l) {
-    const bool moe = c.is_moe_layer(l), ck = layer_checkpointed(l);
+    const bool moe = c.is_moe_layer(l), ck = layer_checkpointed(l), rec = layer_recomputes_ops(l);
     any_dense |= !moe;
     const int64_t mlp = moe ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 2 * I + N * I;
     float* p = shared;
     if (!ck) {
-      acts_.push_back(Tensor::empty({attn + mlp}, DType::F32, device_));
+      acts_.push_back(Tensor::empty({attn + mlp - (rec ? pointwise_floats(l) : 0)}, DType::F32, device_));
       p = acts_.back().f32();
     }
     auto take = [&p](int64_t n) {
       float* r = p;
       p += n;
+      return r;
+    };
+    float* po = ops_shared;
+    auto take_pointwise = [&](int64_t n) {
+      if (!rec) return take(n);
+      float* r = po;
+      po += n;
       return r;
     };
     LayerActs& a = layer_acts_[l];
@@ -737,19 +770,19 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
       acts_.push_back(Tensor::empty({N * H}, DType::F32, device_));  // the layer's own saved input
       a.resid_in = acts_.back().f32();
     }
-    a.ln1 = take(N * H);
+    a.ln1 = take_pointwise(N * H);
     a.rstd1 = take(N);
     a.q_raw = take(N * c.q_dim());
     a.k_raw = take(N * c.kv_dim());
     a.v = take(N * c.kv_dim());
     a.q_rstd = take(N * nH);
     a.k_rstd = take(N * nKV);
-    a.qr = take(N * c.q_dim());
-    a.kr = take(N * c.kv_dim());
+    a.qr = take_pointwise(N * c.q_dim());
+    a.kr = take_pointwise(N * c.kv_dim());
     a.attn_saved = take(attention_->saved_floats(B, T, nH));
     a.att = take(N * c.q_dim());
     a.resid_mid = take(N * H);
-    a.ln2 = take(N * H);
+    a.ln2 = take_pointwise(N * H);
     a.rstd2 = take(N);
     a.gu = a.act = nullptr;
     a.router_probs = a.topk_w = nullptr;
@@ -770,7 +803,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
       a.moe.offsets = ip + 3 * N * k;
     } else {
       a.gu = take(N * 2 * I);
-      a.act = take(N * I);
+      a.act = take_pointwise(N * I);
     }
   }
   auto alloc = [this](Shape s, DType dt = DType::F32) {

@@ -159,6 +159,12 @@ class Qwen3Model {
   void set_activation_checkpoint_every(int64_t every);
   bool activation_checkpointing() const { return ac_every_ > 0; }
   bool layer_checkpointed(int64_t layer) const { return ac_every_ > 0 && (layer + 1) % ac_every_ == 0; }
+  // Selective checkpointing by op (torchtitan's selective_ac_option = "op"): the layers not checkpointed
+  // keep their GEMM and attention outputs (q/k/v, attention, o + residual, gate/up, the experts') and
+  // recompute the pointwise outputs (both RMSNorms, q/k norm + RoPE, SwiGLU of dense layers) in backward,
+  // with the forward's kernels on the same inputs (bit-identical), into one buffer shared by the layers.
+  void set_activation_recompute_ops(bool on);
+  bool layer_recomputes_ops(int64_t layer) const { return ac_ops_ && !layer_checkpointed(layer); }
   // Rows of the lm_head + cross-entropy chunk (0 = automatic: chunks of at most kHeadChunkBytes of logits).
   void set_head_chunk_rows(int64_t rows);
   int64_t head_rows() const { return head_rows_; }
@@ -242,6 +248,9 @@ class Qwen3Model {
   void moe_forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats = true);
   // Decoder layer l from layer_acts_[l].resid_in into out (N,H), saving its activations.
   void forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats);
+  // The pointwise parts of forward_layer, shared with recompute_layer_ops (the op-selective backward).
+  void qk_norm_rope(int64_t l);
+  void recompute_layer_ops(int64_t l);
   void moe_backward_layer(int64_t l, float* dresid, float aux_scale, bool accumulate_dw);
   // Expert-parallel experts of sparse layer l: exchange, local experts, exchange back.
   void moe_experts_ep_forward(int64_t l, float* out);
@@ -313,6 +322,7 @@ class Qwen3Model {
   bool head_grad_zeroed_ = false, layer_grads_zeroed_ = false;
   bool bf16_ = false;
   int64_t ac_every_ = 0;
+  bool ac_ops_ = false;
   LoraAdapters* lora_ = nullptr;
   bool frozen_ = false;
   bool frozen_scratch_grads(int g) const;  // frozen: group g still needs a (scratch) gradient buffer

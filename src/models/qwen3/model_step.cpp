@@ -131,8 +131,6 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   const auto& c = config_;
   const int64_t B = B_, T = T_, N = B * T, H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim,
                 nH = c.num_attention_heads, nKV = c.num_key_value_heads;
-  const float* cos = rope_cos_.f32();
-  const float* sin = rope_sin_.f32();
   const float eps = static_cast<float>(c.rms_norm_eps);
   auto bf16 = [this](float* x, int64_t n) { round_bf16_if(x, n); };
   LayerActs& a = layer_acts_[l];
@@ -147,16 +145,7 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
     lora_->forward(l, LoraProj::V, a.ln1, N, a.v, c.kv_dim());
   }
   bf16(a.ln1, N * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim()), bf16(a.v, N * c.kv_dim());
-  // q_norm / k_norm per head (before RoPE); qr/kr hold the normed values, then rotate in place.
-  rmsnorm_->forward(a.qr, a.q_rstd, a.q_raw, w.q_norm, N * nH, hd, eps);
-  rmsnorm_->forward(a.kr, a.k_rstd, a.k_raw, w.k_norm, N * nKV, hd, eps);
-  if (rope_qk_) {
-    rope_qk_->forward(a.qr, a.kr, cos, sin, N, T, nH, nKV, hd);
-  } else {
-    rope_->forward(a.qr, a.qr, cos, sin, N, T, nH, hd);
-    rope_->forward(a.kr, a.kr, cos, sin, N, T, nKV, hd);
-  }
-  bf16(a.qr, N * c.q_dim()), bf16(a.kr, N * c.kv_dim());
+  qk_norm_rope(l);
   attention_->forward(a.att, a.attn_saved, a.qr, a.kr, a.v, B, T, nH, nKV, hd);
   bf16(a.att, N * c.q_dim());
   // resid_mid = resid_in + att @ wo^T
@@ -183,6 +172,48 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   }
   elementwise_->add(out, rm, N * H);
   bf16(out, N * H);
+}
+
+// q_norm / k_norm per head (before RoPE) from q_raw / k_raw; qr/kr hold the normed values, then rotate in
+// place.
+void Qwen3Model::qk_norm_rope(int64_t l) {
+  const auto& c = config_;
+  const int64_t T = T_, N = B_ * T, hd = c.head_dim, nH = c.num_attention_heads, nKV = c.num_key_value_heads;
+  const float* cos = rope_cos_.f32();
+  const float* sin = rope_sin_.f32();
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  LayerActs& a = layer_acts_[l];
+  LayerView w = layer_view(l);
+  rmsnorm_->forward(a.qr, a.q_rstd, a.q_raw, w.q_norm, N * nH, hd, eps);
+  rmsnorm_->forward(a.kr, a.k_rstd, a.k_raw, w.k_norm, N * nKV, hd, eps);
+  if (rope_qk_) {
+    rope_qk_->forward(a.qr, a.kr, cos, sin, N, T, nH, nKV, hd);
+  } else {
+    rope_->forward(a.qr, a.qr, cos, sin, N, T, nH, hd);
+    rope_->forward(a.kr, a.kr, cos, sin, N, T, nKV, hd);
+  }
+  round_bf16_if(a.qr, N * c.q_dim());
+  round_bf16_if(a.kr, N * c.kv_dim());
+}
+
+// The pointwise outputs of layer l that the op-selective policy does not keep, recomputed as forward_layer
+// made them (same kernels, same inputs, the same bf16 rounding): ln1, qr/kr, ln2 and a dense layer's act.
+// The norms' rstd are kept and rewritten with the same values.
+void Qwen3Model::recompute_layer_ops(int64_t l) {
+  const auto& c = config_;
+  const int64_t N = B_ * T_, H = c.hidden_size, I = c.intermediate_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  LayerActs& a = layer_acts_[l];
+  LayerView w = layer_view(l);
+  rmsnorm_->forward(a.ln1, a.rstd1, a.resid_in, w.input_norm, N, H, eps);
+  round_bf16_if(a.ln1, N * H);
+  qk_norm_rope(l);
+  rmsnorm_->forward(a.ln2, a.rstd2, a.resid_mid, w.post_norm, N, H, eps);
+  round_bf16_if(a.ln2, N * H);
+  if (!w.router) {
+    swiglu_->forward(a.act, a.gu, N, I);
+    round_bf16_if(a.act, N * I);
+  }
 }
 
 void Qwen3Model::backward() {
@@ -219,7 +250,10 @@ void Qwen3Model::backward() {
     // for the unused output here; it is cleared before every use below).
     acquire_params(static_cast<int>(l) + 1);
     acquire_grads(static_cast<int>(l) + 1);
-    if (layer_checkpointed(l)) forward_layer(l, dln, false, false);
+    if (layer_checkpointed(l))
+      forward_layer(l, dln, false, false);
+    else if (layer_recomputes_ops(l))
+      recompute_layer_ops(l);
     LayerActs& a = layer_acts_[l];
     LayerView w = layer_view(l);
     LayerView g{};
