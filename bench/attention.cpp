@@ -52,10 +52,10 @@ int main(int argc, char** argv) {
     std::vector<double> fw, bw;
     for (int64_t r = 0; r <= reps; ++r) {
       auto t0 = std::chrono::steady_clock::now();
-      kk.forward(out.data(), saved.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
+      kk.forward(out.data(), saved.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd, nullptr);
       auto t1 = std::chrono::steady_clock::now();
       kk.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
-                  saved.data(), B, T, nH, nKV, hd);
+                  saved.data(), B, T, nH, nKV, hd, nullptr);
       auto t2 = std::chrono::steady_clock::now();
       if (r > 0) {
         fw.push_back(std::chrono::duration<double>(t1 - t0).count());

@@ -90,20 +90,20 @@ int main(int argc, char** argv) {
     const std::string shape = "B4 T2048 nH16 nKV8 hd128";
     const double flops = 4.0 * B * nH * hd * (double(T) * (T + 1) / 2);  // causal: lower triangle
     report("attention_fwd_f32", shape,
-           median_ms(reps, [&] { att.forward(o, s, q, k, v, B, T, nH, nKV, hd); }), flops);
+           median_ms(reps, [&] { att.forward(o, s, q, k, v, B, T, nH, nKV, hd, nullptr); }), flops);
     report("attention_fwd_bwd_f32", shape,
            median_ms(reps,
                      [&] {
-                       att.forward(o, s, q, k, v, B, T, nH, nKV, hd);
-                       att.backward(dq, dk, dv, o, q, k, v, o, s, B, T, nH, nKV, hd);
+                       att.forward(o, s, q, k, v, B, T, nH, nKV, hd, nullptr);
+                       att.backward(dq, dk, dv, o, q, k, v, o, s, B, T, nH, nKV, hd, nullptr);
                      }),
            3.5 * flops);
     auto& flash = get_kernel<AttentionKernels>(DeviceType::CUDA, "flash");  // the one-warp-per-row backward
     report("attention_fwd_bwd_f32_flash", shape,
            median_ms(reps,
                      [&] {
-                       flash.forward(o, s, q, k, v, B, T, nH, nKV, hd);
-                       flash.backward(dq, dk, dv, o, q, k, v, o, s, B, T, nH, nKV, hd);
+                       flash.forward(o, s, q, k, v, B, T, nH, nKV, hd, nullptr);
+                       flash.backward(dq, dk, dv, o, q, k, v, o, s, B, T, nH, nKV, hd, nullptr);
                      }),
            3.5 * flops);
   }

@@ -250,24 +250,28 @@ TEST(Cuda, RopeAndRopeQKMatchReference) {
   EXPECT_LE(rel(gk.read(), gk_r), kTol);
 }
 
-void check_attention(int64_t B, int64_t T, int64_t nH, int64_t nKV, int64_t hd, uint64_t seed) {
+void check_attention(int64_t B, int64_t T, int64_t nH, int64_t nKV, int64_t hd, uint64_t seed,
+                     const std::vector<int32_t>& docs = {}) {
   auto q = randn(B * T * nH * hd, seed), k = randn(B * T * nKV * hd, seed + 1),
        v = randn(B * T * nKV * hd, seed + 2), dout = randn(B * T * nH * hd, seed + 3);
   const auto& ref = cpu_ref<AttentionKernels>();
   std::vector<float> out_r(q.size()), p_r(ref.saved_floats(B, T, nH)), dq_r(q.size(), 0.1f),
       dk_r(k.size(), 0.1f), dv_r(v.size(), 0.1f);
-  ref.forward(out_r.data(), p_r.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
+  const int32_t* doc_start = docs.empty() ? nullptr : docs.data();
+  ref.forward(out_r.data(), p_r.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd, doc_start);
   ref.backward(dq_r.data(), dk_r.data(), dv_r.data(), dout.data(), q.data(), k.data(), v.data(), out_r.data(),
-               p_r.data(), B, T, nH, nKV, hd);
+               p_r.data(), B, T, nH, nKV, hd, doc_start);
+  Dev<int32_t> ddocs(docs);
   for (auto& name : KernelRegistry::global().impls("attention", DeviceType::CUDA)) {
     const auto& op = get_kernel<AttentionKernels>(DeviceType::CUDA, name);
     DevF dq_(q), dk_(k), dv_(v), ddout(dout), out(q.size(), 7.0f), saved(op.saved_floats(B, T, nH)),
         dq(q.size(), 0.1f), dk(k.size(), 0.1f), dv(v.size(), 0.1f);
-    op.forward(out.p, saved.p, dq_.p, dk_.p, dv_.p, B, T, nH, nKV, hd);
-    op.backward(dq.p, dk.p, dv.p, ddout.p, dq_.p, dk_.p, dv_.p, out.p, saved.p, B, T, nH, nKV, hd);
+    const int32_t* dev_docs = docs.empty() ? nullptr : ddocs.p;
+    op.forward(out.p, saved.p, dq_.p, dk_.p, dv_.p, B, T, nH, nKV, hd, dev_docs);
+    op.backward(dq.p, dk.p, dv.p, ddout.p, dq_.p, dk_.p, dv_.p, out.p, saved.p, B, T, nH, nKV, hd, dev_docs);
     const std::string shape = name + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
                               " nH=" + std::to_string(nH) + " nKV=" + std::to_string(nKV) +
-                              " hd=" + std::to_string(hd);
+                              " hd=" + std::to_string(hd) + (docs.empty() ? "" : " packed");
     EXPECT_LE(rel(out.read(), out_r), kTol) << "out " << shape;
     EXPECT_LE(rel(dq.read(), dq_r), kTol) << "dq " << shape;
     EXPECT_LE(rel(dk.read(), dk_r), kTol) << "dk " << shape;
@@ -283,6 +287,9 @@ TEST(Cuda, FlashAttentionMatchesReference) {
   check_attention(1, 77, 3, 3, 40, 51);   // three key tiles, R = 2, MHA
   check_attention(2, 70, 8, 2, 128, 52);  // Qwen3's head_dim (R = 4, > 48 KiB shared memory in backward)
   check_attention(1, 33, 2, 1, 8, 53);    // tiny head_dim
+  // Packed rows (document-masked): documents across key tiles (32 / 16) and of one token.
+  check_attention(2, 70, 4, 2, 24, 54, testing::doc_starts({{5, 30, 1, 34}, {64, 6}}, 70));
+  check_attention(1, 77, 8, 2, 128, 55, testing::doc_starts({{1, 40, 36}}, 77));
   check_attention(1, 21, 2, 1, 256, 54);  // the largest head_dim (> 48 KiB shared memory)
 }
 

@@ -16,6 +16,7 @@
 namespace titan {
 namespace {
 
+using testing::doc_starts;
 using testing::randn;
 using testing::rel;
 
@@ -213,22 +214,25 @@ TEST(Kernels, RopeAllImplementations) {
 }
 
 // Every implementation against the reference, forward and backward; `saved` is sized by each implementation.
-void check_attention_all(int64_t B, int64_t T, int64_t nH, int64_t nKV, int64_t hd, uint64_t seed) {
+// docs (B*T doc_start, optional): packed rows.
+void check_attention_all(int64_t B, int64_t T, int64_t nH, int64_t nKV, int64_t hd, uint64_t seed,
+                         const std::vector<int32_t>& docs = {}) {
+  const int32_t* doc_start = docs.empty() ? nullptr : docs.data();
   auto q = randn(B * T * nH * hd, seed), k = randn(B * T * nKV * hd, seed + 1),
        v = randn(B * T * nKV * hd, seed + 2), dout = randn(B * T * nH * hd, seed + 3);
   const auto& ref = get_kernel<AttentionKernels>(DeviceType::CPU, "reference");
   std::vector<float> out_r(q.size()), p_r(ref.saved_floats(B, T, nH)), dq_r(q.size(), 0.1f),
       dk_r(k.size(), 0.1f), dv_r(v.size(), 0.1f);
-  ref.forward(out_r.data(), p_r.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
+  ref.forward(out_r.data(), p_r.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd, doc_start);
   ref.backward(dq_r.data(), dk_r.data(), dv_r.data(), dout.data(), q.data(), k.data(), v.data(), out_r.data(),
-               p_r.data(), B, T, nH, nKV, hd);
+               p_r.data(), B, T, nH, nKV, hd, doc_start);
   for (auto& name : impls<AttentionKernels>()) {
     const auto& kk = variant<AttentionKernels>(name);
     std::vector<float> out(q.size(), 7.0f), p(kk.saved_floats(B, T, nH)), dq(q.size(), 0.1f),
         dk(k.size(), 0.1f), dv(v.size(), 0.1f);
-    kk.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
+    kk.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd, doc_start);
     kk.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
-                p.data(), B, T, nH, nKV, hd);
+                p.data(), B, T, nH, nKV, hd, doc_start);
     EXPECT_LE(rel(out, out_r), kTol) << name << " T=" << T;
     EXPECT_LE(rel(dq, dq_r), kTol) << name << " T=" << T;
     EXPECT_LE(rel(dk, dk_r), kTol) << name << " T=" << T;
@@ -244,6 +248,46 @@ TEST(Kernels, AttentionAllImplementations) {
 TEST(Kernels, AttentionAllImplementationsMultiBlock) {
   check_attention_all(1, 150, 4, 1, 16, 60);
   check_attention_all(2, 129, 2, 2, 32, 70);
+}
+
+// Packed rows: the reference with a document mask equals each document run as its own sequence, and every
+// implementation equals the reference, across tile boundaries (64 / 128) and with one-token documents.
+TEST(Kernels, AttentionDocumentMaskIsSeparateSequences) {
+  const int64_t T = 40, nH = 4, nKV = 2, hd = 8;
+  const std::vector<std::vector<int32_t>> rows = {{7, 1, 20, 12}, {40}};
+  const int64_t B = static_cast<int64_t>(rows.size());
+  const auto docs = doc_starts(rows, T);
+  auto q = randn(B * T * nH * hd, 81), k = randn(B * T * nKV * hd, 82), v = randn(B * T * nKV * hd, 83),
+       dout = randn(B * T * nH * hd, 84);
+  const auto& ref = get_kernel<AttentionKernels>(DeviceType::CPU, "reference");
+  std::vector<float> out(q.size()), p(ref.saved_floats(B, T, nH)), dq(q.size()), dk(k.size()), dv(v.size());
+  ref.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd, docs.data());
+  ref.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
+               p.data(), B, T, nH, nKV, hd, docs.data());
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t t0 = 0;
+    for (int32_t len : rows[b]) {
+      // The document alone: rows [t0, t0 + len) of row b, as a batch of one sequence.
+      auto slice = [&](const std::vector<float>& x, int64_t heads) {
+        const auto first = x.begin() + (b * T + t0) * heads * hd;
+        return std::vector<float>(first, first + len * heads * hd);
+      };
+      const auto qs = slice(q, nH), ks = slice(k, nKV), vs = slice(v, nKV), dos = slice(dout, nH);
+      std::vector<float> o1(qs.size()), p1(ref.saved_floats(1, len, nH)), dq1(qs.size()), dk1(ks.size()),
+          dv1(vs.size());
+      ref.forward(o1.data(), p1.data(), qs.data(), ks.data(), vs.data(), 1, len, nH, nKV, hd, nullptr);
+      ref.backward(dq1.data(), dk1.data(), dv1.data(), dos.data(), qs.data(), ks.data(), vs.data(), o1.data(),
+                   p1.data(), 1, len, nH, nKV, hd, nullptr);
+      EXPECT_LE(rel(slice(out, nH), o1), 1e-7) << "row " << b << " doc at " << t0;
+      EXPECT_LE(rel(slice(dq, nH), dq1), 1e-7) << "row " << b << " doc at " << t0;
+      EXPECT_LE(rel(slice(dk, nKV), dk1), 1e-7) << "row " << b << " doc at " << t0;
+      EXPECT_LE(rel(slice(dv, nKV), dv1), 1e-7) << "row " << b << " doc at " << t0;
+      t0 += len;
+    }
+  }
+  check_attention_all(B, T, nH, nKV, hd, 85, docs);
+  check_attention_all(2, 150, 4, 1, 16, 86, doc_starts({{5, 70, 1, 74}, {130, 20}}, 150));
+  check_attention_all(1, 300, 2, 2, 32, 87, doc_starts({{1, 128, 127, 1, 43}}, 300));
 }
 
 // The tiled implementation saves O(T) floats per head (row logsumexp), not the [T,T] probabilities.
@@ -343,11 +387,11 @@ TEST(Kernels, ReferenceBackwardMatchesFiniteDifferences) {
        dout = randn(N * nH * hd, 23);
   const auto& att = get_kernel<AttentionKernels>(DeviceType::CPU, "reference");
   std::vector<float> out(q.size()), p(B * nH * T * T), dq(q.size()), dk(k.size()), dv(v.size());
-  att.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
+  att.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd, nullptr);
   att.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
-               p.data(), B, T, nH, nKV, hd);
+               p.data(), B, T, nH, nKV, hd, nullptr);
   auto att_loss = [&] {
-    att.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd);
+    att.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, T, nH, nKV, hd, nullptr);
     double s = 0;
     for (size_t i = 0; i < out.size(); ++i) s += double(out[i]) * dout[i];
     return s;
@@ -500,7 +544,7 @@ TEST(Kernels, AttentionKVAllImplementations) {
     auto q = randn(T * nH * hd, 11), k = randn(T * nKV * hd, 12), v = randn(T * nKV * hd, 13);
     const auto& full = get_kernel<AttentionKernels>(DeviceType::CPU, "reference");
     std::vector<float> out_full(T * nH * hd), saved(full.saved_floats(1, T, nH));
-    full.forward(out_full.data(), saved.data(), q.data(), k.data(), v.data(), 1, T, nH, nKV, hd);
+    full.forward(out_full.data(), saved.data(), q.data(), k.data(), v.data(), 1, T, nH, nKV, hd, nullptr);
     std::vector<float> want(out_full.begin() + p * nH * hd, out_full.end());
     for (auto& name : impls<AttentionKVKernels>()) {
       const auto& kv = variant<AttentionKVKernels>(name);

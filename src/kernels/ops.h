@@ -62,15 +62,22 @@ struct RopeKernels {
 // forward writes for the backward; its layout belongs to the implementation ("reference" / "blas": the
 // softmax probabilities (B,nH,T,T), upper triangle 0; "flash": the row logsumexp (B,nH,T), no [T,T] matrix).
 // The backward also reads the forward's output `out`.
+// doc_start (B,T) or null: packed rows (several documents per row), query t of row b attends to the keys
+// j with doc_start[b,t] <= j <= t only (document-masked causal attention; doc_start[b,t] <= t).
 struct AttentionKernels {
   static constexpr const char* kOp = "attention";
   void (*forward)(float* out, float* saved, const float* q, const float* k, const float* v, int64_t B,
-                  int64_t T, int64_t nH, int64_t nKV, int64_t hd);
+                  int64_t T, int64_t nH, int64_t nKV, int64_t hd, const int32_t* doc_start);
   void (*backward)(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                    const float* v, const float* out, const float* saved, int64_t B, int64_t T, int64_t nH,
-                   int64_t nKV, int64_t hd);
+                   int64_t nKV, int64_t hd, const int32_t* doc_start);
   int64_t (*saved_floats)(int64_t B, int64_t T, int64_t nH);
 };
+
+// The first key query t of row b attends to (0 without a document mask).
+inline int64_t attention_key_start(const int32_t* doc_start, int64_t b, int64_t T, int64_t t) {
+  return doc_start ? doc_start[b * T + t] : 0;
+}
 
 // Attention of n new queries against a KV cache (generation): query i sits at position p + i and reads
 // the keys/values at positions [0, p + i] (causal), scale = hd^-0.5, GQA as AttentionKernels. Batch 1.

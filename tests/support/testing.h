@@ -47,6 +47,21 @@ inline std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
   return v;
 }
 
+// Packed rows for document-masked attention: rows[b] lists the lengths of row b's documents (summing to T);
+// returns doc_start (B*T): the position of each token's document start within its row.
+inline std::vector<int32_t> doc_starts(const std::vector<std::vector<int32_t>>& rows, int64_t T) {
+  std::vector<int32_t> start;
+  for (const auto& lengths : rows) {
+    int32_t t0 = 0;
+    for (int32_t len : lengths) {
+      for (int32_t i = 0; i < len; ++i) start.push_back(t0);
+      t0 += len;
+    }
+    EXPECT_EQ(t0, T) << "document lengths must fill the row";
+  }
+  return start;
+}
+
 // A fresh directory under the system temp dir, removed when the object dies.
 struct TempDir {
   std::filesystem::path path;

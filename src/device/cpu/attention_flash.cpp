@@ -14,6 +14,8 @@
 //   D_i = dO_i . O_i;  for key blocks J and query blocks I >= J (the group's query heads stacked):
 //   P = exp(scale Q_I K_J^T - lse_I);  dV_J += P^T dO_I;  dP = dO_I V_J^T;  dS = P (dP - D_I) scale
 //   dQ_I += dS K_J;  dK_J += dS^T Q_I
+// Packed rows (doc_start): row i also masks the keys before its document's start; key blocks wholly before
+// the documents of a query block are skipped (doc_start never decreases along a row).
 #include <cblas.h>
 
 #include <algorithm>
@@ -67,7 +69,7 @@ void stack_group_rows(float* dst, const float* src, int64_t b, int64_t T, int64_
 
 template <TileEngine E>
 void flash_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
-                   int64_t T, int64_t nH, int64_t nKV, int64_t hd) {
+                   int64_t T, int64_t nH, int64_t nKV, int64_t hd, const int32_t* doc_start) {
   const int64_t rep = nH / nKV;
   const float scale = 1.0f / std::sqrt((float)hd);
   const int64_t ldq = nH * hd, ldk = nKV * hd;
@@ -86,7 +88,8 @@ void flash_forward(float* out, float* lse, const float* q, const float* k, const
           std::fill_n(m.begin(), R, -INFINITY);
           std::fill_n(l.begin(), R, 0.0f);
           std::fill_n(o.begin(), R * hd, 0.0f);
-          for (int64_t j0 = 0; j0 <= i0; j0 += kBlock<E>) {
+          const int64_t first = attention_key_start(doc_start, b, T, i0) / kBlock<E> * kBlock<E>;
+          for (int64_t j0 = first; j0 <= i0; j0 += kBlock<E>) {
             const int64_t bc = std::min(kBlock<E>, T - j0);
             const float* kj = k + (b * T + j0) * ldk + kh * hd;
             const float* vj = v + (b * T + j0) * ldk + kh * hd;
@@ -95,8 +98,15 @@ void flash_forward(float* out, float* lse, const float* q, const float* k, const
               const int64_t r = rr % br;  // query position i0 + r
               float* row = s.data() + rr * bc;
               const int64_t nv = std::min(bc, i0 + r - j0 + 1);  // keys j <= i on this row
-              const float mnew = std::max(m[rr], vec::max(row, nv));
-              const float sum = vec::exp_scale(row, row, nv, mnew, 1.0f);
+              // keys j >= the document's start
+              const int64_t lo = std::max<int64_t>(0, attention_key_start(doc_start, b, T, i0 + r) - j0);
+              if (lo >= nv) {  // no key of this row's document in the tile
+                std::fill(row, row + bc, 0.0f);
+                continue;
+              }
+              const float mnew = std::max(m[rr], vec::max(row + lo, nv - lo));
+              const float sum = vec::exp_scale(row + lo, row + lo, nv - lo, mnew, 1.0f);
+              std::fill(row, row + lo, 0.0f);
               std::fill(row + nv, row + bc, 0.0f);
               const float c = std::exp(m[rr] - mnew);  // 0 on the first block (m = -inf)
               l[rr] = l[rr] * c + sum;
@@ -125,7 +135,7 @@ void flash_forward(float* out, float* lse, const float* q, const float* k, const
 template <TileEngine E>
 void flash_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                     const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t nH,
-                    int64_t nKV, int64_t hd) {
+                    int64_t nKV, int64_t hd, const int32_t* doc_start) {
   const int64_t rep = nH / nKV;
   const float scale = 1.0f / std::sqrt((float)hd);
   const int64_t ldq = nH * hd, ldk = nKV * hd;
@@ -164,6 +174,8 @@ void flash_backward(float* dq, float* dk, float* dv, const float* dout, const fl
           float* dvj = dv + (b * T + j0) * ldk + kh * hd;
           for (int64_t i0 = j0; i0 < T; i0 += kBlock<E>) {
             const int64_t ib = i0 / kBlock<E>, br = std::min(kBlock<E>, T - i0), R = rep * br;
+            // Documents of the whole query block start after this key block: nothing to add.
+            if (attention_key_start(doc_start, b, T, i0) >= j0 + bc) continue;
             const float* qi = qs.data() + ib * rows * hd;
             const float* doi = dos.data() + ib * rows * hd;
             const float* Di = D.data() + ib * rows;
@@ -172,7 +184,10 @@ void flash_backward(float* dq, float* dk, float* dv, const float* dout, const fl
               const int64_t g = rr / br, r = rr % br;
               float* row = p.data() + rr * bc;
               const int64_t nv = std::max<int64_t>(0, std::min(bc, i0 + r - j0 + 1));
-              vec::exp_scale(row, row, nv, lse[(b * nH + kh * rep + g) * T + i0 + r], 1.0f);
+              const int64_t lo =
+                  std::min(nv, std::max<int64_t>(0, attention_key_start(doc_start, b, T, i0 + r) - j0));
+              vec::exp_scale(row + lo, row + lo, nv - lo, lse[(b * nH + kh * rep + g) * T + i0 + r], 1.0f);
+              std::fill(row, row + lo, 0.0f);
               std::fill(row + nv, row + bc, 0.0f);
             }
             // dV_J += P^T dO_I;  dP = dO_I V_J^T  (all rep heads of the group in one GEMM each)

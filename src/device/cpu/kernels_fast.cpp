@@ -116,7 +116,7 @@ void rope_backward(float* dinp, const float* dout, const float* cos, const float
 // One (batch, kv head) group per task so the dK/dV accumulation of the group's query heads never races.
 // Inside a task BLAS runs single-threaded (OpenBLAS detects the enclosing OpenMP region).
 void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v, int64_t B,
-                       int64_t T, int64_t nH, int64_t nKV, int64_t hd) {
+                       int64_t T, int64_t nH, int64_t nKV, int64_t hd, const int32_t* doc_start) {
   const int64_t rep = nH / nKV;
   const float scale = 1.0f / std::sqrt((float)hd);
   const int64_t ldq = nH * hd, ldk = nKV * hd;
@@ -132,12 +132,14 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, qb, ldq, kb, ldk, 0.0f, p, T);
       for (int64_t i = 0; i < T; ++i) {
         float* row = p + i * T;
+        const int64_t lo = attention_key_start(doc_start, b, T, i);
         float mx = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+        for (int64_t j = lo; j <= i; ++j) mx = std::max(mx, row[j]);
         float sum = 0.0f;
-        for (int64_t j = 0; j <= i; ++j) sum += (row[j] = std::exp(row[j] - mx));
+        for (int64_t j = lo; j <= i; ++j) sum += (row[j] = std::exp(row[j] - mx));
         const float inv = 1.0f / sum;
-        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+        for (int64_t j = lo; j <= i; ++j) row[j] *= inv;
+        std::fill(row, row + lo, 0.0f);
         for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, vb, ldk, 0.0f,
@@ -147,7 +149,7 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                         const float* v, const float* /*out*/, const float* probs, int64_t B, int64_t T,
-                        int64_t nH, int64_t nKV, int64_t hd) {
+                        int64_t nH, int64_t nKV, int64_t hd, const int32_t* doc_start) {
   const int64_t rep = nH / nKV;
   const float scale = 1.0f / std::sqrt((float)hd);
   const int64_t ldq = nH * hd, ldk = nKV * hd;
@@ -172,9 +174,11 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           for (int64_t i = 0; i < T; ++i) {
             const float* pr = p + i * T;
             float* dr = ds.data() + i * T;
+            const int64_t lo = attention_key_start(doc_start, b, T, i);
             float dot = 0.0f;
-            for (int64_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
-            for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+            for (int64_t j = lo; j <= i; ++j) dot += pr[j] * dr[j];
+            for (int64_t j = lo; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+            std::fill(dr, dr + lo, 0.0f);
             for (int64_t j = i + 1; j < T; ++j) dr[j] = 0.0f;
           }
           // dQ += dS K;  dK += dS^T Q

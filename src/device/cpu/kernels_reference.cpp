@@ -98,7 +98,7 @@ void rope_backward(float* dinp, const float* dout, const float* cos, const float
 }
 
 void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v, int64_t B,
-                       int64_t T, int64_t nH, int64_t nKV, int64_t hd) {
+                       int64_t T, int64_t nH, int64_t nKV, int64_t hd, const int32_t* doc_start) {
   const int64_t rep = nH / nKV;
   const double scale = 1.0 / std::sqrt((double)hd);
   std::vector<double> row(T);
@@ -107,8 +107,9 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
       const int64_t kh = h / rep;
       for (int64_t i = 0; i < T; ++i) {
         const float* qi = q + ((b * T + i) * nH + h) * hd;
+        const int64_t lo = attention_key_start(doc_start, b, T, i);
         double mx = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = lo; j <= i; ++j) {
           const float* kj = k + ((b * T + j) * nKV + kh) * hd;
           double s = 0;
           for (int64_t d = 0; d < hd; ++d) s += (double)qi[d] * kj[d];
@@ -116,13 +117,13 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
           mx = std::max(mx, row[j]);
         }
         double sum = 0;
-        for (int64_t j = 0; j <= i; ++j) sum += (row[j] = std::exp(row[j] - mx));
+        for (int64_t j = lo; j <= i; ++j) sum += (row[j] = std::exp(row[j] - mx));
         float* p = probs + ((b * nH + h) * T + i) * T;
-        for (int64_t j = 0; j < T; ++j) p[j] = j <= i ? (float)(row[j] / sum) : 0.0f;
+        for (int64_t j = 0; j < T; ++j) p[j] = j >= lo && j <= i ? (float)(row[j] / sum) : 0.0f;
         float* o = out + ((b * T + i) * nH + h) * hd;
         for (int64_t d = 0; d < hd; ++d) {
           double acc = 0;
-          for (int64_t j = 0; j <= i; ++j) acc += (double)p[j] * v[((b * T + j) * nKV + kh) * hd + d];
+          for (int64_t j = lo; j <= i; ++j) acc += (double)p[j] * v[((b * T + j) * nKV + kh) * hd + d];
           o[d] = (float)acc;
         }
       }
@@ -132,7 +133,7 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
 // dP = dO V^T;  dV += P^T dO;  dS = P * (dP - sum_j P dP);  dQ += scale dS K;  dK += scale dS^T Q
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                         const float* v, const float* /*out*/, const float* probs, int64_t B, int64_t T,
-                        int64_t nH, int64_t nKV, int64_t hd) {
+                        int64_t nH, int64_t nKV, int64_t hd, const int32_t* doc_start) {
   const int64_t rep = nH / nKV;
   const double scale = 1.0 / std::sqrt((double)hd);
   std::vector<double> dp(T);
@@ -142,8 +143,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
       for (int64_t i = 0; i < T; ++i) {
         const float* p = probs + ((b * nH + h) * T + i) * T;
         const float* doi = dout + ((b * T + i) * nH + h) * hd;
+        const int64_t lo = attention_key_start(doc_start, b, T, i);
         double dot = 0;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = lo; j <= i; ++j) {
           const float* vj = v + ((b * T + j) * nKV + kh) * hd;
           double s = 0;
           for (int64_t d = 0; d < hd; ++d) s += (double)doi[d] * vj[d];
@@ -154,7 +156,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         }
         const float* qi = q + ((b * T + i) * nH + h) * hd;
         float* dqi = dq + ((b * T + i) * nH + h) * hd;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = lo; j <= i; ++j) {
           double ds = p[j] * (dp[j] - dot) * scale;
           const float* kj = k + ((b * T + j) * nKV + kh) * hd;
           float* dkj = dk + ((b * T + j) * nKV + kh) * hd;

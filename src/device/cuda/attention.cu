@@ -13,6 +13,8 @@
 // its warps take the query rows (h in kh's group, i >= j0) in turn:
 //   p_j = exp(scale q_i . k_j - lse_i);  dp_j = dO_i . v_j;  ds_j = p_j (dp_j - D_i) scale
 //   dV_j += p_j dO_i;  dK_j += ds_j q_i;  dQ_i += sum_j ds_j k_j   (atomics: key tiles race on dQ_i)
+// Packed rows (doc_start): keys before the row's document start are masked too; tiles wholly before it are
+// skipped.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -36,7 +38,8 @@ int64_t padded(int64_t hd) {  // odd row stride: lane j reading row j, column d 
 
 template <int R>
 __global__ void flash_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
-                                     int64_t T, int64_t nH, int64_t nKV, int64_t hd, float scale) {
+                                     int64_t T, int64_t nH, int64_t nKV, int64_t hd, float scale,
+                                     const int32_t* doc_start) {
   TITAN_DYNAMIC_SHARED(float, smem);
   const int64_t ks = hd | 1;
   float* Ks = smem;             // [kTile][ks]
@@ -47,6 +50,7 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* q, con
   const int64_t i0 = (int64_t)blockIdx.x * kFwdWarps, i = i0 + w;
   const int64_t last = min(T - 1, i0 + kFwdWarps - 1);
   const bool active = i < T;
+  const int64_t lo = active && doc_start ? doc_start[b * T + i] : 0;  // first key of the row's document
   float* qs = Qs + w * hd;
   if (active)
     for (int64_t d = lane; d < hd; d += 32) qs[d] = q[((b * T + i) * nH + h) * hd + d];
@@ -62,16 +66,17 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* q, con
       Vs[jj * ks + d] = j < T ? v[src] : 0.0f;
     }
     __syncthreads();
-    if (!active || j0 > i) continue;  // warp-uniform
+    if (!active || j0 > i || j0 + kTile <= lo) continue;  // warp-uniform
     const int64_t j = j0 + lane;
+    const bool valid = j >= lo && j <= i;  // at least one lane of the tile
     float s = -INFINITY;
-    if (j <= i) {
+    if (valid) {
       float acc = 0.0f;
       for (int64_t d = 0; d < hd; ++d) acc += qs[d] * Ks[lane * ks + d];
       s = acc * scale;
     }
     const float m_new = fmaxf(m, warp_max(s));
-    const float p = j <= i ? expf(s - m_new) : 0.0f;
+    const float p = valid ? expf(s - m_new) : 0.0f;
     const float c = expf(m - m_new);
     l = l * c + warp_sum(p);
 #pragma unroll
@@ -112,7 +117,8 @@ __global__ void flash_rowdot_kernel(float* D, const float* dout, const float* ou
 template <int R>
 __global__ void flash_backward_kernel(float* dq, float* dk, float* dv, const float* dout, const float* q,
                                       const float* k, const float* v, const float* lse, const float* D,
-                                      int64_t T, int64_t nH, int64_t nKV, int64_t hd, float scale) {
+                                      int64_t T, int64_t nH, int64_t nKV, int64_t hd, float scale,
+                                      const int32_t* doc_start) {
   TITAN_DYNAMIC_SHARED(float, smem);
   const int64_t ks = hd | 1;
   float* Ks = smem;                  // [kTile][ks]
@@ -137,6 +143,8 @@ __global__ void flash_backward_kernel(float* dq, float* dk, float* dv, const flo
   const int64_t rows_per_head = T - j0, total = rep * rows_per_head;
   for (int64_t ridx = w; ridx < total; ridx += kBwdWarps) {
     const int64_t h = kh * rep + ridx / rows_per_head, i = j0 + ridx % rows_per_head;
+    const int64_t lo = doc_start ? doc_start[b * T + i] : 0;
+    if (lo >= j0 + kTile) continue;  // the row's document starts after this key tile (warp-uniform)
     const int64_t base = ((b * T + i) * nH + h) * hd;
     float qr[R], dor[R];
 #pragma unroll
@@ -150,7 +158,7 @@ __global__ void flash_backward_kernel(float* dq, float* dk, float* dv, const flo
     const float lse_i = lse[(b * nH + h) * T + i], D_i = D[(b * nH + h) * T + i];
     const int64_t j = j0 + lane;
     float p = 0.0f, ds = 0.0f;
-    if (j <= i) {
+    if (j >= lo && j <= i) {
       float s = 0.0f, dp = 0.0f;
       for (int64_t d = 0; d < hd; ++d) {
         s += qs[d] * Ks[lane * ks + d];
@@ -217,9 +225,11 @@ void allow_smem(Kernel kernel, size_t smem) {
 template <int R>
 struct LaunchForward {
   static void run(size_t smem, dim3 grid, float* out, float* lse, const float* q, const float* k,
-                  const float* v, int64_t T, int64_t nH, int64_t nKV, int64_t hd, float scale) {
+                  const float* v, int64_t T, int64_t nH, int64_t nKV, int64_t hd, float scale,
+                  const int32_t* doc_start) {
     allow_smem(flash_forward_kernel<R>, smem);
-    launch(flash_forward_kernel<R>, grid, kFwdWarps * 32, smem, out, lse, q, k, v, T, nH, nKV, hd, scale);
+    launch(flash_forward_kernel<R>, grid, kFwdWarps * 32, smem, out, lse, q, k, v, T, nH, nKV, hd, scale,
+           doc_start);
   }
 };
 
@@ -227,21 +237,22 @@ template <int R>
 struct LaunchBackward {
   static void run(size_t smem, dim3 grid, float* dq, float* dk, float* dv, const float* dout, const float* q,
                   const float* k, const float* v, const float* lse, const float* D, int64_t T, int64_t nH,
-                  int64_t nKV, int64_t hd, float scale) {
+                  int64_t nKV, int64_t hd, float scale, const int32_t* doc_start) {
     allow_smem(flash_backward_kernel<R>, smem);
     launch(flash_backward_kernel<R>, grid, kBwdWarps * 32, smem, dq, dk, dv, dout, q, k, v, lse, D, T, nH,
-           nKV, hd, scale);
+           nKV, hd, scale, doc_start);
   }
 };
 
 }  // namespace
 
 void flash_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
-                   int64_t T, int64_t nH, int64_t nKV, int64_t hd) {
+                   int64_t T, int64_t nH, int64_t nKV, int64_t hd, const int32_t* doc_start) {
   if (B * T * nH == 0) return;
   const size_t smem = sizeof(float) * (2 * kTile * padded(hd) + kFwdWarps * hd);
   dim3 grid((unsigned)((T + kFwdWarps - 1) / kFwdWarps), (unsigned)nH, (unsigned)B);
-  dispatch_r<LaunchForward>(hd, smem, grid, out, lse, q, k, v, T, nH, nKV, hd, 1.0f / std::sqrt((float)hd));
+  dispatch_r<LaunchForward>(hd, smem, grid, out, lse, q, k, v, T, nH, nKV, hd, 1.0f / std::sqrt((float)hd),
+                            doc_start);
 }
 
 void flash_rowdot(float* D, const float* dout, const float* out, int64_t B, int64_t T, int64_t nH,
@@ -253,14 +264,14 @@ namespace {
 
 void flash_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                     const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t nH,
-                    int64_t nKV, int64_t hd) {
+                    int64_t nKV, int64_t hd, const int32_t* doc_start) {
   if (B * T * nH == 0) return;
   Scratch<float> D(B * nH * T);
   flash_rowdot(D.p, dout, out, B, T, nH, hd);
   const size_t smem = sizeof(float) * (4 * kTile * padded(hd) + 2 * kBwdWarps * hd);
   dim3 grid((unsigned)((T + kTile - 1) / kTile), (unsigned)nKV, (unsigned)B);
   dispatch_r<LaunchBackward>(hd, smem, grid, dq, dk, dv, dout, q, k, v, (const float*)lse, (const float*)D.p,
-                             T, nH, nKV, hd, 1.0f / std::sqrt((float)hd));
+                             T, nH, nKV, hd, 1.0f / std::sqrt((float)hd), doc_start);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 // dQ:   grid (ceil(T/16), nH, B), 128 threads = 16 query rows x 8 dim groups; keys j <= i staged 32 at a
 //   time: dQ_i += ds_ij k_j. Recomputes p and ds (both kernels do), which costs fewer cycles than dQ
 //   atomics.
+// Packed rows (doc_start): keys before the query row's document start are masked too.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -37,7 +38,7 @@ __device__ inline float group_sum(float v) {  // over the 8 consecutive lanes of
 template <int DP>
 __global__ void split_dkdv_kernel(float* dk, float* dv, const float* dout, const float* q, const float* k,
                                   const float* v, const float* lse, const float* D, int64_t T, int64_t nH,
-                                  int64_t nKV, int64_t hd, float scale) {
+                                  int64_t nKV, int64_t hd, float scale, const int32_t* doc_start) {
   TITAN_DYNAMIC_SHARED(float, smem);
   float* Qs = smem;               // [kStage][hd]
   float* dOs = Qs + kStage * hd;  // [kStage][hd]
@@ -84,7 +85,8 @@ __global__ void split_dkdv_kernel(float* dk, float* dv, const float* dout, const
       }
       s = group_sum(s);
       dp = group_sum(dp);
-      const float p = kvalid && j <= i ? expf(s * scale - Ls[r]) : 0.0f;
+      const int64_t lo = doc_start ? doc_start[b * T + i] : 0;  // first key of the row's document
+      const float p = kvalid && j >= lo && j <= i ? expf(s * scale - Ls[r]) : 0.0f;
       const float ds = p * (dp - Ds[r]) * scale;
 #pragma unroll
       for (int c = 0; c < DP; ++c) {
@@ -107,7 +109,7 @@ __global__ void split_dkdv_kernel(float* dk, float* dv, const float* dout, const
 template <int DP>
 __global__ void split_dq_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v,
                                 const float* lse, const float* D, int64_t T, int64_t nH, int64_t nKV,
-                                int64_t hd, float scale) {
+                                int64_t hd, float scale, const int32_t* doc_start) {
   TITAN_DYNAMIC_SHARED(float, smem);
   float* Ks = smem;              // [kStage][hd]
   float* Vs = Ks + kStage * hd;  // [kStage][hd]
@@ -126,7 +128,10 @@ __global__ void split_dq_kernel(float* dq, const float* dout, const float* q, co
   }
   const float lse_i = valid ? lse[(b * nH + h) * T + i] : 0.0f, D_i = valid ? D[(b * nH + h) * T + i] : 0.0f;
   const int64_t last = min(T - 1, i0 + kPer - 1);
-  for (int64_t j0 = 0; j0 <= last; j0 += kStage) {
+  // Keys from the first document of the block's rows (doc_start never decreases along a row).
+  const int64_t lo = valid && doc_start ? doc_start[b * T + i] : 0,
+                first = doc_start ? doc_start[b * T + i0] : 0;
+  for (int64_t j0 = first; j0 <= last; j0 += kStage) {
     const int nk = (int)min((int64_t)kStage, last - j0 + 1);
     __syncthreads();
     for (int64_t e = threadIdx.x; e < nk * hd; e += blockDim.x) {
@@ -146,7 +151,7 @@ __global__ void split_dq_kernel(float* dq, const float* dout, const float* q, co
       }
       s = group_sum(s);
       dp = group_sum(dp);
-      const float p = valid && j0 + jj <= i ? expf(s * scale - lse_i) : 0.0f;
+      const float p = valid && j0 + jj >= lo && j0 + jj <= i ? expf(s * scale - lse_i) : 0.0f;
       const float ds = p * (dp - D_i) * scale;
 #pragma unroll
       for (int c = 0; c < DP; ++c) {
@@ -166,7 +171,7 @@ __global__ void split_dq_kernel(float* dq, const float* dout, const float* q, co
 template <int DP>
 void launch_split(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                   const float* v, const float* lse, const float* D, int64_t B, int64_t T, int64_t nH,
-                  int64_t nKV, int64_t hd, float scale) {
+                  int64_t nKV, int64_t hd, float scale, const int32_t* doc_start) {
   const size_t smem_kv = sizeof(float) * (2 * kStage * hd + 2 * kStage),
                smem_q = sizeof(float) * 2 * kStage * hd;
   if (smem_kv > 48 * 1024)
@@ -177,14 +182,14 @@ void launch_split(float* dq, float* dk, float* dv, const float* dout, const floa
         cudaFuncSetAttribute(split_dq_kernel<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q));
   const unsigned tiles = (unsigned)((T + kPer - 1) / kPer);
   launch(split_dkdv_kernel<DP>, dim3(tiles, (unsigned)nKV, (unsigned)B), kThreads, smem_kv, dk, dv, dout, q,
-         k, v, lse, D, T, nH, nKV, hd, scale);
+         k, v, lse, D, T, nH, nKV, hd, scale, doc_start);
   launch(split_dq_kernel<DP>, dim3(tiles, (unsigned)nH, (unsigned)B), kThreads, smem_q, dq, dout, q, k, v,
-         lse, D, T, nH, nKV, hd, scale);
+         lse, D, T, nH, nKV, hd, scale, doc_start);
 }
 
 void split_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                     const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t nH,
-                    int64_t nKV, int64_t hd) {
+                    int64_t nKV, int64_t hd, const int32_t* doc_start) {
   if (B * T * nH == 0) return;
   TITAN_CHECK(hd > 0 && hd <= 256, "CUDA flash attention: head_dim ", hd, " not in [1, 256]");
   Scratch<float> D(B * nH * T);
@@ -192,15 +197,15 @@ void split_backward(float* dq, float* dk, float* dv, const float* dout, const fl
   const float scale = 1.0f / std::sqrt((float)hd);
   const int64_t dp = (hd + kGroups - 1) / kGroups;
   if (dp <= 2)
-    launch_split<2>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale);
+    launch_split<2>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale, doc_start);
   else if (dp <= 4)
-    launch_split<4>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale);
+    launch_split<4>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale, doc_start);
   else if (dp <= 8)
-    launch_split<8>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale);
+    launch_split<8>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale, doc_start);
   else if (dp <= 16)
-    launch_split<16>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale);
+    launch_split<16>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale, doc_start);
   else
-    launch_split<32>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale);
+    launch_split<32>(dq, dk, dv, dout, q, k, v, lse, D.p, B, T, nH, nKV, hd, scale, doc_start);
 }
 
 // The default: forward + backward 1.56x "flash" on an H200 (bench/BENCHMARKS.md, B4 T2048 hd128).

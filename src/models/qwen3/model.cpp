@@ -640,6 +640,42 @@ void Qwen3Model::build_rope_tables(int64_t T) {
   rope_T_ = T;
 }
 
+void Qwen3Model::set_packing(const int32_t* position_ids) {
+  packed_ = position_ids != nullptr;
+  if (!packed_) return;
+  const int64_t B = B_, T = T_, N = B * T, half = config_.head_dim / 2;
+  std::vector<int32_t> start(N);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t p = position_ids[b * T + t];
+      TITAN_CHECK(p == 0 || (t > 0 && p == position_ids[b * T + t - 1] + 1), "position_ids[", b, "][", t,
+                  "] = ", p, ": a packed row's positions count 0, 1, 2, ... from each document's first token",
+                  t == 0 ? " (a row starts with 0)" : "");
+      start[b * T + t] = static_cast<int32_t>(t - p);
+    }
+  if (!doc_start_.defined() || doc_start_.numel() != N) {
+    doc_start_ = Tensor::empty({N}, DType::I32, device_);
+    token_cos_ = Tensor::empty({N, half}, DType::F32, device_);
+    token_sin_ = Tensor::empty({N, half}, DType::F32, device_);
+  }
+  doc_start_.copy_from_host(start.data());
+  // Per-token tables: row n is the position table's row position_ids[n] (bit-equal to the unpacked values).
+  std::vector<float> cos(T * half), sin(T * half), tcos(N * half), tsin(N * half);
+  rope_cos_.copy_to_host(cos.data());
+  rope_sin_.copy_to_host(sin.data());
+  for (int64_t n = 0; n < N; ++n) {
+    std::copy_n(cos.data() + position_ids[n] * half, half, tcos.data() + n * half);
+    std::copy_n(sin.data() + position_ids[n] * half, half, tsin.data() + n * half);
+  }
+  token_cos_.copy_from_host(tcos.data());
+  token_sin_.copy_from_host(tsin.data());
+}
+
+Qwen3Model::RopeTables Qwen3Model::rope_tables() const {
+  if (packed_) return {token_cos_.f32(), token_sin_.f32(), B_ * T_};
+  return {rope_cos_.f32(), rope_sin_.f32(), T_};
+}
+
 void make_rope_tables(const Qwen3Config& c, int64_t T, Device device, Tensor& cos_out, Tensor& sin_out) {
   // HF: inv_freq = 1 / base^(arange(0, hd, 2)/hd) in fp32; freqs = pos * inv_freq; cos/sin in fp32.
   const int64_t half = c.head_dim / 2;

@@ -69,6 +69,10 @@ struct ForwardOptions {
   // MoE: d(loss)/d(aux_loss) used by backward(); < 0 = router_aux_loss_coef when output_router_logits, else 0
   // (HF). A trainer accumulating micro-batches passes e.g. router_aux_loss_coef / micro_batches.
   float aux_loss_scale = -1.0f;
+  // Packed rows (B,T) or null: HF's position_ids of padding-free packing. Each row holds whole documents
+  // one after another, positions 0, 1, 2, ... restarting at 0 where a document begins; RoPE takes these
+  // positions and attention stays inside each document (the kernels' doc_start mask).
+  const int32_t* position_ids = nullptr;
 };
 
 struct ForwardResult {
@@ -250,6 +254,16 @@ class Qwen3Model {
   void forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats);
   // The pointwise parts of forward_layer, shared with recompute_layer_ops (the op-selective backward).
   void qk_norm_rope(int64_t l);
+  // Packed rows: checks position_ids (B_,T_) and makes the per-token RoPE tables and attention doc_start.
+  void set_packing(const int32_t* position_ids);
+  // The RoPE tables the layers use and their period: the position tables (T_ rows), or with packing one row
+  // per token (period N).
+  struct RopeTables {
+    const float *cos, *sin;
+    int64_t period;
+  };
+  RopeTables rope_tables() const;
+  const int32_t* doc_start() const { return packed_ ? doc_start_.data<int32_t>() : nullptr; }
   void recompute_layer_ops(int64_t l);
   void moe_backward_layer(int64_t l, float* dresid, float aux_scale, bool accumulate_dw);
   // Expert-parallel experts of sparse layer l: exchange, local experts, exchange back.
@@ -311,6 +325,8 @@ class Qwen3Model {
   std::vector<Tensor> acts_;  // owning storage
   std::vector<LayerActs> layer_acts_;
   Tensor ids_, targets_, rope_cos_, rope_sin_;
+  bool packed_ = false;
+  Tensor doc_start_, token_cos_, token_sin_;  // packing: (N) first key of each token's document, (N,hd/2)
   std::vector<int32_t> host_targets_;
   Tensor final_resid_, lnf_, rstdf_, logits_, logits_copy_;  // logits_: one (head_rows_, V) chunk
   // Backward scratch shared by all layers.

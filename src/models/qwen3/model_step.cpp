@@ -19,6 +19,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
                 " is outside the vocabulary [0, ", V, ")");
   plan_activations(B, T);
   build_rope_tables(T);
+  set_packing(opts.position_ids);
   if (lora_) lora_->begin_forward(opts.compute_grad);
   // bf16 GEMMs: the weights converted once here (they may have changed since the last forward); streamed
   // groups are converted when gathered.
@@ -146,7 +147,7 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   }
   bf16(a.ln1, N * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim()), bf16(a.v, N * c.kv_dim());
   qk_norm_rope(l);
-  attention_->forward(a.att, a.attn_saved, a.qr, a.kr, a.v, B, T, nH, nKV, hd);
+  attention_->forward(a.att, a.attn_saved, a.qr, a.kr, a.v, B, T, nH, nKV, hd, doc_start());
   bf16(a.att, N * c.q_dim());
   // resid_mid = resid_in + att @ wo^T
   matmul_->forward(a.resid_mid, a.att, w.wo, N, c.q_dim(), H);
@@ -178,9 +179,8 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
 // place.
 void Qwen3Model::qk_norm_rope(int64_t l) {
   const auto& c = config_;
-  const int64_t T = T_, N = B_ * T, hd = c.head_dim, nH = c.num_attention_heads, nKV = c.num_key_value_heads;
-  const float* cos = rope_cos_.f32();
-  const float* sin = rope_sin_.f32();
+  const int64_t N = B_ * T_, hd = c.head_dim, nH = c.num_attention_heads, nKV = c.num_key_value_heads;
+  const auto [cos, sin, T] = rope_tables();
   const float eps = static_cast<float>(c.rms_norm_eps);
   LayerActs& a = layer_acts_[l];
   LayerView w = layer_view(l);
@@ -231,8 +231,7 @@ void Qwen3Model::backward() {
   const float* norm_w = flat_params_[group_head].f32();
   // Frozen base (LoRA): no base gradients; null weight-gradient pointers make the kernels skip them.
   float* dnorm_w = flat_grads_[group_head].defined() ? flat_grads_[group_head].f32() : nullptr;
-  const float* cos = rope_cos_.f32();
-  const float* sin = rope_sin_.f32();
+  const auto [cos, sin, rope_period] = rope_tables();
 
   // The first backward after zero_grad() writes each layer's weight gradients (nothing to add to).
   const bool acc_dw = !(layer_grads_zeroed_ && !streamer_);
@@ -286,15 +285,16 @@ void Qwen3Model::backward() {
     zero(dqr, N * c.q_dim());
     zero(dkr, N * c.kv_dim());
     zero(dv, N * c.kv_dim());
-    attention_->backward(dqr, dkr, dv, datt, a.qr, a.kr, a.v, a.att, a.attn_saved, B, T, nH, nKV, hd);
+    attention_->backward(dqr, dkr, dv, datt, a.qr, a.kr, a.v, a.att, a.attn_saved, B, T, nH, nKV, hd,
+                         doc_start());
     // RoPE backward into dq/dk (as scratch), then q_norm/k_norm backward into dqr/dkr (reused).
     zero(dq, N * c.q_dim());
     zero(dk, N * c.kv_dim());
     if (rope_qk_) {
-      rope_qk_->backward(dq, dk, dqr, dkr, cos, sin, N, T, nH, nKV, hd);
+      rope_qk_->backward(dq, dk, dqr, dkr, cos, sin, N, rope_period, nH, nKV, hd);
     } else {
-      rope_->backward(dq, dqr, cos, sin, N, T, nH, hd);
-      rope_->backward(dk, dkr, cos, sin, N, T, nKV, hd);
+      rope_->backward(dq, dqr, cos, sin, N, rope_period, nH, hd);
+      rope_->backward(dk, dkr, cos, sin, N, rope_period, nKV, hd);
     }
     zero(dqr, N * c.q_dim());
     zero(dkr, N * c.kv_dim());
