@@ -452,3 +452,74 @@ TEST(Qwen3Model, ChunkedLossHeadMatchesTransformersAndOneChunk) {
 
 }  // namespace
 }  // namespace titan
+
+namespace titan {
+namespace {
+
+// Padding-free packing (HF position_ids): documents packed into one row give the loss and gradients of the
+// same documents as separate padded rows (to f32 rounding: the GEMMs see other shapes).
+TEST(Qwen3Model, PackedRowsEqualSeparateRows) {
+  struct Case {
+    const char* dir;
+    std::vector<int32_t> lengths;
+  };
+  // The MoE case packs documents of one length: unpacked rows then need no padding, whose tokens would
+  // enter the router's aux-loss statistics.
+  for (const Case& cs : {Case{"qwen3/tied_gqa2", {5, 9, 1, 6}}, Case{"qwen3/untied_gqa4", {12, 3, 8}},
+                         Case{"qwen3_moe/e8k2_norm", {7, 7, 7}}}) {
+    const std::string dir = testing::source_path(std::string("tests/golden/") + cs.dir);
+    const Qwen3Config cfg = Qwen3Config::from_hf_file(dir + "/config.json");
+    Qwen3Model model(cfg);
+    model.load_hf(dir);
+    const int64_t D = static_cast<int64_t>(cs.lengths.size());
+    const int64_t Tmax = *std::max_element(cs.lengths.begin(), cs.lengths.end());
+    int64_t Tp = 0;
+    for (int32_t len : cs.lengths) Tp += len;
+    // Documents of random ids; the target of a token is the next token of its document (-100 at its end).
+    std::vector<int32_t> ids_sep(D * Tmax, 0), tgt_sep(D * Tmax, -100), ids_pack, tgt_pack, pos_pack;
+    for (int64_t d = 0; d < D; ++d)
+      for (int32_t t = 0; t < cs.lengths[d]; ++t) {
+        const int32_t id = static_cast<int32_t>((d * 131 + t * 37 + 11) % cfg.vocab_size);
+        ids_sep[d * Tmax + t] = id;
+        ids_pack.push_back(id);
+        pos_pack.push_back(t);
+      }
+    for (int64_t d = 0; d < D; ++d)
+      for (int32_t t = 0; t + 1 < cs.lengths[d]; ++t) tgt_sep[d * Tmax + t] = ids_sep[d * Tmax + t + 1];
+    for (int64_t d = 0; d < D; ++d)
+      for (int32_t t = 0; t < cs.lengths[d]; ++t) tgt_pack.push_back(tgt_sep[d * Tmax + t]);
+    auto run = [&](const std::vector<int32_t>& ids, const std::vector<int32_t>& tgt, int64_t B, int64_t T,
+                   const int32_t* positions) {
+      ForwardOptions o;
+      o.labels_shifted = true;
+      o.position_ids = positions;
+      model.zero_grad();
+      const ForwardResult r = model.forward(ids.data(), tgt.data(), B, T, o);
+      model.backward();
+      std::vector<Tensor> grads;
+      for (auto& g : model.flat_grads()) grads.push_back(g.clone());
+      return std::make_pair(r, grads);
+    };
+    const auto [sep, grads_sep] = run(ids_sep, tgt_sep, D, Tmax, nullptr);
+    const auto [pack, grads_pack] = run(ids_pack, tgt_pack, 1, Tp, pos_pack.data());
+    EXPECT_EQ(pack.num_valid, sep.num_valid) << cs.dir;
+    EXPECT_NEAR(pack.loss, sep.loss, 1e-6 * std::abs(sep.loss)) << cs.dir;
+    for (size_t i = 0; i < grads_sep.size(); ++i)
+      EXPECT_LE(rel_error(grads_pack[i], grads_sep[i]), 1e-5) << cs.dir << " group " << i;
+    // Without the positions the packed row is one long document: a different loss.
+    const auto [unmasked, grads_unmasked] = run(ids_pack, tgt_pack, 1, Tp, nullptr);
+    EXPECT_GT(std::abs(unmasked.loss - sep.loss), 1e-4) << cs.dir;
+  }
+  // Positions must count up from 0 within each document.
+  const std::string dir = testing::source_path("tests/golden/qwen3/tied_gqa2");
+  Qwen3Model model(Qwen3Config::from_hf_file(dir + "/config.json"));
+  model.load_hf(dir);
+  std::vector<int32_t> ids(6, 1), tgt(6, 2), bad = {0, 1, 2, 4, 0, 1};
+  ForwardOptions o;
+  o.position_ids = bad.data();
+  EXPECT_NE(testing::error_of([&] { model.forward(ids.data(), tgt.data(), 1, 6, o); }).find("position_ids[0][3] = 4"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace titan
