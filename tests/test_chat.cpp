@@ -546,31 +546,121 @@ TEST(ChatData, DataShowMarksTheTrainedTokensOfEachRow) {
 
 TEST(ChatData, ResumesExactlyFromItsState) {
   SKIP_WITHOUT_QWEN3_TOKENIZER();
-  data::DataConfig cfg = chat_config(kGolden + "/train.jsonl", 48, 2);
-  cfg.max_epochs = 0;
-  data::DataLoader ref(cfg);
-  std::vector<data::Batch> want(9);
-  nlohmann::json state;
-  for (int s = 0; s < 9; ++s) {
-    ASSERT_TRUE(ref.next_batch(want[s]));
-    if (s == 4) state = ref.state();
-  }
-  // Another layout (2 ranks x batch 1 each) from the same state continues with the same rows.
-  for (int rank = 0; rank < 2; ++rank) {
-    data::DataConfig c2 = cfg;
-    c2.batch_size = 1;
-    c2.dp_world = 2;
-    c2.dp_rank = rank;
-    data::DataLoader resumed(c2);
-    resumed.load_state(state);
-    for (int s = 5; s < 9; ++s) {
-      data::Batch b;
-      ASSERT_TRUE(resumed.next_batch(b));
-      const size_t L = 48;
-      EXPECT_TRUE(std::equal(b.input_ids.begin(), b.input_ids.end(), want[s].input_ids.begin() + rank * L));
-      EXPECT_TRUE(std::equal(b.labels.begin(), b.labels.end(), want[s].labels.begin() + rank * L));
+  for (bool packing : {false, true}) {
+    data::DataConfig cfg = chat_config(kGolden + "/train.jsonl", packing ? 160 : 48, 2);
+    cfg.packing = packing;
+    cfg.max_epochs = 0;
+    data::DataLoader ref(cfg);
+    std::vector<data::Batch> want(9);
+    nlohmann::json state;
+    for (int s = 0; s < 9; ++s) {
+      ASSERT_TRUE(ref.next_batch(want[s]));
+      if (s == 4) state = ref.state();
+    }
+    // Another layout (2 ranks x batch 1 each) from the same state continues with the same rows.
+    for (int rank = 0; rank < 2; ++rank) {
+      data::DataConfig c2 = cfg;
+      c2.batch_size = 1;
+      c2.dp_world = 2;
+      c2.dp_rank = rank;
+      data::DataLoader resumed(c2);
+      resumed.load_state(state);
+      for (int s = 5; s < 9; ++s) {
+        data::Batch b;
+        ASSERT_TRUE(resumed.next_batch(b));
+        const size_t L = cfg.seq_len;
+        EXPECT_TRUE(std::equal(b.input_ids.begin(), b.input_ids.end(), want[s].input_ids.begin() + rank * L));
+        EXPECT_TRUE(std::equal(b.labels.begin(), b.labels.end(), want[s].labels.begin() + rank * L));
+        if (packing)
+          EXPECT_TRUE(std::equal(b.position_ids.begin(), b.position_ids.end(),
+                                 want[s].position_ids.begin() + rank * L));
+      }
     }
   }
+}
+
+// The conversations of a file in loader order, whole (one per row of a loader with rows longer than any).
+struct Conversation {
+  std::vector<int32_t> ids, labels;  // labels[t]: the target of position t (-100 at the last token)
+};
+std::vector<Conversation> whole_conversations(data::DataConfig cfg) {
+  cfg.seq_len = 4096;
+  cfg.batch_size = 1;
+  cfg.packing = false;
+  cfg.max_epochs = 1;
+  data::DataLoader loader(cfg);
+  std::vector<Conversation> out;
+  data::Batch b;
+  for (uint64_t tokens = 0; loader.next_batch(b);) {
+    const uint64_t n = loader.stats().tokens - tokens;
+    tokens = loader.stats().tokens;
+    EXPECT_LT(n, 4096u);
+    out.push_back({{b.input_ids.begin(), b.input_ids.begin() + n}, {b.labels.begin(), b.labels.begin() + n}});
+  }
+  return out;
+}
+
+TEST(ChatData, PackedRowsHoldWholeConversationsInOrder) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
+  data::DataConfig cfg = chat_config(kGolden + "/train.jsonl", 160, 2);
+  cfg.max_epochs = 1;
+  const std::vector<Conversation> convs = whole_conversations(cfg);
+  ASSERT_GT(convs.size(), 10u);
+  cfg.packing = true;
+  data::DataLoader loader(cfg);
+  data::Batch b;
+  size_t next = 0;
+  int64_t rows = 0, padding = 0, max_per_row = 0;
+  const int64_t L = cfg.seq_len;
+  while (loader.next_batch(b)) {
+    ASSERT_EQ(b.position_ids.size(), b.input_ids.size());
+    for (int64_t r = 0; r < b.batch_size; ++r, ++rows) {
+      const int32_t* ids = b.input_ids.data() + r * L;
+      const int32_t* labels = b.labels.data() + r * L;
+      const int32_t* pos = b.position_ids.data() + r * L;
+      int64_t t = 0, in_row = 0;
+      // Conversations in order while the next one fits (a longer-than-row one fills a row alone), then
+      // padding; none is split.
+      while (next < convs.size() && (t == 0 || t + (int64_t)convs[next].ids.size() <= L)) {
+        const Conversation& c = convs[next++];
+        const int64_t n = std::min<int64_t>(c.ids.size(), L);
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(ids[t + i], c.ids[i]) << "row " << rows << " conversation " << next - 1;
+          ASSERT_EQ(labels[t + i], c.labels[i]) << "row " << rows << " conversation " << next - 1;
+          ASSERT_EQ(pos[t + i], i);
+        }
+        t += n;
+        ++in_row;
+      }
+      ASSERT_GT(in_row, 0) << "row " << rows;
+      max_per_row = std::max(max_per_row, in_row);
+      for (; t < L; ++t, ++padding) {
+        EXPECT_EQ(ids[t], loader.eos_id());
+        EXPECT_EQ(labels[t], -100);
+        EXPECT_EQ(pos[t], 0);
+      }
+    }
+  }
+  EXPECT_EQ(next, convs.size());  // every conversation, once
+  EXPECT_GT(max_per_row, 1);      // rows do hold several
+  const data::LoaderStats st = loader.stats();
+  EXPECT_EQ(st.rows, uint64_t(rows));
+  EXPECT_EQ(st.padding, uint64_t(padding));
+  EXPECT_LT(rows, int64_t(convs.size()));
+}
+
+TEST(ChatData, PackingIsForChatData) {
+  TempDir tmp;
+  std::ofstream(tmp / "a.txt") << "text";
+  data::DataConfig c;
+  c.sources = {tmp / "a.txt"};
+  c.format = data::DataFormat::Text;
+  c.tokenizer = "builtin:bytes";
+  c.packing = true;
+  EXPECT_NE(error_of([&] { data::DataLoader loader(c); }).find("packing applies to chat data"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_train_args({"--training.packing=true"}); }).find("training.packing"),
+            std::string::npos);
 }
 
 TEST(ChatData, BadLinesNameFileLineAndField) {
@@ -729,6 +819,35 @@ TEST(ChatTrain, KilledAfterACheckpointAndResumedEqualsTheStraightRunBitForBit) {
   for (const auto& [step, loss] : ref)
     EXPECT_EQ(std::memcmp(&got.at(step), &loss, sizeof loss), 0)
         << "step " << step << ": " << got.at(step) << " vs " << loss;
+}
+
+TEST(ChatTrain, PackedRunTrainsAndResumesBitForBit) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
+  // training.packing: rows of whole conversations (attention and positions per conversation); killed
+  // after a checkpoint and restarted, the run continues with the straight run's losses.
+  TempDir tmp;
+  std::string args;
+  for (const auto& a : small_chat_args(tmp, 4)) args += " " + a;
+  args += " --training.packing=true --training.seq_len=160";
+  args += " --checkpoint.enable=true --checkpoint.interval=2 --checkpoint.last_save_in_hf=false";
+  const std::string titan = std::string(TITAN_BINARY) + " train";
+  auto straight =
+      testing::run_shell_command("timeout 300 " + titan + args + " --job.dump_folder=" + (tmp / "a"));
+  ASSERT_EQ(straight.rc, 0) << straight.output;
+  auto r = testing::run_shell_command("TITAN_FAULT_INJECT=checkpoint:after-rename@2 timeout 300 " + titan +
+                                      args + " --job.dump_folder=" + (tmp / "b"));
+  ASSERT_NE(r.rc, 0) << r.output;
+  r = testing::run_shell_command("timeout 300 " + titan + args + " --job.dump_folder=" + (tmp / "b"));
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
+  const auto ref = step_losses(tmp / "a/metrics.jsonl"), got = step_losses(tmp / "b/metrics.jsonl");
+  ASSERT_EQ(ref.size(), 4u);
+  ASSERT_EQ(got.size(), 4u);
+  for (const auto& [step, loss] : ref) {
+    EXPECT_TRUE(std::isfinite(loss)) << "step " << step;
+    EXPECT_EQ(std::memcmp(&got.at(step), &loss, sizeof loss), 0)
+        << "step " << step << ": " << got.at(step) << " vs " << loss;
+  }
 }
 
 TEST(ChatTrain, TwoDataParallelRanksMatchOneRank) {

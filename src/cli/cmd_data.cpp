@@ -259,6 +259,7 @@ int cmd_data(int argc, char** argv) {
   show->add_option("--delimiter", show_opts.delimiter, "text: file | percent | blank")->capture_default_str();
   show->add_option("--text-field", show_cfg.text_field)->capture_default_str();
   show->add_option("--seq-len", show_cfg.seq_len, "training.seq_len")->capture_default_str();
+  show->add_flag("--packing", show_cfg.packing, "chat: pack whole conversations per row (training.packing)");
   show->add_option("--rows", show_opts.rows, "rows to print")->capture_default_str();
   show->add_option("--limit", show_opts.limit, "count only this many rows (default: the whole epoch)");
   show->add_flag("--ids", show_opts.ids, "also print each row's token ids (trained ones in brackets)");

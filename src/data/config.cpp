@@ -48,6 +48,8 @@ DataConfig data_config_from_json(const nlohmann::json& j, DataConfig c) {
         c.tokenizer = v.get<std::string>();
       else if (key == "chat_template")
         c.chat_template = v.get<std::string>();
+      else if (key == "packing")
+        c.packing = v.get<bool>();
       else if (key == "eos_id")
         c.eos_id = v.is_null() ? std::nullopt : std::optional<int32_t>(v.get<int32_t>());
       else if (key == "seq_len")

@@ -40,6 +40,9 @@ struct DataConfig {
   // Chat only: the tokenizer_config.json (or a directory holding one) whose chat_template renders
   // the conversations; empty: the one beside `tokenizer`.
   std::string chat_template;
+  // Chat only: padding-free packing (TRL's packing): whole conversations one after another in a row, the
+  // Batch's position_ids restarting at each, so attention stays inside each conversation.
+  bool packing = false;
 
   int64_t seq_len = 2048;  // tokens per row; windows hold seq_len + 1 tokens
   int64_t batch_size = 1;  // rows per batch on this rank

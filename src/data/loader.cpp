@@ -29,6 +29,9 @@ void check_config(const DataConfig& cfg) {
   TITAN_CHECK(cfg.val_fraction >= 0 && cfg.val_fraction < 1, "data: val_fraction must be in [0, 1), got ",
               cfg.val_fraction);
   TITAN_CHECK(cfg.max_epochs >= 0, "data: max_epochs must be >= 0, got ", cfg.max_epochs);
+  TITAN_CHECK(!cfg.packing || cfg.format == DataFormat::Chat,
+              "data: packing applies to chat data (text and token windows are always packed), got format '",
+              to_string(cfg.format), "'");
 }
 
 bool sources_are_tokens(const DataConfig& cfg) {
@@ -158,14 +161,58 @@ struct DataLoader::Impl {
     return true;
   }
 
+  // Packed chat: whole conversations one after another from row position 0 (as take_row, without
+  // padding between them) while they fit; positions restart at each. A conversation longer than the row
+  // fills it alone, truncated. Returns false when no conversation is left to start the row.
+  std::vector<int32_t> scratch_ids, scratch_labels, scratch_pos;
+  bool take_packed_row(int32_t* row_ids, int32_t* row_labels, int32_t* row_pos) {
+    const uint64_t L = static_cast<uint64_t>(cfg.seq_len);
+    const bool mine = row_ids != nullptr;
+    if (!mine) {  // another rank's row: built all the same, to know where it ends
+      scratch_ids.resize(L), scratch_labels.resize(L), scratch_pos.resize(L);
+      row_ids = scratch_ids.data(), row_labels = scratch_labels.data(), row_pos = scratch_pos.data();
+    }
+    uint64_t t = 0, convs = 0;
+    while (t < L) {
+      if (doc_offset == doc_len && !load_next_doc()) break;
+      const uint64_t size = doc.size();
+      if (t > 0 && size > L - t) break;  // starts the next row
+      // n tokens of the conversation enter the row; a row-long one also takes its token L as the last label.
+      const uint64_t n = std::min(size, L), label_end = std::min(size, L + 1);
+      for (uint64_t i = 0; i < n; ++i) {
+        row_ids[t + i] = doc[i];
+        row_labels[t + i] = i + 1 < label_end ? doc_labels[i + 1] : -100;
+        row_pos[t + i] = static_cast<int32_t>(i);
+        if (mine) stats.trained += row_labels[t + i] != -100;
+      }
+      if (mine) stats.truncated += size > L + 1;
+      doc_offset = doc_len;
+      tokens += label_end;
+      t += n;
+      ++convs;
+    }
+    if (convs == 0) return false;
+    if (mine) {
+      ++stats.rows;
+      stats.tokens += t;
+      stats.padding += L - t;
+    }
+    for (; t < L; ++t) row_ids[t] = eos, row_labels[t] = -100, row_pos[t] = 0;
+    return true;
+  }
+
   bool next_chat_batch(Batch& batch) {
     const uint64_t B = static_cast<uint64_t>(cfg.batch_size), L = static_cast<uint64_t>(cfg.seq_len);
     const uint64_t N = static_cast<uint64_t>(cfg.dp_world), r = static_cast<uint64_t>(cfg.dp_rank);
     for (uint64_t b = 0; b < B; ++b) {
       // Global rows of this step, row b: N consecutive conversations, one per rank.
       bool ok = true;
-      for (uint64_t k = 0; k < N && ok; ++k)
-        ok = take_row(k == r ? batch.input_ids.data() + b * L : nullptr, batch.labels.data() + b * L);
+      for (uint64_t k = 0; k < N && ok; ++k) {
+        int32_t* ids = k == r ? batch.input_ids.data() + b * L : nullptr;
+        ok = cfg.packing
+                 ? take_packed_row(ids, batch.labels.data() + b * L, batch.position_ids.data() + b * L)
+                 : take_row(ids, batch.labels.data() + b * L);
+      }
       if (!ok) {
         finished = true;
         return false;
@@ -188,6 +235,7 @@ struct DataLoader::Impl {
     batch.seq_len = cfg.seq_len;
     batch.input_ids.resize(B * L);
     batch.labels.resize(B * L);
+    batch.position_ids.resize(cfg.packing ? B * L : 0);
     batch.epoch = epoch;
     if (chat) return next_chat_batch(batch);
     window.resize(W);

@@ -14,6 +14,12 @@
 // is needed. Global row k belongs to rank k % dp_world; the state is the position of the next
 // conversation, so resuming is exact as for packed data.
 //
+// Packed chat data (DataConfig::packing, TRL's padding-free packing): a row takes whole conversations
+// in order while they fit in seq_len positions, each with its own shifted labels (the last token of a
+// conversation predicts nothing), then padding; position_ids restart at 0 with each conversation (HF's
+// packing positions: the model keeps attention inside each one). A conversation is never split: one
+// that does not fit starts the next row; one longer than a row fills a row alone, truncated as above.
+//
 // Memory is constant in the corpus size: token shards are memory-mapped, text is streamed.
 #pragma once
 #include <cstdint>
@@ -34,18 +40,20 @@ struct Batch {
   std::vector<int32_t> input_ids;  // [batch_size, seq_len], row-major
   std::vector<int32_t> labels;     // [batch_size, seq_len]: labels[b][t] = input_ids[b][t + 1] in the stream
                                    // (chat: -100 where that token is not the assistant's)
-  uint64_t step = 0;               // index of this batch (same on every rank)
-  uint64_t epoch = 0;              // epoch of the batch's first token
+  std::vector<int32_t> position_ids;  // packed chat rows: [batch_size, seq_len], 0 at each conversation's
+                                      // first token (HF position_ids); empty otherwise
+  uint64_t step = 0;                  // index of this batch (same on every rank)
+  uint64_t epoch = 0;                 // epoch of the batch's first token
 };
 
 // What this rank's batches held so far (`titan data show`).
 struct LoaderStats {
   uint64_t rows = 0;       // rows of seq_len positions
-  uint64_t documents = 0;  // documents begun (chat: conversations, one per row)
+  uint64_t documents = 0;  // documents begun (chat: conversations, one per row unless packed)
   uint64_t tokens = 0;     // input positions holding data (not padding)
   uint64_t trained = 0;    // positions whose label is not -100
   uint64_t truncated = 0;  // chat: conversations longer than seq_len + 1 tokens, cut
-  uint64_t padding = 0;    // chat: input positions after the conversation (EOS, label -100)
+  uint64_t padding = 0;    // chat: input positions after the row's conversation(s) (EOS, label -100)
   uint64_t skipped = 0;    // records the source skipped (chat: no assistant token within seq_len + 1)
 };
 

@@ -53,6 +53,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"training", "dataset_format", &c.training.dataset_format},
       {"training", "dataset_delimiter", &c.training.dataset_delimiter},
       {"training", "text_field", &c.training.text_field},
+      {"training", "packing", &c.training.packing},
       {"training", "val_fraction", &c.training.val_fraction},
       {"training", "local_batch_size", &c.training.local_batch_size},
       {"training", "global_batch_size", &c.training.global_batch_size},
@@ -302,6 +303,10 @@ void TrainConfig::validate() const {
   check_choice("training.dataset_format", training.dataset_format,
                {"auto", "text", "jsonl", "tokens", "chat"});
   check_choice("training.dataset_delimiter", training.dataset_delimiter, {"file", "percent", "blank"});
+  TITAN_CHECK(!training.packing || training.dataset_format == "chat",
+              "training.packing = true applies to chat data (training.dataset_format = 'chat'); text and "
+              "token windows are always packed, got dataset_format = '",
+              training.dataset_format, "'");
   check_choice("training.mixed_precision_param", training.mixed_precision_param, {"float32", "bfloat16"});
   check_choice("checkpoint.export_dtype", checkpoint.export_dtype, {"float32", "bfloat16"});
   check_choice("activation_checkpoint.mode", activation_checkpoint.mode, {"none", "full", "selective"});

@@ -55,6 +55,9 @@ struct TrainingConfig {
   std::string dataset_format = "auto";              // auto | text | jsonl | tokens | chat (SFT)
   std::string dataset_delimiter = "percent";        // text: file | percent | blank
   std::string text_field = "text";
+  // Chat data: several whole conversations per row, attention and RoPE positions per conversation (TRL's
+  // padding-free packing; data/loader.h).
+  bool packing = false;
   // Share of the documents held out of training (the validation split when validation.dataset is empty).
   double val_fraction = 0.01;
   int64_t local_batch_size = 8;

@@ -110,6 +110,7 @@ data::DataConfig base_data_config(const TrainConfig& cfg, const std::vector<std:
   dc.format = data::parse_data_format(cfg.training.dataset_format);
   dc.delimiter = data::parse_doc_delimiter(cfg.training.dataset_delimiter);
   dc.text_field = cfg.training.text_field;
+  dc.packing = cfg.training.packing;
   dc.tokenizer = tokenizer_path;
   dc.seq_len = cfg.training.seq_len;
   dc.batch_size = cfg.training.local_batch_size;

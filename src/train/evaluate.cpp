@@ -13,6 +13,7 @@ EvalResult evaluate_loss(Qwen3Model& model, data::DataLoader& loader, int64_t ma
     ForwardOptions fo;
     fo.compute_grad = false;
     fo.labels_shifted = true;  // loader labels: labels[t] is the target of position t
+    if (!batch.position_ids.empty()) fo.position_ids = batch.position_ids.data();  // packed chat rows
     const ForwardResult r =
         model.forward(batch.input_ids.data(), batch.labels.data(), batch.batch_size, batch.seq_len, fo);
     sums[0] += r.loss_sum;

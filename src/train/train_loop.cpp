@@ -91,6 +91,7 @@ void Trainer::forward_backward(int64_t step, double totals[3]) {
     ForwardOptions fo;
     fo.grad_scale = grad_scale;
     fo.labels_shifted = true;  // the loader's labels are the next tokens (torchtitan packing)
+    if (!batch.position_ids.empty()) fo.position_ids = batch.position_ids.data();  // packed chat rows
     // MoE aux loss: its coefficient split over the micro-batches (each contributes its own aux).
     fo.aux_loss_scale =
         mc_.output_router_logits ? static_cast<float>(mc_.router_aux_loss_coef / plan_.grad_accum) : 0.0f;
