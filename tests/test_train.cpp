@@ -18,6 +18,7 @@
 #include "support/testing.h"
 #include "train/config.h"
 #include "train/forward_tool.h"
+#include "train/plan.h"
 #include "train/preemption.h"
 #include "train/tensorboard.h"
 #include "train/trainer.h"
@@ -545,6 +546,30 @@ TEST(Trainer, SelectiveActivationCheckpointingGivesTheSameLosses) {
                                 "--activation_checkpoint.selective_ac_option=0"});
             }).find("or a positive integer N"),
             std::string::npos);
+}
+
+TEST(Trainer, PlanCountsEachActivationCheckpointingMode) {
+  // The plan's activations (Qwen3-8B, 4 x 4096 tokens per rank): none > op > every 2nd + op, and
+  // none > every 2nd > full; the op policy saves the pointwise outputs of all but one layer.
+  const Qwen3Config c = Qwen3Config::flavor("8B");
+  auto acts = [&](int64_t every, bool ops) {
+    return make_plan(c, 1, 1, 1, 4, 4, 4096, CheckpointPolicy{every, ops}).activation_bytes;
+  };
+  const int64_t none = acts(0, false), op = acts(0, true), two = acts(2, false), full = acts(1, false),
+                two_op = acts(2, true);
+  EXPECT_LT(op, none);
+  EXPECT_LT(two, none);
+  EXPECT_LT(full, two);
+  EXPECT_LT(two_op, op);
+  EXPECT_LT(two_op, two);
+  const int64_t N = 4 * 4096;
+  const int64_t pointwise = N * (2 * c.hidden_size + c.q_dim() + c.kv_dim() + c.intermediate_size);
+  EXPECT_EQ(none - op, 4 * (c.num_hidden_layers - 1) * pointwise);
+  EXPECT_EQ(parse_train_args(
+                {"--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"})
+                .activation_checkpoint.policy()
+                .recompute_ops,
+            true);
 }
 
 TEST(Trainer, CompileOnTheCpuChangesNothing) {
