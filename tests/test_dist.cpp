@@ -315,17 +315,30 @@ TEST(DistMpi, SelftestOnTwoRanks) {
   RunResult r = run_shell("timeout 60 mpirun --oversubscribe -np 2 " + kTitan + " dist-selftest --verbose");
   EXPECT_EQ(r.rc, 0) << r.output;
   // Every building block was checked on both ranks.
-  for (const char* check :
-       {"ok   all_reduce f32 avg", "ok   all_reduce f64 max", "ok   reduce_scatter (uneven)",
-        "ok   all_gather (uneven)", "ok   broadcast f64", "ok   all_to_all_v f32",
-        "ok   ddp bucketed all-reduce = mean",
-        "ok   fsdp reduce-scattered gradients = 1-rank gradient shards",
-        "ok   sharded AdamW = unsharded AdamW", "ok   fsdp global grad norm (shard sums) = 1-rank norm",
-        "ok   ddp global grad norm = 1-rank norm", "ok   hsdp reduce-scatter + replica average",
-        "ok   expert exchange backward", "ok   plan fsdp: 1 replica(s) x 2 shard(s)",
-        "ok   expert parallel 2: expert slice initialises as the full model", "ok   expert parallel 2: loss",
-        "ok   expert parallel 2: expert gradients (the group's tokens)",
-        "ok   expert parallel 2: reduced gradients = DDP gradients"})
+  for (const char* check : {"ok   all_reduce f32 avg",
+                            "ok   all_reduce f64 max",
+                            "ok   reduce_scatter (uneven)",
+                            "ok   all_gather (uneven)",
+                            "ok   broadcast f64",
+                            "ok   all_to_all_v f32",
+                            "ok   ddp bucketed all-reduce = mean",
+                            "ok   fsdp reduce-scattered gradients = 1-rank gradient shards",
+                            "ok   sharded AdamW = unsharded AdamW",
+                            "ok   fsdp global grad norm (shard sums) = 1-rank norm",
+                            "ok   ddp global grad norm = 1-rank norm",
+                            "ok   hsdp reduce-scatter + replica average",
+                            "ok   expert exchange backward",
+                            "ok   plan fsdp: 1 replica(s) x 2 shard(s)",
+                            "ok   expert parallel 2: expert slice initialises as the full model",
+                            "ok   expert parallel 2: loss",
+                            "ok   expert parallel 2: expert gradients (the group's tokens)",
+                            "ok   expert parallel 2: reduced gradients = DDP gradients",
+                            "ok   tensor parallel 2: loss",
+                            "ok   tensor parallel 2: gradients = slices of the full gradients",
+                            "ok   tensor parallel 2: global grad norm",
+                            "ok   tensor parallel 2: 5 clipped AdamW steps: losses",
+                            "ok   tensor parallel 2 moe: gradients = slices of the full gradients",
+                            "ok   tensor parallel 2: selective op checkpointing gives the same gradients"})
     for (const char* rank : {"[rank 0] ", "[rank 1] "})
       EXPECT_NE(r.output.find(std::string(rank) + check), std::string::npos) << rank << check << "\n"
                                                                              << r.output;

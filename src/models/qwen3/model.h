@@ -98,6 +98,17 @@ class ParamStreamer {
   virtual void zero_grads() = 0;                // a new gradient-accumulation window starts
 };
 
+// Tensor parallel (dist/tensor_parallel.h): a model holding one rank's slices of the full model (whole
+// heads of q/k/v and o, a slice of the dense MLP's intermediate) runs these sums over its tensor-parallel
+// group at Megatron's points: after the row-parallel o_proj and down_proj in forward (the partial outputs),
+// and after the column-parallel q/k/v and gate/up in backward (the partial input gradients). The layout
+// that made the slices owns the group; the model only calls it.
+class TensorParallelComm {
+ public:
+  virtual ~TensorParallelComm() = default;
+  virtual void sum(float* x, int64_t n) = 0;  // in place, over the group, x on the model's device
+};
+
 // RoPE tables (T, head_dim/2) of cos and sin at positions 0..T-1, as HF computes them (fp32 inv_freq and
 // angles), on `device`: the training model's and the KV cache's.
 void make_rope_tables(const Qwen3Config& c, int64_t T, Device device, Tensor& cos, Tensor& sin);
@@ -177,6 +188,7 @@ class Qwen3Model {
   // no base gradient is computed or kept (the gradient buffers of dense groups are dropped; sparse layers
   // keep one as scratch for the expert kernels). nullptr detaches the adapters (the base stays frozen).
   void set_lora(LoraAdapters* lora);
+  void set_tensor_parallel(TensorParallelComm* comm) { tp_ = comm; }
   LoraAdapters* lora() const { return lora_; }
   bool frozen_base() const { return frozen_; }
   // Bytes of activations currently planned (for memory reports).
@@ -300,6 +312,10 @@ class Qwen3Model {
   std::vector<std::vector<uint16_t>> bf16_image_;  // per group (empty: none)
   std::vector<const float*> bf16_image_base_;      // the buffer each image was made from
   ParamStreamer* streamer_ = nullptr;
+  TensorParallelComm* tp_ = nullptr;
+  void tp_sum(float* x, int64_t n) {
+    if (tp_) tp_->sum(x, n);
+  }
   std::map<std::string, std::string> kernel_names_;
   const MatmulKernels* matmul_;  // matmul_f32_, or &matmul_bf16_ under bf16 compute
   const MatmulKernels* matmul_f32_;

@@ -152,6 +152,7 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   // resid_mid = resid_in + att @ wo^T
   matmul_->forward(a.resid_mid, a.att, w.wo, N, c.q_dim(), H);
   if (lora_) lora_->forward(l, LoraProj::O, a.att, N, a.resid_mid, H);
+  tp_sum(a.resid_mid, N * H);  // row-parallel o_proj: the ranks' partial outputs
   float* rm = a.resid_mid;
   elementwise_->add(rm, a.resid_in, N * H);
   bf16(rm, N * H);
@@ -170,6 +171,7 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
     bf16(a.act, N * I);
     matmul_->forward(out, a.act, w.wdown, N, I, H);
     if (lora_) lora_->forward(l, LoraProj::Down, a.act, N, out, H);
+    tp_sum(out, N * H);  // row-parallel down_proj
   }
   elementwise_->add(out, rm, N * H);
   bf16(out, N * H);
@@ -274,6 +276,7 @@ void Qwen3Model::backward() {
         lora_->backward(l, LoraProj::Gate, a.ln2, dgu, 2 * I, dln, N);
         lora_->backward(l, LoraProj::Up, a.ln2, dgu + I, 2 * I, dln, N);
       }
+      tp_sum(dln, N * H);  // column-parallel gate/up: the ranks' partial d(ln2)
     }
     rmsnorm_->backward(dresid, g.post_norm, dln, a.resid_mid, w.post_norm, a.rstd2, N, H);
     // Attention branch: resid_mid = resid_in + o(attn(rope(norm(q,k)), v))
@@ -309,6 +312,7 @@ void Qwen3Model::backward() {
       lora_->backward(l, LoraProj::K, a.ln1, dkr, c.kv_dim(), dln, N);
       lora_->backward(l, LoraProj::V, a.ln1, dv, c.kv_dim(), dln, N);
     }
+    tp_sum(dln, N * H);  // column-parallel q/k/v: the ranks' partial d(ln1)
     rmsnorm_->backward(dresid, g.input_norm, dln, a.resid_in, w.input_norm, a.rstd1, N, H);
     finish_grads(static_cast<int>(l) + 1);
     release_params(static_cast<int>(l) + 1);

@@ -1,0 +1,146 @@
+#include "dist/tensor_parallel.h"
+
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include "core/error.h"
+
+namespace titan::dist {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::vector<float> host_copy(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  t.copy_to_host(v.data());
+  return v;
+}
+
+// Rows [r0, r0 + rows) and columns [c0, c0 + cols) of the rank's block of a (R, C) matrix under `split`.
+struct Block {
+  int64_t r0, rows, c0, cols;
+};
+Block block_of(TpSplit split, const Shape& full, int tp, int rank) {
+  TITAN_CHECK(full.size() == 2, "tensor parallel: a split parameter must be a matrix");
+  const int64_t R = full[0], C = full[1];
+  if (split == TpSplit::Rows) return {rank * (R / tp), R / tp, 0, C};
+  return {0, R, rank * (C / tp), C / tp};
+}
+
+}  // namespace
+
+TpSplit tensor_parallel_split(const std::string& name) {
+  if (name.find(".mlp.experts.") != std::string::npos) return TpSplit::Replicated;  // experts: EP's
+  for (const char* s : {".self_attn.q_proj.weight", ".self_attn.k_proj.weight", ".self_attn.v_proj.weight",
+                        ".mlp.gate_proj.weight", ".mlp.up_proj.weight"})
+    if (ends_with(name, s)) return TpSplit::Rows;
+  for (const char* s : {".self_attn.o_proj.weight", ".mlp.down_proj.weight"})
+    if (ends_with(name, s)) return TpSplit::Columns;
+  return TpSplit::Replicated;
+}
+
+Qwen3Config tensor_parallel_config(const Qwen3Config& full, int64_t tp) {
+  TITAN_CHECK(tp >= 1, "parallelism.tensor_parallel_degree must be >= 1, got ", tp);
+  auto divides = [tp](int64_t n, const char* field) {
+    TITAN_CHECK(n % tp == 0, "parallelism.tensor_parallel_degree = ", tp, " does not divide model ", field,
+                " = ", n, " (each rank holds whole heads and an equal slice of the MLP)");
+  };
+  divides(full.num_attention_heads, "num_attention_heads");
+  divides(full.num_key_value_heads, "num_key_value_heads");
+  if (full.intermediate_size > 0) divides(full.intermediate_size, "intermediate_size");
+  Qwen3Config c = full;
+  c.num_attention_heads /= tp;
+  c.num_key_value_heads /= tp;
+  c.intermediate_size /= tp;
+  return c;
+}
+
+TensorParallel::TensorParallel(std::shared_ptr<ProcessGroup> group) : group_(std::move(group)) {
+  TITAN_CHECK(group_, "tensor parallel: no group");
+}
+
+void TensorParallel::sum(float* x, int64_t n) {
+  if (group_->size() > 1) group_->all_reduce(x, n, CommType::F32, ReduceOp::Sum);
+}
+
+Tensor TensorParallel::slice(const std::string& name, const Tensor& full) const {
+  const TpSplit split = tensor_parallel_split(name);
+  if (split == TpSplit::Replicated || size() == 1) return full.clone();
+  const Block b = block_of(split, full.shape(), size(), rank());
+  const int64_t C = full.shape()[1];
+  Tensor out = Tensor::empty({b.rows, b.cols});
+  const float* src = full.f32();
+  float* dst = out.f32();
+  for (int64_t r = 0; r < b.rows; ++r) std::copy_n(src + (b.r0 + r) * C + b.c0, b.cols, dst + r * b.cols);
+  return out;
+}
+
+void TensorParallel::scatter(const Qwen3Model& full, Qwen3Model& local) const {
+  std::map<std::string, const Param*> by_name;
+  for (const Param& f : full.params()) by_name[f.name] = &f;
+  for (Param& p : local.params()) {
+    const auto it = by_name.find(p.name);
+    TITAN_CHECK(it != by_name.end(), "tensor parallel: the full model has no parameter ", p.name);
+    const Param& f = *it->second;
+    Tensor host = Tensor::empty(f.shape);
+    f.value.copy_to_host(host.f32());
+    Tensor s = slice(p.name, host);
+    TITAN_CHECK(s.shape() == p.shape, "tensor parallel: the slice of ", p.name,
+                " does not fit the local model");
+    p.value.copy_from_host(s.f32());
+  }
+}
+
+NamedTensors TensorParallel::gather(const Qwen3Model& local) const {
+  NamedTensors out;
+  const int tp = size();
+  for (const Param& p : local.params()) {
+    const TpSplit split = tensor_parallel_split(p.name);
+    Tensor mine = Tensor::empty(p.shape);
+    p.value.copy_to_host(mine.f32());
+    if (split == TpSplit::Replicated || tp == 1) {
+      out.emplace_back(p.name, mine);
+      continue;
+    }
+    // Every rank's block, one after another, then placed into the full matrix.
+    const int64_t n = mine.numel();
+    std::vector<float> blocks(static_cast<size_t>(n * tp));
+    group_->all_gather(mine.f32(), blocks.data(), std::vector<int64_t>(tp, n), CommType::F32);
+    const Shape full_shape =
+        split == TpSplit::Rows ? Shape{p.shape[0] * tp, p.shape[1]} : Shape{p.shape[0], p.shape[1] * tp};
+    Tensor full = Tensor::empty(full_shape);
+    for (int r = 0; r < tp; ++r) {
+      const Block b = block_of(split, full_shape, tp, r);
+      for (int64_t i = 0; i < b.rows; ++i)
+        std::copy_n(blocks.data() + r * n + i * b.cols, b.cols,
+                    full.f32() + (b.r0 + i) * full_shape[1] + b.c0);
+    }
+    out.emplace_back(p.name, full);
+  }
+  return out;
+}
+
+void TensorParallel::reduce_replicated_grads(Qwen3Model& local) const {
+  if (size() == 1) return;
+  for (Param& p : local.params())
+    if (ends_with(p.name, ".self_attn.q_norm.weight") || ends_with(p.name, ".self_attn.k_norm.weight"))
+      group_->all_reduce(p.grad.f32(), p.grad.numel(), CommType::F32, ReduceOp::Sum);
+}
+
+double TensorParallel::grad_sq_norm(const Qwen3Model& local) const {
+  double sums[2] = {0, 0};  // sliced (summed over the group), replicated (the same on every rank)
+  for (const Param& p : local.params()) {
+    if (!p.grad.defined()) continue;
+    double s = 0;
+    for (float g : host_copy(p.grad)) s += double(g) * g;
+    sums[tensor_parallel_split(p.name) == TpSplit::Replicated ? 1 : 0] += s;
+  }
+  if (size() > 1) group_->all_reduce(sums, 1, CommType::F64, ReduceOp::Sum);
+  return sums[0] + sums[1];
+}
+
+}  // namespace titan::dist

@@ -1,0 +1,58 @@
+// Tensor parallel (Megatron-style) layout of a Qwen3 model over a group of tp ranks, applied from outside
+// the model like torchtitan's parallelize_qwen3: each rank holds a Qwen3Model of the local config (whole
+// attention heads and KV heads, a 1/tp slice of the dense MLP's intermediate size) whose parameters are
+// its slices of the full model's:
+//   q_proj, k_proj, v_proj, gate_proj, up_proj   column-parallel: the rank's rows (output features)
+//   o_proj, down_proj                            row-parallel: the rank's columns (input features)
+//   everything else                              replicated (norms, embedding, lm_head, MoE router/experts)
+// The model sums the row-parallel partial outputs (forward) and the column-parallel partial input gradients
+// (backward) over the group through TensorParallelComm; the replicated per-head norms (q_norm, k_norm) see
+// only the rank's heads, so their gradients are summed here after the backward. Every rank of a group sees
+// the same batch. No rank holds the full model: checkpoints and exports gather the slices.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dist/process_group.h"
+#include "models/qwen3/config.h"
+#include "models/qwen3/model.h"
+
+namespace titan::dist {
+
+// How a parameter of the full model (by HF name) is split over the group.
+enum class TpSplit { Replicated, Rows, Columns };
+TpSplit tensor_parallel_split(const std::string& hf_name);
+
+// One rank's model config: heads, KV heads and the dense intermediate size divided by tp. One error naming
+// parallelism.tensor_parallel_degree and the model field it does not divide.
+Qwen3Config tensor_parallel_config(const Qwen3Config& full, int64_t tp);
+
+class TensorParallel : public TensorParallelComm {
+ public:
+  // group: this rank's tensor-parallel group (the ranks holding the other slices of the same layers).
+  explicit TensorParallel(std::shared_ptr<ProcessGroup> group);
+  int size() const { return group_->size(); }
+  int rank() const { return group_->rank(); }
+  ProcessGroup& group() const { return *group_; }
+
+  void sum(float* x, int64_t n) override;
+
+  // This rank's slice (host f32, contiguous) of a full parameter (host f32) named hf_name.
+  Tensor slice(const std::string& hf_name, const Tensor& full) const;
+  // The local model's parameters := this rank's slices of the full model's (any device).
+  void scatter(const Qwen3Model& full, Qwen3Model& local) const;
+  // The full model's parameters, assembled from every rank's slices (collective; host tensors, HF names).
+  NamedTensors gather(const Qwen3Model& local) const;
+  // After the backward (gradients accumulated over the step's micro-batches): sums the gradients of the
+  // replicated parameters that each rank computed over its own heads only (q_norm, k_norm). Collective.
+  void reduce_replicated_grads(Qwen3Model& local) const;
+  // Squared L2 norm of the full model's gradient (sliced parameters summed over the group, replicated
+  // ones once). Collective.
+  double grad_sq_norm(const Qwen3Model& local) const;
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+};
+
+}  // namespace titan::dist
