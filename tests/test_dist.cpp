@@ -498,6 +498,100 @@ TEST(DistExpertParallel, TrainMatchesOneRank) {
   }
 }
 
+// ---- tensor parallel through `titan train` ----
+
+// Same global batch and seed: tensor parallel 2 (world 2), TP 2 x DDP 2 (world 4), TP 2 with selective
+// op checkpointing, and TP 2 on the debug MoE (experts replicated in the group) give the 1-rank loss
+// sequence over 10 steps, and the HF export gathers the slices into the 1-rank model's tensors.
+TEST(DistTensorParallel, TrainMatchesOneRank) {
+  testing::TempDir tmp;
+  const std::string common = train_args(tmp, 10) + " --model.flavor=debug";
+  const std::string tp2 =
+      " --parallelism.tensor_parallel_degree=2 --parallelism.enable_sequence_parallel=false";
+  for (auto [name, args] :
+       {std::pair<std::string, std::string>{"one", ""}, {"one_moe", " --model.flavor=debug_moe"}}) {
+    RunResult r = run_shell("timeout 300 " + kTitan + " train" + common + args +
+                            " --training.local_batch_size=4 --job.dump_folder=" + (tmp / name));
+    ASSERT_EQ(r.rc, 0) << r.output;
+  }
+  struct Layout {
+    std::string name, ref, args;
+    int np, local_batch;
+  };
+  for (const Layout& l :
+       {Layout{"tp2", "one", "", 2, 4},
+        Layout{"tp2_ddp2", "one", " --parallelism.data_parallel_replicate_degree=2", 4, 2},
+        Layout{"tp2_op", "one",
+               " --activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=op", 2,
+               4},
+        Layout{"tp2_moe", "one_moe", " --model.flavor=debug_moe", 2, 4}}) {
+    RunResult r = run_shell("timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(l.np) +
+                            " " + kTitan + " train" + common + tp2 + l.args +
+                            " --training.local_batch_size=" + std::to_string(l.local_batch) +
+                            " --job.dump_folder=" + (tmp / l.name));
+    ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.output;
+    EXPECT_NE(r.output.find("tensor parallel: 2 ranks per group"), std::string::npos) << r.output;
+    const auto ref = jsonl_losses(tmp / (l.ref + "/metrics.jsonl"));
+    const auto got = jsonl_losses(tmp / (l.name + "/metrics.jsonl"));
+    ASSERT_EQ(ref.size(), 10u) << l.ref;
+    ASSERT_EQ(got.size(), ref.size()) << l.name;
+    double max_rel = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << l.name << " step " << i + 1;
+      max_rel = std::max(max_rel, std::abs(got[i] - ref[i]) / ref[i]);
+    }
+    std::printf("%s: max relative loss difference to 1 rank over 10 steps: %.3g\n", l.name.c_str(), max_rel);
+    SafetensorsFile ref_st(tmp / (l.ref + "/checkpoint/step-10/model.safetensors"));
+    SafetensorsFile st(tmp / (l.name + "/checkpoint/step-10/model.safetensors"));
+    ASSERT_EQ(st.entries().size(), ref_st.entries().size()) << l.name;
+    double max_param_rel = 0;
+    for (auto& [key, e] : ref_st.entries()) {
+      ASSERT_TRUE(st.contains(key)) << l.name << ": " << key;
+      Tensor a = st.load(key), b = ref_st.load(key);
+      ASSERT_EQ(a.shape(), b.shape()) << key;
+      max_param_rel = std::max(max_param_rel, testing::rel_error(a, b));
+    }
+    std::printf("%s: max relative parameter difference (per tensor, L2) after 10 steps: %.3g\n",
+                l.name.c_str(), max_param_rel);
+    EXPECT_LE(max_param_rel, 1e-4) << l.name;
+  }
+}
+
+TEST(DistTensorParallel, BadLayoutsNameTheKeysAndNumbers) {
+  std::string out;
+  const std::string nosp = " --parallelism.enable_sequence_parallel=false";
+  // debug: 8 heads, 4 KV heads, intermediate 768.
+  EXPECT_NE(testing::run_titan(
+                "plan --nproc 3 --model.flavor=debug --parallelism.tensor_parallel_degree=3" + nosp, &out),
+            0);
+  EXPECT_NE(out.find("parallelism.tensor_parallel_degree = 3 does not divide model num_attention_heads = 8"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(testing::run_titan(
+                "plan --nproc 8 --model.flavor=debug --parallelism.tensor_parallel_degree=8" + nosp, &out),
+            0);
+  EXPECT_NE(out.find("does not divide model num_key_value_heads = 4"), std::string::npos) << out;
+  EXPECT_NE(testing::run_titan(
+                "plan --nproc 6 --model.flavor=debug --parallelism.tensor_parallel_degree=4" + nosp, &out),
+            0);
+  EXPECT_NE(
+      out.find("--nproc 6 is not a multiple of data_parallel_replicate_degree x tensor_parallel_degree = 4"),
+      std::string::npos)
+      << out;
+  // Sequence parallel (torchtitan's default) is refused by name.
+  EXPECT_NE(testing::run_titan("train --dry-run --parallelism.tensor_parallel_degree=2", &out), 0);
+  EXPECT_NE(out.find("parallelism.enable_sequence_parallel = true"), std::string::npos) << out;
+  // The plan reports the layout and the tensor-parallel traffic.
+  EXPECT_EQ(testing::run_titan(
+                "plan --nproc 4 --model.flavor=debug --parallelism.tensor_parallel_degree=2 "
+                "--parallelism.data_parallel_replicate_degree=2 --parallelism.enable_sequence_parallel=false",
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("x tensor_parallel 2 (attention heads and MLP slices per rank;"), std::string::npos)
+      << out;
+}
+
 // ---- several GPUs: the NCCL process group through `titan train` ----
 
 // DDP 2 and FSDP 2 (dense) and expert parallel 2 x DDP 2 (MoE) on two GPUs (rank r on cuda:r, the

@@ -35,12 +35,16 @@ int plan_main(int argc, char** argv) {
   const int64_t rep = cfg.parallelism.data_parallel_replicate_degree;
   TITAN_CHECK(nproc % rep == 0, "--nproc ", nproc, " is not a multiple of data_parallel_replicate_degree ",
               rep);
+  const int64_t tp = cfg.parallelism.tensor_parallel_degree;
+  TITAN_CHECK(nproc % (rep * tp) == 0, "--nproc ", nproc,
+              " is not a multiple of data_parallel_replicate_degree x ",
+              "tensor_parallel_degree = ", rep * tp);
   const int64_t shard = cfg.parallelism.data_parallel_shard_degree > 0
                             ? cfg.parallelism.data_parallel_shard_degree
-                            : nproc / rep;
-  auto plan = titan::make_plan(mc, nproc, rep, shard, cfg.training.local_batch_size,
-                               cfg.training.global_batch_size, cfg.training.seq_len,
-                               cfg.activation_checkpoint.policy(), cfg.parallelism.expert_parallel_degree);
+                            : nproc / rep / tp;
+  auto plan = titan::make_plan(
+      mc, nproc, rep, shard, cfg.training.local_batch_size, cfg.training.global_batch_size,
+      cfg.training.seq_len, cfg.activation_checkpoint.policy(), cfg.parallelism.expert_parallel_degree, tp);
   std::printf("%s\n", plan.describe().c_str());
   return 0;
 }

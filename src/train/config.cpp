@@ -72,6 +72,8 @@ std::vector<Field> fields(TrainConfig& c) {
       {"parallelism", "data_parallel_replicate_degree", &c.parallelism.data_parallel_replicate_degree},
       {"parallelism", "data_parallel_shard_degree", &c.parallelism.data_parallel_shard_degree},
       {"parallelism", "expert_parallel_degree", &c.parallelism.expert_parallel_degree},
+      {"parallelism", "tensor_parallel_degree", &c.parallelism.tensor_parallel_degree},
+      {"parallelism", "enable_sequence_parallel", &c.parallelism.enable_sequence_parallel},
       {"checkpoint", "enable", &c.checkpoint.enable},
       {"checkpoint", "folder", &c.checkpoint.folder},
       {"checkpoint", "interval", &c.checkpoint.interval},
@@ -353,6 +355,29 @@ void TrainConfig::validate() const {
   TITAN_CHECK(parallelism.data_parallel_shard_degree == -1 || parallelism.data_parallel_shard_degree >= 1,
               "parallelism.data_parallel_shard_degree must be -1 or >= 1");
   TITAN_CHECK(parallelism.expert_parallel_degree >= 1, "parallelism.expert_parallel_degree must be >= 1");
+  const int64_t tp = parallelism.tensor_parallel_degree;
+  TITAN_CHECK(tp >= 1, "parallelism.tensor_parallel_degree must be >= 1, got ", tp);
+  if (tp > 1) {
+    // What tensor parallel runs with today; each refusal names what to change.
+    auto refuse = [tp](bool bad, const std::string& what) {
+      TITAN_CHECK(!bad, "parallelism.tensor_parallel_degree = ", tp, ": ", what);
+    };
+    refuse(
+        parallelism.enable_sequence_parallel,
+        "sequence parallel (parallelism.enable_sequence_parallel = true, the default) is not available yet; "
+        "set it to false (the norms and residual stream are then replicated over the tensor-parallel group)");
+    refuse(parallelism.data_parallel_shard_degree > 1,
+           "FSDP/HSDP with tensor parallel is not available yet; use data_parallel_replicate_degree (DDP)");
+    refuse(parallelism.expert_parallel_degree > 1,
+           "expert parallel with tensor parallel is not available yet");
+    refuse(lora.enable, "LoRA with tensor parallel is not available yet");
+    refuse(checkpoint.enable,
+           "resumable checkpoints with tensor parallel are not available yet; set checkpoint.enable = false "
+           "(the "
+           "final HF export, checkpoint.last_save_in_hf, is written)");
+    refuse(parse_device(job.device, "job.device").type != DeviceType::CPU,
+           "tensor parallel runs on the CPU device only for now");
+  }
   for (const auto& c : compile.components) check_choice("compile.components", c, {"model", "loss"});
   check_choice("compile.backend", compile.backend, {"inductor", "aot_eager", "eager", "cudagraphs"});
   TITAN_CHECK(!compile.enable || parse_device(job.device, "job.device").type == DeviceType::CPU,

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "dist/tensor_parallel.h"
 
 namespace titan {
 
@@ -27,13 +28,16 @@ std::string human(double n) {
 
 RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int64_t dp_shard,
                   int64_t local_batch, int64_t global_batch, int64_t seq_len, CheckpointPolicy checkpointing,
-                  int64_t expert_parallel) {
+                  int64_t expert_parallel, int64_t tensor_parallel) {
   RunPlan p;
   p.world = world;
   p.dp_replicate = dp_replicate;
   p.dp_shard = dp_shard;
-  TITAN_CHECK(dp_replicate * dp_shard == world, "parallelism: data_parallel_replicate_degree (", dp_replicate,
-              ") x data_parallel_shard_degree (", dp_shard, ") must equal the world size (", world, ")");
+  const int64_t tp = p.tensor_parallel = tensor_parallel;
+  TITAN_CHECK(dp_replicate * dp_shard * tp == world, "parallelism: data_parallel_replicate_degree (",
+              dp_replicate, ") x data_parallel_shard_degree (", dp_shard, ") x tensor_parallel_degree (", tp,
+              ") must equal the world size (", world, ")");
+  const Qwen3Config lc = dist::tensor_parallel_config(c, tp);  // one rank's slice of the layers
   const int64_t dp = dp_replicate * dp_shard;
   p.local_batch = local_batch;
   p.global_batch = global_batch > 0 ? global_batch : local_batch * dp;
@@ -61,8 +65,14 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
                 ") so that data_parallel_shard_degree = 1 (got ", dp_shard,
                 "; FSDP/HSDP with expert parallel is not supported yet)");
   }
-  // Parameters held per rank: every non-expert parameter, 1/expert_parallel of the experts.
-  const int64_t rank_params = p.params - p.expert_params + p.expert_params / expert_parallel;
+  // Parameters held per rank: every non-expert parameter, 1/expert_parallel of the experts, 1/tp of the
+  // tensor-parallel weights (q/k/v/o, the dense MLPs).
+  int64_t tp_sliced = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    tp_sliced += c.hidden_size * (2 * c.q_dim() + 2 * c.kv_dim()) +
+                 (c.is_moe_layer(l) ? 0 : 3 * c.intermediate_size * c.hidden_size);
+  const int64_t rank_params =
+      p.params - p.expert_params + p.expert_params / expert_parallel - tp_sliced + tp_sliced / tp;
   const int64_t shard_params = (rank_params + dp_shard - 1) / dp_shard;
   p.param_bytes = shard_params * 4;
   p.grad_bytes = shard_params * 4;
@@ -73,22 +83,34 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
     p.param_bytes += biggest * 4;
     p.grad_bytes += biggest * 4;
   }
-  // Saved activations per layer (f32), as Qwen3Model plans them, plus the logits.
-  const int64_t N = local_batch * seq_len, H = c.hidden_size, I = c.intermediate_size;
-  const int64_t per_layer = N * H * 4 + N * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 +
-                            N * (c.num_attention_heads + c.num_key_value_heads) +
-                            local_batch * c.num_attention_heads * seq_len * seq_len + N * 3 * I;
+  // Saved activations per layer (f32), as Qwen3Model plans them (one rank's heads and MLP slice), plus the
+  // logits.
+  const int64_t N = local_batch * seq_len, H = c.hidden_size, I = lc.intermediate_size;
+  const int64_t per_layer = N * H * 4 + N * 2 + N * lc.q_dim() * 3 + N * lc.kv_dim() * 3 +
+                            N * (lc.num_attention_heads + lc.num_key_value_heads) +
+                            local_batch * lc.num_attention_heads * seq_len * seq_len + N * 3 * I;
   const int64_t every = checkpointing.every;
   const int64_t checkpointed = every > 0 ? c.num_hidden_layers / every : 0;
   const int64_t layers_saved = c.num_hidden_layers - checkpointed + (checkpointed > 0 ? 1 : 0);
   const int64_t checkpointed_inputs = checkpointed * N * H;
-  const int64_t scratch = N * (3 * H + 2 * c.q_dim() + 3 * c.kv_dim() + 3 * I);
+  const int64_t scratch = N * (3 * H + 2 * lc.q_dim() + 3 * lc.kv_dim() + 3 * I);
   // Selective 'op': the saved layers keep ln1, ln2, q/k after norm + RoPE and act in one shared block.
-  const int64_t pointwise = N * (2 * H + c.q_dim() + c.kv_dim() + I);
+  const int64_t pointwise = N * (2 * H + lc.q_dim() + lc.kv_dim() + I);
   const int64_t op_layers = checkpointing.recompute_ops ? c.num_hidden_layers - checkpointed : 0;
   const int64_t recomputed = op_layers > 0 ? (op_layers - 1) * pointwise : 0;
   p.activation_bytes =
       4 * (layers_saved * per_layer - recomputed + checkpointed_inputs + scratch + N * c.vocab_size);
+  if (tp > 1) {
+    // Sums of (N, H) f32 per micro-batch: per layer two in the forward (o_proj; down_proj of a dense layer),
+    // two in the backward (q/k/v; gate/up), the forward's again for a recomputed layer. A ring all-reduce
+    // sends 2 (tp - 1) / tp of the buffer from each rank.
+    double sums = 0;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const int per_pass = c.is_moe_layer(l) ? 1 : 2;
+      sums += per_pass * (2 + (every > 0 && (l + 1) % every == 0 ? 1 : 0));
+    }
+    p.tp_comm_bytes = sums * 4.0 * N * H * 2.0 * (tp - 1) / tp * p.grad_accum;
+  }
   return p;
 }
 
@@ -98,6 +120,10 @@ std::string RunPlan::describe() const {
      << "training FLOPs/token: " << human(flops_per_token) << " (" << flops_per_token / 1e9 << " GFLOP)\n"
      << "world " << world << " = data_parallel_replicate " << dp_replicate << " x data_parallel_shard "
      << dp_shard;
+  if (tensor_parallel > 1)
+    os << " x tensor_parallel " << tensor_parallel << " (attention heads and MLP slices per rank; "
+       << gib(static_cast<int64_t>(tp_comm_bytes))
+       << " sent per rank per step in tensor-parallel all-reduces)";
   if (expert_parallel > 1)
     os << ", experts split over " << expert_parallel
        << " ranks (expert_parallel_degree): " << human(expert_params / expert_parallel) << " of "

@@ -15,6 +15,8 @@ struct RunPlan {
   int64_t world = 1, dp_replicate = 1, dp_shard = 1, grad_accum = 1;
   int64_t expert_parallel = 1;  // ranks the experts are split over
   int64_t expert_params = 0;    // routed-expert parameters (all sparse layers, all experts)
+  int64_t tensor_parallel = 1;  // ranks per tensor-parallel group
+  double tp_comm_bytes = 0;     // per rank and step: bytes each rank sends in its tensor-parallel all-reduces
   int64_t local_batch = 1, global_batch = 1, seq_len = 1;
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;  // per rank
   int64_t total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + activation_bytes; }
@@ -29,10 +31,11 @@ struct CheckpointPolicy {
   bool recompute_ops = false;
 };
 
-// dp_shard divides parameters, gradients and optimizer state; expert_parallel divides the routed experts
-// (errors name the parallelism field when it cannot).
+// dp_shard divides parameters, gradients and optimizer state; expert_parallel divides the routed experts;
+// tensor_parallel slices the attention and dense MLP weights and their activations (world = dp_replicate x
+// dp_shard x tensor_parallel). Errors name the parallelism field when one cannot.
 RunPlan make_plan(const Qwen3Config& model, int64_t world, int64_t dp_replicate, int64_t dp_shard,
                   int64_t local_batch, int64_t global_batch, int64_t seq_len, CheckpointPolicy checkpointing,
-                  int64_t expert_parallel = 1);
+                  int64_t expert_parallel = 1, int64_t tensor_parallel = 1);
 
 }  // namespace titan

@@ -9,6 +9,7 @@
 #include "device/device.h"
 #include "dist/data_parallel_plan.h"
 #include "dist/runtime.h"
+#include "dist/tensor_parallel.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 #include "train/metrics.h"
@@ -142,15 +143,16 @@ StepOutcome Trainer::train_step(int64_t step) {
     s.skipped = true;
     return s;
   }
+  if (tp_) tp_->reduce_replicated_grads(*model_);  // q/k-norm gradients: each rank saw its own heads
   dp_->reduce_grads();
   if (mc_.num_experts > 0 && mc_.load_balance_coeff > 0) {
     // Aux-loss-free balancing: global routed-token counts, then the expert-bias update.
-    if (world_ > 1) tensor_pg().all_reduce(model_->expert_token_counts(), dist::ReduceOp::Sum);
+    if (dp_pg().size() > 1) dp_pg().all_reduce(model_->expert_token_counts(), dist::ReduceOp::Sum);
     model_->update_expert_bias();
   }
   // Clipping (torch's clip_grad_norm_) is applied inside the optimizer step: one pass fewer over the
   // gradients.
-  s.grad_norm = dp_->grad_norm();
+  s.grad_norm = tp_ ? std::sqrt(tp_->grad_sq_norm(*model_)) : dp_->grad_norm();
   s.lr = cfg_.optimizer.lr * schedule_->factor(step - 1);
   optimizer_->step(static_cast<float>(s.lr), clip_coefficient(s.grad_norm, cfg_.training.max_norm));
   dp_->after_optimizer_step();
@@ -181,7 +183,7 @@ void Trainer::log_step(int64_t step, const StepOutcome& s, double seconds) {
   m.lr = s.lr;
   m.tokens = cfg_.training.local_batch_size * cfg_.training.seq_len * plan_.grad_accum;
   m.tps = m.tokens / seconds;
-  m.tflops = plan_.flops_per_token * m.tps / 1e12;
+  m.tflops = plan_.flops_per_token * m.tps / 1e12 / plan_.tensor_parallel;  // a rank's share of the FLOPs
   m.mfu = 100.0 * m.tflops / peak_tflops_;
   m.mem_gib = mem.peak.load() / double(int64_t(1) << 30);
   m.mem_pct = 100.0 * m.mem_gib / phys_gib;

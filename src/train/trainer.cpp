@@ -14,9 +14,11 @@
 #include "dist/nccl.h"
 #include "dist/runtime.h"
 #include "dist/staged_process_group.h"
+#include "dist/tensor_parallel.h"
 #include "models/qwen3/lora.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
+#include "train/checkpointing.h"
 #include "train/metrics.h"
 #include "train/plan_streamer.h"
 
@@ -51,12 +53,26 @@ void Trainer::build_process_group_and_plan() {
   rank_ = pg_->rank();
   lead_ = rank_ == 0;
   const auto& par = cfg_.parallelism;
-  const int64_t dp_shard = par.data_parallel_shard_degree > 0 ? par.data_parallel_shard_degree
-                                                              : world_ / par.data_parallel_replicate_degree;
+  const int64_t tp = par.tensor_parallel_degree;
+  TITAN_CHECK(world_ % tp == 0, "parallelism.tensor_parallel_degree = ", tp,
+              " does not divide the world size ", world_);
+  const int64_t dp_shard = par.data_parallel_shard_degree > 0
+                               ? par.data_parallel_shard_degree
+                               : world_ / tp / par.data_parallel_replicate_degree;
+  TITAN_CHECK(tp == 1 || dp_shard == 1, "parallelism.tensor_parallel_degree = ", tp,
+              ": FSDP/HSDP with tensor parallel is not available yet; set data_parallel_replicate_degree = ",
+              world_ / tp,
+              " (world size / tensor_parallel_degree) for DDP across the tensor-parallel groups");
   mc_ = resolve_model_config(cfg_);
   plan_ = make_plan(mc_, world_, par.data_parallel_replicate_degree, dp_shard, cfg_.training.local_batch_size,
                     cfg_.training.global_batch_size, cfg_.training.seq_len,
-                    cfg_.activation_checkpoint.policy(), par.expert_parallel_degree);
+                    cfg_.activation_checkpoint.policy(), par.expert_parallel_degree, tp);
+  if (tp > 1) {
+    // Groups of tp consecutive ranks (innermost); the ranks holding the same slice across groups.
+    tp_group_ = pg_->split(rank_ / tp, rank_ % tp);
+    dp_group_ = pg_->split(rank_ % tp, rank_ / tp);
+    tp_ = std::make_unique<dist::TensorParallel>(tp_group_);
+  }
   if (cfg_.lora.enable) {
     // LoRA: the frozen base (bf16 or f32) without gradients or optimizer state; the adapters train.
     LoraConfig lc;
@@ -105,7 +121,7 @@ void Trainer::check_dry_run() {
 }
 
 void Trainer::build_data() {
-  data_ = build_train_data(cfg_, *pg_, mc_.vocab_size);
+  data_ = build_train_data(cfg_, dp_pg(), mc_.vocab_size);  // the ranks of a tensor-parallel group: one batch
   if (lead_ && data_.validation) {
     const int64_t steps = cfg_.validation.steps;
     std::printf("validation: %s, every %lld steps and after the last, %s\n", data_.validation_source.c_str(),
@@ -124,6 +140,7 @@ void Trainer::build_model() {
         "compile: the CPU device's step is already compiled native code with a fixed memory plan; "
         "there is no graph to capture, compile.enable changes nothing\n");
   if (cfg_.lora.enable) return build_lora_model();
+  if (tp_) return build_tensor_parallel_model();
   // Expert parallel: groups of expert_parallel_degree consecutive ranks split every sparse layer's experts.
   ep_group_ = dist::make_expert_group(tensor_pg(), static_cast<int>(plan_.expert_parallel));
   model_ = std::make_unique<Qwen3Model>(mc_, kernels_, ep_group_.get(), true, device_);
@@ -133,6 +150,35 @@ void Trainer::build_model() {
   export_model_ = model_.get();
   find_resume_checkpoint();
   load_initial_weights();
+}
+
+// Tensor parallel: this rank's slices of the full model (initialised, or loaded from
+// checkpoint.initial_load_path, in full on the host, then sliced; dist/tensor_parallel.h).
+void Trainer::build_tensor_parallel_model() {
+  Qwen3Model full(mc_, kernels_);
+  full.init_weights(cfg_.training.seed);
+  find_resume_checkpoint();  // (checkpoint.enable is refused with tensor parallel: nothing to resume)
+  const auto& c = cfg_.checkpoint;
+  if (!c.initial_load_path.empty()) {
+    if (lead_)
+      std::printf("loading %s weights from %s\n", c.initial_load_in_hf ? "HF" : "checkpoint",
+                  c.initial_load_path.c_str());
+    if (c.initial_load_in_hf)
+      full.load_hf(c.initial_load_path);
+    else
+      load_model_from_checkpoint(full, c.initial_load_path, lead_);
+  }
+  model_ = std::make_unique<Qwen3Model>(dist::tensor_parallel_config(mc_, tp_->size()), kernels_, nullptr,
+                                        true, device_);
+  tp_->scatter(full, *model_);
+  model_->set_tensor_parallel(tp_.get());
+  model_->set_activation_checkpoint_every(cfg_.activation_checkpoint.every());
+  model_->set_activation_recompute_ops(cfg_.activation_checkpoint.recompute_ops());
+  if (lead_)
+    std::printf("tensor parallel: %d ranks per group (%lld heads, %lld KV heads, MLP %lld per rank)\n",
+                tp_->size(), (long long)model_->config().num_attention_heads,
+                (long long)model_->config().num_key_value_heads,
+                (long long)model_->config().intermediate_size);
 }
 
 // Data parallelism (DDP / FSDP / HSDP from the replicate x shard degrees; with one rank a no-op) and
@@ -146,7 +192,7 @@ void Trainer::build_parallelism() {
   stream_ = plan_.dp_shard > 1;
   if (bf16_ && !stream_) build_mixed_precision_master();
   dp_ = std::make_unique<dist::DataParallelPlan>(
-      tensor_pg(), static_cast<int>(plan_.dp_replicate), static_cast<int>(plan_.dp_shard),
+      dp_pg(), static_cast<int>(plan_.dp_replicate), static_cast<int>(plan_.dp_shard),
       master_.empty() ? model_->flat_params() : master_, model_->flat_grads(), int64_t(25) << 20, stream_,
       dist::ExpertParallelLayout{ep_group_, model_->expert_offsets()});
   streamer_ = std::make_unique<PlanStreamer>(*dp_);

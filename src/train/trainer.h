@@ -43,6 +43,7 @@ class PlanStreamer;
 namespace dist {
 class ProcessGroup;
 class DataParallelPlan;
+class TensorParallel;
 }  // namespace dist
 namespace ckpt {
 class Reader;
@@ -139,6 +140,12 @@ class Trainer {
   // Collectives over device buffers (gradients, parameters): NCCL on GPUs, else pg_ itself.
   std::shared_ptr<dist::ProcessGroup> device_pg_;
   dist::ProcessGroup& tensor_pg() { return device_pg_ ? *device_pg_ : *pg_; }
+  // Tensor parallel (parallelism.tensor_parallel_degree > 1, CPU): groups of tp consecutive ranks hold the
+  // slices of one model; the ranks with the same slice form the data-parallel group (data, DDP).
+  std::shared_ptr<dist::ProcessGroup> tp_group_, dp_group_;
+  std::unique_ptr<dist::TensorParallel> tp_;
+  dist::ProcessGroup& dp_pg() { return dp_group_ ? *dp_group_ : tensor_pg(); }
+  void build_tensor_parallel_model();
   void select_device();
   bool lead_ = true;  // rank 0 prints and writes the artifacts
   Qwen3Config mc_;

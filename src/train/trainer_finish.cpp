@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "checkpoint/checkpoint.h"
+#include "dist/tensor_parallel.h"
 #include "models/qwen3/model.h"
 #include "tokenizer/tokenizer.h"
 #include "train/metrics.h"
@@ -23,6 +24,15 @@ void Trainer::gather_final_model() {
   // LoRA keeps its frozen base where it is (a bf16 base is never expanded to f32 in full).
   if (model_->param_streamer() && !lora_) model_->set_param_streamer(nullptr);
   const bool on_cpu = model_->device().type == DeviceType::CPU;
+  if (tp_ && (cfg_.checkpoint.last_save_in_hf || cfg_.training.sample_tokens > 0)) {
+    NamedTensors all = tp_->gather(*model_);  // collective over the tensor-parallel group
+    if (lead_) {
+      gathered_ = std::make_unique<Qwen3Model>(mc_, on_cpu ? cfg_.kernels : KernelChoice{});
+      gathered_->load_state_dict(all);
+      if (mc_.num_experts > 0) gathered_->expert_bias().copy_from(model_->expert_bias());
+      export_model_ = gathered_.get();
+    }
+  }
   if (ep_group_ && (cfg_.checkpoint.last_save_in_hf || cfg_.training.sample_tokens > 0)) {
     NamedTensors all = model_->gathered_state_dict();  // collective over the expert group
     if (lead_) {
