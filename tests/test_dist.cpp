@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -24,6 +25,8 @@
 
 namespace titan::dist {
 namespace {
+
+namespace fs = std::filesystem;
 
 // Reports a chosen rank and size without communicating: for the sharding arithmetic of rank r of N.
 class FakeGroup final : public ProcessGroup {
@@ -554,6 +557,56 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
     std::printf("%s: max relative parameter difference (per tensor, L2) after 10 steps: %.3g\n",
                 l.name.c_str(), max_param_rel);
     EXPECT_LE(max_param_rel, 1e-4) << l.name;
+  }
+}
+
+// Checkpoints hold the full model's groups whatever the layout: a TP 2 run killed after its step-5
+// checkpoint resumes bit for bit; the same checkpoint resumes on 1 rank and on TP 2 x DDP 2 with the
+// straight run's losses (to f32 rounding), and a 1-rank checkpoint resumes under TP 2.
+TEST(DistTensorParallel, CheckpointsResumeOnAnyLayout) {
+  testing::TempDir tmp;
+  const std::string common = train_args(tmp, 10) +
+                             " --model.flavor=debug --checkpoint.enable=true --checkpoint.interval=5"
+                             " --checkpoint.last_save_in_hf=false";
+  const std::string tp2 =
+      " --parallelism.tensor_parallel_degree=2 --parallelism.enable_sequence_parallel=false";
+  auto mpi = [&](int np, const std::string& args, const std::string& dir, const std::string& env = "") {
+    return run_shell(env + "timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(np) +
+                     " " + kTitan + " train" + common + args + " --job.dump_folder=" + (tmp / dir));
+  };
+  RunResult r = mpi(2, tp2 + " --training.local_batch_size=4", "straight");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  r = mpi(2, tp2 + " --training.local_batch_size=4", "killed",
+          "TITAN_FAULT_INJECT=checkpoint:after-rename@5 ");
+  ASSERT_NE(r.rc, 0) << r.output;
+  r = mpi(2, tp2 + " --training.local_batch_size=4", "killed");
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
+  const auto ref = jsonl_losses(tmp / "straight/metrics.jsonl");
+  ASSERT_EQ(ref.size(), 10u);
+  EXPECT_EQ(jsonl_losses(tmp / "killed/metrics.jsonl"), ref);
+  struct Resume {
+    std::string dir, from, args;
+    int np;
+  };
+  r = run_shell("timeout 300 " + kTitan + " train" + common + " --training.local_batch_size=4" +
+                " --job.dump_folder=" + (tmp / "one"));
+  ASSERT_EQ(r.rc, 0) << r.output;
+  for (const Resume& c :
+       {Resume{"on_one", "killed", " --training.local_batch_size=4", 1},
+        Resume{"on_tp2_ddp2", "killed",
+               tp2 + " --training.local_batch_size=2 --parallelism.data_parallel_replicate_degree=2", 4},
+        Resume{"one_on_tp2", "one", tp2 + " --training.local_batch_size=4", 2}}) {
+    fs::create_directories(tmp / (c.dir + "/checkpoint"));
+    fs::copy(tmp / (c.from + "/checkpoint/step-5"), tmp / (c.dir + "/checkpoint/step-5"),
+             fs::copy_options::recursive);
+    r = mpi(c.np, c.args, c.dir);
+    ASSERT_EQ(r.rc, 0) << c.dir << "\n" << r.output;
+    EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
+    const auto got = jsonl_losses(tmp / (c.dir + "/metrics.jsonl"));
+    ASSERT_EQ(got.size(), 5u) << c.dir;  // steps 6-10
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], ref[5 + i], 1e-5 * ref[5 + i]) << c.dir << " step " << 6 + i;
   }
 }
 

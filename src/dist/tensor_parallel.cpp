@@ -67,6 +67,18 @@ void TensorParallel::sum(float* x, int64_t n) {
   if (group_->size() > 1) group_->all_reduce(x, n, CommType::F32, ReduceOp::Sum);
 }
 
+std::vector<TensorParallel::Run> TensorParallel::runs(const std::string& name, const Shape& full) const {
+  const TpSplit split = tensor_parallel_split(name);
+  int64_t numel = 1;
+  for (int64_t d : full) numel *= d;
+  if (split == TpSplit::Replicated || size() == 1) return {{0, 0, numel}};
+  const Block b = block_of(split, full, size(), rank());
+  if (split == TpSplit::Rows) return {{0, b.r0 * full[1], b.rows * b.cols}};
+  std::vector<Run> out;
+  for (int64_t i = 0; i < b.rows; ++i) out.push_back({i * b.cols, i * full[1] + b.c0, b.cols});
+  return out;
+}
+
 Tensor TensorParallel::slice(const std::string& name, const Tensor& full) const {
   const TpSplit split = tensor_parallel_split(name);
   if (split == TpSplit::Replicated || size() == 1) return full.clone();

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dist/process_group.h"
 #include "models/qwen3/config.h"
@@ -38,6 +39,13 @@ class TensorParallel : public TensorParallelComm {
 
   void sum(float* x, int64_t n) override;
 
+  // Where this rank's slice of a parameter lies in the full one, as runs of contiguous elements (offset in
+  // the local parameter, offset in the full parameter, count): one run for a replicated or row-split
+  // parameter, one per row for a column-split one.
+  struct Run {
+    int64_t local, global, count;
+  };
+  std::vector<Run> runs(const std::string& hf_name, const Shape& full_shape) const;
   // This rank's slice (host f32, contiguous) of a full parameter (host f32) named hf_name.
   Tensor slice(const std::string& hf_name, const Tensor& full) const;
   // The local model's parameters := this rank's slices of the full model's (any device).

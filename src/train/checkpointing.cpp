@@ -1,7 +1,10 @@
 #include "train/checkpointing.h"
 
+#include <map>
+
 #include "core/error.h"
 #include "dist/process_group.h"
+#include "dist/tensor_parallel.h"
 
 namespace titan {
 
@@ -44,8 +47,41 @@ std::vector<Piece> group_pieces(const Qwen3Model& model, int g, const std::vecto
 
 }  // namespace
 
+// Tensor parallel: every parameter of the local model placed in the full model's groups (the full layout
+// is that of a model of full_config, built without buffers).
+std::vector<ckpt::Slice> tensor_parallel_slices(Qwen3Model& model, dist::DataParallelPlan& dp,
+                                                AdamW& optimizer, bool for_save,
+                                                const dist::TensorParallel& tp,
+                                                const Qwen3Config& full_config) {
+  std::vector<ckpt::Slice> out;
+  const Qwen3Model full(full_config, {}, nullptr, /*allocate=*/false);
+  std::map<std::string, const Param*> full_params;
+  for (const Param& p : full.params()) full_params[p.name] = &p;
+  const int64_t L = full_config.num_hidden_layers;
+  for (const Param& p : model.params()) {
+    const Param& f = *full_params.at(p.name);
+    const bool replicated = dist::tensor_parallel_split(p.name) == dist::TpSplit::Replicated;
+    if (for_save && (!dp.saves_state() || (replicated && tp.rank() != 0))) continue;
+    const std::string group = group_name(L, p.group);
+    const int64_t numel = full.group_numel(p.group);
+    for (const dist::TensorParallel::Run& r : tp.runs(p.name, f.shape)) {
+      const int64_t local = p.offset + r.local, global = f.offset + r.global;
+      out.push_back(
+          {"model/" + group, numel, global, dp.optimizer_params()[p.group].view_at(local, {r.count})});
+      out.push_back(
+          {"exp_avg/" + group, numel, global, optimizer.exp_avg()[p.group].view_at(local, {r.count})});
+      out.push_back(
+          {"exp_avg_sq/" + group, numel, global, optimizer.exp_avg_sq()[p.group].view_at(local, {r.count})});
+    }
+  }
+  if (!for_save || (dp.world_rank() == 0 && tp.rank() == 0)) add_buffers(model, out);
+  return out;
+}
+
 std::vector<ckpt::Slice> training_slices(Qwen3Model& model, dist::DataParallelPlan& dp, AdamW& optimizer,
-                                         bool for_save) {
+                                         bool for_save, const dist::TensorParallel* tp,
+                                         const Qwen3Config* full_config) {
+  if (tp && tp->size() > 1) return tensor_parallel_slices(model, dp, optimizer, for_save, *tp, *full_config);
   std::vector<ckpt::Slice> out;
   const int64_t L = model.config().num_hidden_layers;
   const std::vector<int64_t> expert_offsets = model.expert_offsets();
@@ -87,12 +123,12 @@ std::vector<ckpt::Slice> model_slices(Qwen3Model& model) {
   return out;
 }
 
-nlohmann::json training_metadata(const Qwen3Model& model, const TrainConfig& cfg, const AdamW& optimizer,
-                                 const nlohmann::json& loader_state, const dist::DataParallelPlan& dp,
-                                 int64_t global_batch_size) {
+nlohmann::json training_metadata(const Qwen3Config& model_config, const TrainConfig& cfg,
+                                 const AdamW& optimizer, const nlohmann::json& loader_state,
+                                 const dist::DataParallelPlan& dp, int64_t global_batch_size) {
   const AdamWConfig& oc = optimizer.config();
   return {
-      {"model_config", model.config().to_hf_json()},
+      {"model_config", model_config.to_hf_json()},
       {"optimizer",
        {{"name", "AdamW"},
         {"step", optimizer.step_count()},

@@ -16,6 +16,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "dist/data_parallel_plan.h"
+#include "dist/tensor_parallel.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 #include "train/config.h"
@@ -29,16 +30,20 @@ std::string group_name(int64_t num_layers, int g);
 // buffers or FSDP shards; under expert parallel the non-expert part and this rank's experts, placed in
 // the group's all-experts layout), plus the buffers. for_save: only what this rank writes (one copy of
 // everything across the ranks); otherwise everything it holds (a load).
+// Under tensor parallel (tp, with the full model's config) the slices are this rank's parts of the full
+// model's groups, so a checkpoint reads back on any layout; replicated parameters are written by tensor-
+// parallel rank 0.
 std::vector<ckpt::Slice> training_slices(Qwen3Model& model, dist::DataParallelPlan& dp, AdamW& optimizer,
-                                         bool for_save);
+                                         bool for_save, const dist::TensorParallel* tp = nullptr,
+                                         const Qwen3Config* full_config = nullptr);
 // The parameter groups (this rank's experts under expert parallel) and buffers of `model` (a
 // model-only load or a conversion).
 std::vector<ckpt::Slice> model_slices(Qwen3Model& model);
 
 // Metadata of a training checkpoint (everything but the tensors).
-nlohmann::json training_metadata(const Qwen3Model& model, const TrainConfig& cfg, const AdamW& optimizer,
-                                 const nlohmann::json& loader_state, const dist::DataParallelPlan& dp,
-                                 int64_t global_batch_size);
+nlohmann::json training_metadata(const Qwen3Config& model_config, const TrainConfig& cfg,
+                                 const AdamW& optimizer, const nlohmann::json& loader_state,
+                                 const dist::DataParallelPlan& dp, int64_t global_batch_size);
 
 // The model config a checkpoint was saved with (its metadata's model_config), validated.
 Qwen3Config saved_model_config(const ckpt::Reader& reader);

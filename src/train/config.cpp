@@ -371,10 +371,6 @@ void TrainConfig::validate() const {
     refuse(parallelism.expert_parallel_degree > 1,
            "expert parallel with tensor parallel is not available yet");
     refuse(lora.enable, "LoRA with tensor parallel is not available yet");
-    refuse(checkpoint.enable,
-           "resumable checkpoints with tensor parallel are not available yet; set checkpoint.enable = false "
-           "(the "
-           "final HF export, checkpoint.last_save_in_hf, is written)");
     refuse(parse_device(job.device, "job.device").type != DeviceType::CPU,
            "tensor parallel runs on the CPU device only for now");
   }

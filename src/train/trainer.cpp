@@ -157,9 +157,17 @@ void Trainer::build_model() {
 void Trainer::build_tensor_parallel_model() {
   Qwen3Model full(mc_, kernels_);
   full.init_weights(cfg_.training.seed);
-  find_resume_checkpoint();  // (checkpoint.enable is refused with tensor parallel: nothing to resume)
+  find_resume_checkpoint();
   const auto& c = cfg_.checkpoint;
-  if (!c.initial_load_path.empty()) {
+  if (!resume_dir_.empty()) {
+    // Training state: resumed slice by slice after the optimizer exists (resume()); a model-only
+    // checkpoint gives the initial weights.
+    auto reader = std::make_unique<ckpt::Reader>(resume_dir_);
+    if (has_training_state(*reader))
+      resume_ = std::move(reader);
+    else
+      load_model_from_checkpoint(full, resume_dir_, lead_);
+  } else if (!c.initial_load_path.empty()) {
     if (lead_)
       std::printf("loading %s weights from %s\n", c.initial_load_in_hf ? "HF" : "checkpoint",
                   c.initial_load_path.c_str());

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "dist/data_parallel_plan.h"
 #include "dist/runtime.h"
+#include "dist/tensor_parallel.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 #include "train/checkpointing.h"
@@ -68,7 +69,8 @@ void Trainer::resume() {
   if (lead_)
     std::printf("checkpoint: resuming from %s (step %lld)\n", resume_dir_.c_str(), (long long)reader.step());
   std::vector<ckpt::Slice> wanted =
-      lora_ ? lora_slices(false) : training_slices(*model_, *dp_, *optimizer_, /*for_save=*/false);
+      lora_ ? lora_slices(false)
+            : training_slices(*model_, *dp_, *optimizer_, /*for_save=*/false, tp_.get(), &mc_);
   reader.read(wanted, lead_);
   optimizer_->set_step_count(reader.meta()["optimizer"].at("step").get<int64_t>());
   dp_->after_optimizer_step();  // FSDP/HSDP: the loaded shards into the full parameter buffers
@@ -85,9 +87,10 @@ std::string Trainer::save(int64_t step, bool hf_export) {
   ckpt::SaveRequest req;
   req.folder = ckpt_folder_;
   req.step = step;
-  req.slices = lora_ ? lora_slices(true) : training_slices(*model_, *dp_, *optimizer_, /*for_save=*/true);
+  req.slices = lora_ ? lora_slices(true)
+                     : training_slices(*model_, *dp_, *optimizer_, /*for_save=*/true, tp_.get(), &mc_);
   if (lead_) {
-    req.meta = training_metadata(*model_, cfg_, *optimizer_, data_.train->state(), *dp_, plan_.global_batch);
+    req.meta = training_metadata(mc_, cfg_, *optimizer_, data_.train->state(), *dp_, plan_.global_batch);
     if (lora_) req.meta["lora"] = true;
     if (hf_export) req.extra_files = [this](const std::string& dir) { export_hf(dir); };
     // LoRA: every checkpoint directory is also a PEFT adapter directory.
