@@ -503,9 +503,9 @@ TEST(DistExpertParallel, TrainMatchesOneRank) {
 
 // ---- tensor parallel through `titan train` ----
 
-// Same global batch and seed: tensor parallel 2 (world 2), TP 2 x DDP 2 (world 4), TP 2 with selective
-// op checkpointing, and TP 2 on the debug MoE (experts replicated in the group) give the 1-rank loss
-// sequence over 10 steps, and the HF export gathers the slices into the 1-rank model's tensors.
+// Same global batch and seed: tensor parallel 2 (world 2), TP 2 x FSDP 2 and TP 2 x DDP 2 (world 4), TP 2
+// with selective op checkpointing, and TP 2 on the debug MoE (experts replicated in the group) give the
+// 1-rank loss sequence over 10 steps, and the HF export gathers the slices into the 1-rank model's tensors.
 TEST(DistTensorParallel, TrainMatchesOneRank) {
   testing::TempDir tmp;
   const std::string common = train_args(tmp, 10) + " --model.flavor=debug";
@@ -522,7 +522,7 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
     int np, local_batch;
   };
   for (const Layout& l :
-       {Layout{"tp2", "one", "", 2, 4},
+       {Layout{"tp2", "one", "", 2, 4}, Layout{"tp2_fsdp2", "one", "", 4, 2},
         Layout{"tp2_ddp2", "one", " --parallelism.data_parallel_replicate_degree=2", 4, 2},
         Layout{"tp2_op", "one",
                " --activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=op", 2,
@@ -568,18 +568,22 @@ TEST(DistTensorParallel, CheckpointsResumeOnAnyLayout) {
   const std::string common = train_args(tmp, 10) +
                              " --model.flavor=debug --checkpoint.enable=true --checkpoint.interval=5"
                              " --checkpoint.last_save_in_hf=false";
-  const std::string tp2 =
-      " --parallelism.tensor_parallel_degree=2 --parallelism.enable_sequence_parallel=false";
+  auto tp = [](int t) {
+    return " --parallelism.tensor_parallel_degree=" + std::to_string(t) +
+           " --parallelism.enable_sequence_parallel=false";
+  };
   auto mpi = [&](int np, const std::string& args, const std::string& dir, const std::string& env = "") {
     return run_shell(env + "timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(np) +
                      " " + kTitan + " train" + common + args + " --job.dump_folder=" + (tmp / dir));
   };
-  RunResult r = mpi(2, tp2 + " --training.local_batch_size=4", "straight");
+  // TP 2 x FSDP 2 (4 ranks): straight, and killed after its step-5 checkpoint then restarted.
+  const std::string tp2_fsdp2 = tp(2) + " --training.local_batch_size=2";
+  RunResult r = mpi(4, tp2_fsdp2, "straight");
   ASSERT_EQ(r.rc, 0) << r.output;
-  r = mpi(2, tp2 + " --training.local_batch_size=4", "killed",
-          "TITAN_FAULT_INJECT=checkpoint:after-rename@5 ");
+  EXPECT_NE(r.output.find("fsdp"), std::string::npos) << r.output;
+  r = mpi(4, tp2_fsdp2, "killed", "TITAN_FAULT_INJECT=checkpoint:after-rename@5 ");
   ASSERT_NE(r.rc, 0) << r.output;
-  r = mpi(2, tp2 + " --training.local_batch_size=4", "killed");
+  r = mpi(4, tp2_fsdp2, "killed");
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
   const auto ref = jsonl_losses(tmp / "straight/metrics.jsonl");
@@ -592,11 +596,13 @@ TEST(DistTensorParallel, CheckpointsResumeOnAnyLayout) {
   r = run_shell("timeout 300 " + kTitan + " train" + common + " --training.local_batch_size=4" +
                 " --job.dump_folder=" + (tmp / "one"));
   ASSERT_EQ(r.rc, 0) << r.output;
+  // The TP 2 x FSDP 2 checkpoint on 1 rank, TP 4 and FSDP 4; a 1-rank checkpoint under TP 2 x DDP 2.
   for (const Resume& c :
        {Resume{"on_one", "killed", " --training.local_batch_size=4", 1},
-        Resume{"on_tp2_ddp2", "killed",
-               tp2 + " --training.local_batch_size=2 --parallelism.data_parallel_replicate_degree=2", 4},
-        Resume{"one_on_tp2", "one", tp2 + " --training.local_batch_size=4", 2}}) {
+        Resume{"on_tp4", "killed", tp(4) + " --training.local_batch_size=4", 4},
+        Resume{"on_fsdp4", "killed", " --training.local_batch_size=1", 4},
+        Resume{"one_on_tp2_ddp2", "one",
+               tp(2) + " --training.local_batch_size=2 --parallelism.data_parallel_replicate_degree=2", 4}}) {
     fs::create_directories(tmp / (c.dir + "/checkpoint"));
     fs::copy(tmp / (c.from + "/checkpoint/step-5"), tmp / (c.dir + "/checkpoint/step-5"),
              fs::copy_options::recursive);

@@ -136,21 +136,55 @@ NamedTensors TensorParallel::gather(const Qwen3Model& local) const {
   return out;
 }
 
-void TensorParallel::reduce_replicated_grads(Qwen3Model& local) const {
-  if (size() == 1) return;
-  for (Param& p : local.params())
-    if (ends_with(p.name, ".self_attn.q_norm.weight") || ends_with(p.name, ".self_attn.k_norm.weight"))
-      group_->all_reduce(p.grad.f32(), p.grad.numel(), CommType::F32, ReduceOp::Sum);
+TensorParallel::GradBuffers TensorParallel::full_buffers(Qwen3Model& local) {
+  GradBuffers b{&local.flat_grads(), {}, {}, nullptr};
+  for (int g = 0; g < local.num_groups(); ++g) {
+    b.offset.push_back(0);
+    b.count.push_back(local.group_numel(g));
+  }
+  return b;
 }
 
-double TensorParallel::grad_sq_norm(const Qwen3Model& local) const {
+namespace {
+
+// The part of parameter p inside buffer g's range: [lo, hi) in group coordinates (empty when hi <= lo).
+std::pair<int64_t, int64_t> overlap(const Param& p, const TensorParallel::GradBuffers& b) {
+  int64_t numel = 1;
+  for (int64_t d : p.shape) numel *= d;
+  const int64_t lo = std::max(p.offset, b.offset[p.group]);
+  const int64_t hi = std::min(p.offset + numel, b.offset[p.group] + b.count[p.group]);
+  return {lo, hi};
+}
+
+bool per_head_norm(const std::string& name) {
+  return ends_with(name, ".self_attn.q_norm.weight") || ends_with(name, ".self_attn.k_norm.weight");
+}
+
+}  // namespace
+
+void TensorParallel::reduce_replicated_grads(const std::vector<Param>& params, const GradBuffers& b) const {
+  if (size() == 1) return;
+  for (const Param& p : params) {
+    if (!per_head_norm(p.name)) continue;
+    const auto [lo, hi] = overlap(p, b);
+    Tensor& buf = (*b.grads)[p.group];
+    if (hi > lo && buf.defined())
+      group_->all_reduce(buf.f32() + (lo - b.offset[p.group]), hi - lo, CommType::F32, ReduceOp::Sum);
+  }
+}
+
+double TensorParallel::grad_sq_norm(const std::vector<Param>& params, const GradBuffers& b) const {
   double sums[2] = {0, 0};  // sliced (summed over the group), replicated (the same on every rank)
-  for (const Param& p : local.params()) {
-    if (!p.grad.defined()) continue;
+  for (const Param& p : params) {
+    const auto [lo, hi] = overlap(p, b);
+    Tensor& buf = (*b.grads)[p.group];
+    if (hi <= lo || !buf.defined()) continue;
     double s = 0;
-    for (float g : host_copy(p.grad)) s += double(g) * g;
+    for (float g : host_copy(buf.view_at(lo - b.offset[p.group], {hi - lo}))) s += double(g) * g;
     sums[tensor_parallel_split(p.name) == TpSplit::Replicated ? 1 : 0] += s;
   }
+  if (b.shard_group && b.shard_group->size() > 1)
+    b.shard_group->all_reduce(sums, 2, CommType::F64, ReduceOp::Sum);
   if (size() > 1) group_->all_reduce(sums, 1, CommType::F64, ReduceOp::Sum);
   return sums[0] + sums[1];
 }

@@ -52,12 +52,25 @@ class TensorParallel : public TensorParallelComm {
   void scatter(const Qwen3Model& full, Qwen3Model& local) const;
   // The full model's parameters, assembled from every rank's slices (collective; host tensors, HF names).
   NamedTensors gather(const Qwen3Model& local) const;
+  // The gradients as the optimizer holds them: buffer g holds elements [offset[g], offset[g] + count[g]) of
+  // the local model's group g (the full buffers, or this rank's FSDP shards, partitioned over
+  // shard_group; the ranks of a tensor-parallel group hold the same ranges).
+  struct GradBuffers {
+    std::vector<Tensor>* grads;
+    std::vector<int64_t> offset, count;
+    ProcessGroup* shard_group = nullptr;
+  };
+  static GradBuffers full_buffers(Qwen3Model& local);
   // After the backward (gradients accumulated over the step's micro-batches): sums the gradients of the
   // replicated parameters that each rank computed over its own heads only (q_norm, k_norm). Collective.
-  void reduce_replicated_grads(Qwen3Model& local) const;
+  void reduce_replicated_grads(const std::vector<Param>& params, const GradBuffers& g) const;
+  void reduce_replicated_grads(Qwen3Model& local) const {
+    reduce_replicated_grads(local.params(), full_buffers(local));
+  }
   // Squared L2 norm of the full model's gradient (sliced parameters summed over the group, replicated
-  // ones once). Collective.
-  double grad_sq_norm(const Qwen3Model& local) const;
+  // ones once; shards summed over their group). Collective.
+  double grad_sq_norm(const std::vector<Param>& params, const GradBuffers& g) const;
+  double grad_sq_norm(Qwen3Model& local) const { return grad_sq_norm(local.params(), full_buffers(local)); }
 
  private:
   std::shared_ptr<ProcessGroup> group_;

@@ -1,5 +1,6 @@
 #include "train/checkpointing.h"
 
+#include <algorithm>
 #include <map>
 
 #include "core/error.h"
@@ -64,14 +65,16 @@ std::vector<ckpt::Slice> tensor_parallel_slices(Qwen3Model& model, dist::DataPar
     if (for_save && (!dp.saves_state() || (replicated && tp.rank() != 0))) continue;
     const std::string group = group_name(L, p.group);
     const int64_t numel = full.group_numel(p.group);
+    // The optimizer's buffer of this group holds local elements [first, first + held) (FSDP: a shard).
+    const int64_t first = dp.optimizer_offset(p.group), held = dp.optimizer_count(p.group);
     for (const dist::TensorParallel::Run& r : tp.runs(p.name, f.shape)) {
-      const int64_t local = p.offset + r.local, global = f.offset + r.global;
-      out.push_back(
-          {"model/" + group, numel, global, dp.optimizer_params()[p.group].view_at(local, {r.count})});
-      out.push_back(
-          {"exp_avg/" + group, numel, global, optimizer.exp_avg()[p.group].view_at(local, {r.count})});
-      out.push_back(
-          {"exp_avg_sq/" + group, numel, global, optimizer.exp_avg_sq()[p.group].view_at(local, {r.count})});
+      const int64_t lo = std::max(p.offset + r.local, first);
+      const int64_t hi = std::min(p.offset + r.local + r.count, first + held);
+      if (hi <= lo) continue;
+      const int64_t global = f.offset + r.global + (lo - p.offset - r.local), at = lo - first, n = hi - lo;
+      out.push_back({"model/" + group, numel, global, dp.optimizer_params()[p.group].view_at(at, {n})});
+      out.push_back({"exp_avg/" + group, numel, global, optimizer.exp_avg()[p.group].view_at(at, {n})});
+      out.push_back({"exp_avg_sq/" + group, numel, global, optimizer.exp_avg_sq()[p.group].view_at(at, {n})});
     }
   }
   if (!for_save || (dp.world_rank() == 0 && tp.rank() == 0)) add_buffers(model, out);

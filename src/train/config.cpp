@@ -366,8 +366,6 @@ void TrainConfig::validate() const {
         parallelism.enable_sequence_parallel,
         "sequence parallel (parallelism.enable_sequence_parallel = true, the default) is not available yet; "
         "set it to false (the norms and residual stream are then replicated over the tensor-parallel group)");
-    refuse(parallelism.data_parallel_shard_degree > 1,
-           "FSDP/HSDP with tensor parallel is not available yet; use data_parallel_replicate_degree (DDP)");
     refuse(parallelism.expert_parallel_degree > 1,
            "expert parallel with tensor parallel is not available yet");
     refuse(lora.enable, "LoRA with tensor parallel is not available yet");

@@ -143,8 +143,8 @@ StepOutcome Trainer::train_step(int64_t step) {
     s.skipped = true;
     return s;
   }
-  if (tp_) tp_->reduce_replicated_grads(*model_);  // q/k-norm gradients: each rank saw its own heads
   dp_->reduce_grads();
+  if (tp_) tp_->reduce_replicated_grads(model_->params(), tp_grads());  // q/k norms: each rank's own heads
   if (mc_.num_experts > 0 && mc_.load_balance_coeff > 0) {
     // Aux-loss-free balancing: global routed-token counts, then the expert-bias update.
     if (dp_pg().size() > 1) dp_pg().all_reduce(model_->expert_token_counts(), dist::ReduceOp::Sum);
@@ -152,12 +152,22 @@ StepOutcome Trainer::train_step(int64_t step) {
   }
   // Clipping (torch's clip_grad_norm_) is applied inside the optimizer step: one pass fewer over the
   // gradients.
-  s.grad_norm = tp_ ? std::sqrt(tp_->grad_sq_norm(*model_)) : dp_->grad_norm();
+  s.grad_norm = tp_ ? std::sqrt(tp_->grad_sq_norm(model_->params(), tp_grads())) : dp_->grad_norm();
   s.lr = cfg_.optimizer.lr * schedule_->factor(step - 1);
   optimizer_->step(static_cast<float>(s.lr), clip_coefficient(s.grad_norm, cfg_.training.max_norm));
   dp_->after_optimizer_step();
   refresh_bf16_model();
   return s;
+}
+
+// The gradients the optimizer steps (full buffers, or FSDP shards) as the tensor-parallel layout sees them.
+dist::TensorParallel::GradBuffers Trainer::tp_grads() {
+  dist::TensorParallel::GradBuffers b{&dp_->optimizer_grads(), {}, {}, dp_->grad_shard_group()};
+  for (int g = 0; g < model_->num_groups(); ++g) {
+    b.offset.push_back(dp_->optimizer_offset(g));
+    b.count.push_back(dp_->optimizer_count(g));
+  }
+  return b;
 }
 
 bool Trainer::validation_due(int64_t step) const {

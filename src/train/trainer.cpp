@@ -59,10 +59,6 @@ void Trainer::build_process_group_and_plan() {
   const int64_t dp_shard = par.data_parallel_shard_degree > 0
                                ? par.data_parallel_shard_degree
                                : world_ / tp / par.data_parallel_replicate_degree;
-  TITAN_CHECK(tp == 1 || dp_shard == 1, "parallelism.tensor_parallel_degree = ", tp,
-              ": FSDP/HSDP with tensor parallel is not available yet; set data_parallel_replicate_degree = ",
-              world_ / tp,
-              " (world size / tensor_parallel_degree) for DDP across the tensor-parallel groups");
   mc_ = resolve_model_config(cfg_);
   plan_ = make_plan(mc_, world_, par.data_parallel_replicate_degree, dp_shard, cfg_.training.local_batch_size,
                     cfg_.training.global_batch_size, cfg_.training.seq_len,

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "dist/tensor_parallel.h"
 #include "models/qwen3/config.h"
 #include "train/config.h"
 #include "train/dataset.h"
@@ -43,7 +44,6 @@ class PlanStreamer;
 namespace dist {
 class ProcessGroup;
 class DataParallelPlan;
-class TensorParallel;
 }  // namespace dist
 namespace ckpt {
 class Reader;
@@ -146,6 +146,7 @@ class Trainer {
   std::unique_ptr<dist::TensorParallel> tp_;
   dist::ProcessGroup& dp_pg() { return dp_group_ ? *dp_group_ : tensor_pg(); }
   void build_tensor_parallel_model();
+  dist::TensorParallel::GradBuffers tp_grads();
   void select_device();
   bool lead_ = true;  // rank 0 prints and writes the artifacts
   Qwen3Config mc_;
