@@ -649,6 +649,12 @@ TEST(DistTensorParallel, BadLayoutsNameTheKeysAndNumbers) {
       << out;
   EXPECT_NE(out.find("x tensor_parallel 2 (attention heads and MLP slices per rank;"), std::string::npos)
       << out;
+  // The shipped TP 4 x FSDP 16 + SAC recipe (Qwen3-8B) plans on its 64 ranks.
+  EXPECT_EQ(testing::run_titan("plan --nproc 64 --config qwen3_8b_tp4_fsdp16_sac", &out), 0) << out;
+  EXPECT_NE(out.find("world 64 = data_parallel_replicate 1 x data_parallel_shard 16 x tensor_parallel 4"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("memory per rank:"), std::string::npos) << out;
 }
 
 // ---- several GPUs: the NCCL process group through `titan train` ----

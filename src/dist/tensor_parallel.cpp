@@ -107,7 +107,7 @@ void TensorParallel::scatter(const Qwen3Model& full, Qwen3Model& local) const {
   }
 }
 
-NamedTensors TensorParallel::gather(const Qwen3Model& local) const {
+NamedTensors TensorParallel::gather(const Qwen3Model& local, bool keep) const {
   NamedTensors out;
   const int tp = size();
   for (const Param& p : local.params()) {
@@ -115,13 +115,14 @@ NamedTensors TensorParallel::gather(const Qwen3Model& local) const {
     Tensor mine = Tensor::empty(p.shape);
     p.value.copy_to_host(mine.f32());
     if (split == TpSplit::Replicated || tp == 1) {
-      out.emplace_back(p.name, mine);
+      if (keep) out.emplace_back(p.name, mine);
       continue;
     }
     // Every rank's block, one after another, then placed into the full matrix.
     const int64_t n = mine.numel();
     std::vector<float> blocks(static_cast<size_t>(n * tp));
     group_->all_gather(mine.f32(), blocks.data(), std::vector<int64_t>(tp, n), CommType::F32);
+    if (!keep) continue;
     const Shape full_shape =
         split == TpSplit::Rows ? Shape{p.shape[0] * tp, p.shape[1]} : Shape{p.shape[0], p.shape[1] * tp};
     Tensor full = Tensor::empty(full_shape);

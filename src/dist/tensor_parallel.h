@@ -51,7 +51,8 @@ class TensorParallel : public TensorParallelComm {
   // The local model's parameters := this rank's slices of the full model's (any device).
   void scatter(const Qwen3Model& full, Qwen3Model& local) const;
   // The full model's parameters, assembled from every rank's slices (collective; host tensors, HF names).
-  NamedTensors gather(const Qwen3Model& local) const;
+  // keep = false: this rank only contributes its slices (returns nothing; one full tensor at a time).
+  NamedTensors gather(const Qwen3Model& local, bool keep = true) const;
   // The gradients as the optimizer holds them: buffer g holds elements [offset[g], offset[g] + count[g]) of
   // the local model's group g (the full buffers, or this rank's FSDP shards, partitioned over
   // shard_group; the ranks of a tensor-parallel group hold the same ranges).

@@ -36,6 +36,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"model", "hf_assets_path", &c.model.hf_assets_path},
       {"model", "tokenizer_path", &c.model.tokenizer_path},
       {"model", "vocab_size", &c.model.vocab_size},
+      {"model", "num_hidden_layers", &c.model.num_hidden_layers},
       {"model", "moe_aux_loss", &c.model.moe_aux_loss},
       {"model", "load_balance_coeff", &c.model.load_balance_coeff},
       {"optimizer", "name", &c.optimizer.name},

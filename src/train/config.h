@@ -27,6 +27,7 @@ struct ModelConfig {
   std::string hf_assets_path = "";  // HF directory: config.json (+ tokenizer.json)
   std::string tokenizer_path = "";  // tokenizer.json or dir; "" = hf_assets_path, or trained (default run)
   int64_t vocab_size = 0;           // > 0: override the flavor's vocabulary (e.g. to the tokenizer's)
+  int64_t num_hidden_layers = 0;    // > 0: override the flavor's depth (a released shape cut short)
   // MoE: "on" adds router_aux_loss_coef x HF load-balancing loss to the loss (output_router_logits),
   // "off" does not, "auto" keeps the model config's setting.
   std::string moe_aux_loss = "auto";

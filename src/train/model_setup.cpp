@@ -24,6 +24,7 @@ Qwen3Config resolve_model_config(const TrainConfig& cfg) {
     c = Qwen3Config::flavor(cfg.model.flavor);
   }
   if (cfg.model.vocab_size > 0) c.vocab_size = cfg.model.vocab_size;
+  if (cfg.model.num_hidden_layers > 0) c.num_hidden_layers = cfg.model.num_hidden_layers;
   if (cfg.model.moe_aux_loss != "auto") c.output_router_logits = cfg.model.moe_aux_loss == "on";
   if (cfg.model.load_balance_coeff >= 0) c.load_balance_coeff = cfg.model.load_balance_coeff;
   c.validate("model");

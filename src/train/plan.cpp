@@ -83,12 +83,12 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
     p.param_bytes += biggest * 4;
     p.grad_bytes += biggest * 4;
   }
-  // Saved activations per layer (f32), as Qwen3Model plans them (one rank's heads and MLP slice), plus the
-  // logits.
+  // Saved activations per layer (f32), as Qwen3Model plans them (one rank's heads and MLP slice) with the
+  // default tiled attention (one logsumexp per row and head, no [T, T] probabilities), plus the logits.
   const int64_t N = local_batch * seq_len, H = c.hidden_size, I = lc.intermediate_size;
   const int64_t per_layer = N * H * 4 + N * 2 + N * lc.q_dim() * 3 + N * lc.kv_dim() * 3 +
                             N * (lc.num_attention_heads + lc.num_key_value_heads) +
-                            local_batch * lc.num_attention_heads * seq_len * seq_len + N * 3 * I;
+                            N * lc.num_attention_heads + N * 3 * I;
   const int64_t every = checkpointing.every;
   const int64_t checkpointed = every > 0 ? c.num_hidden_layers / every : 0;
   const int64_t layers_saved = c.num_hidden_layers - checkpointed + (checkpointed > 0 ? 1 : 0);
@@ -99,7 +99,8 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   const int64_t op_layers = checkpointing.recompute_ops ? c.num_hidden_layers - checkpointed : 0;
   const int64_t recomputed = op_layers > 0 ? (op_layers - 1) * pointwise : 0;
   p.activation_bytes =
-      4 * (layers_saved * per_layer - recomputed + checkpointed_inputs + scratch + N * c.vocab_size);
+      4 * (layers_saved * per_layer - recomputed + checkpointed_inputs + scratch +
+           std::min<int64_t>(N * c.vocab_size, Qwen3Model::kHeadChunkBytes / 4));  // one logits chunk
   if (tp > 1) {
     // Sums of (N, H) f32 per micro-batch: per layer two in the forward (o_proj; down_proj of a dense layer),
     // two in the backward (q/k/v; gate/up), the forward's again for a recomputed layer. A ring all-reduce

@@ -174,6 +174,7 @@ class Trainer {
 
   Qwen3Model* export_model_ = nullptr;  // expert parallel: a full model gathered on rank 0 at the end
   std::unique_ptr<Qwen3Model> gathered_;
+  NamedTensors gathered_state_;  // tensor parallel: the full parameters gathered on rank 0 at the end
   bool finished_model_ = false;
 };
 

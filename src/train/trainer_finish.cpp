@@ -6,6 +6,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "dist/tensor_parallel.h"
+#include "io/hf_checkpoint.h"
 #include "models/qwen3/model.h"
 #include "tokenizer/tokenizer.h"
 #include "train/metrics.h"
@@ -24,11 +25,12 @@ void Trainer::gather_final_model() {
   // LoRA keeps its frozen base where it is (a bf16 base is never expanded to f32 in full).
   if (model_->param_streamer() && !lora_) model_->set_param_streamer(nullptr);
   const bool on_cpu = model_->device().type == DeviceType::CPU;
-  if (tp_ && (cfg_.checkpoint.last_save_in_hf || cfg_.training.sample_tokens > 0)) {
-    NamedTensors all = tp_->gather(*model_);  // collective over the tensor-parallel group
-    if (lead_) {
+  // Tensor parallel: rank 0's group gathers the slices (collective over it); rank 0 keeps the full model.
+  if (tp_ && dp_pg().rank() == 0 && (cfg_.checkpoint.last_save_in_hf || cfg_.training.sample_tokens > 0)) {
+    gathered_state_ = tp_->gather(*model_, lead_);   // the HF export writes these tensors as they are
+    if (lead_ && cfg_.training.sample_tokens > 0) {  // the sample needs a model
       gathered_ = std::make_unique<Qwen3Model>(mc_, on_cpu ? cfg_.kernels : KernelChoice{});
-      gathered_->load_state_dict(all);
+      gathered_->load_state_dict(gathered_state_);
       if (mc_.num_experts > 0) gathered_->expert_bias().copy_from(model_->expert_bias());
       export_model_ = gathered_.get();
     }
@@ -47,7 +49,11 @@ void Trainer::gather_final_model() {
 // HF export (rank 0): config.json + safetensors (+ tokenizer.json) into `dir`.
 void Trainer::export_hf(const std::string& dir) {
   if (lora_) return export_lora(dir);  // the adapters in PEFT format (merge: titan convert --merge-lora)
-  export_model_->save_hf(dir, cfg_.checkpoint.export_dtype == "bfloat16" ? DType::BF16 : DType::F32);
+  const DType dtype = cfg_.checkpoint.export_dtype == "bfloat16" ? DType::BF16 : DType::F32;
+  if (!gathered_state_.empty())  // tensor parallel: the gathered full parameters
+    save_hf_checkpoint(dir, mc_.to_hf_json(), gathered_state_, dtype);
+  else
+    export_model_->save_hf(dir, dtype);
   const std::string& tok = data_.tokenizer_path;
   if (tok.empty()) return;
   const fs::path file = fs::is_directory(tok) ? fs::path(tok) / "tokenizer.json" : fs::path(tok);
