@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
-#include "dist/data_parallel_plan.h"
-#include "dist/runtime.h"
+#include "distributed/data_parallel_plan.h"
+#include "distributed/runtime.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 #include "train/checkpointing.h"

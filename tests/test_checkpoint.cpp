@@ -12,7 +12,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "models/qwen3/model.h"
 #include "support/testing.h"
 #include "train/config.h"

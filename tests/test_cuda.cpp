@@ -15,7 +15,7 @@
 #include <string>
 
 #include "device/device.h"
-#include "dist/nccl.h"
+#include "distributed/nccl.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 #include "models/qwen3/config.h"

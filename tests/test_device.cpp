@@ -122,7 +122,8 @@ TEST(GuardDevice, EveryFixtureEqualsTheCpuBitForBit) {
 
 // The tests' small run (support/testing.h) with a held-out split, validation every 3 steps and a sample.
 // Which documents are held out hangs on the corpus's path (a fresh temporary directory per test), so the
-// fraction is large enough that every path holds out a batch: 20% of 200 documents (5% failed ~2.6% of paths).
+// fraction is large enough that every path holds out a batch: 20% of 200 documents (5% failed ~2.6% of
+// paths).
 std::vector<std::string> small_run(const TempDir& tmp, const std::string& name, int64_t steps) {
   auto args = testing::small_run_args(tmp, steps, name);
   for (const char* a : {"--training.sample_tokens=4", "--training.val_fraction=0.2",
@@ -173,8 +174,8 @@ TEST(GuardDevice, TrainingEqualsTheCpuBitForBit) {
 
 // Data parallel with device buffers: DDP buckets, FSDP gathers and reduce-scatters (bf16 compute), the
 // expert-parallel token exchange (MoE, balancing) and sharded LoRA adapters go through the host-staged group
-// (dist/staged_process_group.h); host scalars through its host group. Each equals the cpu's 2-rank run bit
-// for bit; the MFU peak is measured on the device (no metrics.peak_tflops) in the DDP run.
+// (distributed/staged_process_group.h); host scalars through its host group. Each equals the cpu's 2-rank run
+// bit for bit; the MFU peak is measured on the device (no metrics.peak_tflops) in the DDP run.
 TEST(GuardDevice, DataParallelEqualsTheCpuBitForBit) {
   TempDir tmp;
   std::string common;

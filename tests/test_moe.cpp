@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "models/qwen3/model.h"

@@ -1,5 +1,6 @@
 // titan dist-selftest: checks every collective and the DDP/FSDP/HSDP/EP building blocks on this job's
-// ranks (src/dist/selftest.h). Run as `titan run --nproc-per-node 2 dist-selftest` or under mpirun/srun.
+// ranks (src/distributed/selftest.h). Run as `titan run --nproc-per-node 2 dist-selftest` or under
+// mpirun/srun.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -8,8 +9,8 @@
 
 #include "cli/command.h"
 #include "core/error.h"
-#include "dist/runtime.h"
-#include "dist/selftest.h"
+#include "distributed/runtime.h"
+#include "distributed/selftest.h"
 
 namespace {
 

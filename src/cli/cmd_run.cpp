@@ -1,6 +1,6 @@
-// titan run: torchrun-like launcher over mpirun (src/dist/launcher.h).
+// titan run: torchrun-like launcher over mpirun (src/distributed/launcher.h).
 #include "cli/command.h"
-#include "dist/launcher.h"
+#include "distributed/launcher.h"
 
 namespace {
 int cmd_run(int argc, char** argv) {

@@ -10,7 +10,7 @@
 #include "cli/command.h"
 #include "core/cpu_isa.h"
 #include "core/error.h"
-#include "dist/runtime.h"
+#include "distributed/runtime.h"
 
 namespace titan::cli {
 std::map<std::string, Command>& command_registry() {

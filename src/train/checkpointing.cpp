@@ -4,8 +4,8 @@
 #include <map>
 
 #include "core/error.h"
-#include "dist/process_group.h"
-#include "dist/tensor_parallel.h"
+#include "distributed/process_group.h"
+#include "distributed/tensor_parallel.h"
 
 namespace titan {
 

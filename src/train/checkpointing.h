@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
-#include "dist/data_parallel_plan.h"
-#include "dist/tensor_parallel.h"
+#include "distributed/data_parallel_plan.h"
+#include "distributed/tensor_parallel.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 #include "train/config.h"

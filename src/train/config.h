@@ -87,7 +87,7 @@ struct ParallelismConfig {
   int64_t data_parallel_shard_degree = -1;  // -1: whatever is left of the world size
   int64_t expert_parallel_degree = 1;
   // Megatron tensor parallel over groups of this many consecutive ranks (innermost: world = data-parallel
-  // degrees x tensor_parallel_degree); dist/tensor_parallel.h.
+  // degrees x tensor_parallel_degree); distributed/tensor_parallel.h.
   int64_t tensor_parallel_degree = 1;
   bool enable_sequence_parallel = true;  // torchtitan's default; with tensor parallel, not available yet
 };

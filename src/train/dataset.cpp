@@ -6,7 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "dist/runtime.h"
+#include "distributed/runtime.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/trainer.h"
 

@@ -1,6 +1,6 @@
 #include "train/evaluate.h"
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 namespace titan {
 

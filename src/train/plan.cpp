@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "dist/tensor_parallel.h"
+#include "distributed/tensor_parallel.h"
 
 namespace titan {
 

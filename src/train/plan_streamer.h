@@ -1,6 +1,6 @@
 // The model's parameter streamer over a data-parallel plan (FSDP/HSDP with stream_params: ZeRO-3).
 #pragma once
-#include "dist/data_parallel_plan.h"
+#include "distributed/data_parallel_plan.h"
 #include "models/qwen3/model.h"
 
 namespace titan {

@@ -7,9 +7,9 @@
 
 #include "core/error.h"
 #include "device/device.h"
-#include "dist/data_parallel_plan.h"
-#include "dist/runtime.h"
-#include "dist/tensor_parallel.h"
+#include "distributed/data_parallel_plan.h"
+#include "distributed/runtime.h"
+#include "distributed/tensor_parallel.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 #include "train/metrics.h"

@@ -9,12 +9,12 @@
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "device/device.h"
-#include "dist/data_parallel_plan.h"
-#include "dist/expert_parallel.h"
-#include "dist/nccl.h"
-#include "dist/runtime.h"
-#include "dist/staged_process_group.h"
-#include "dist/tensor_parallel.h"
+#include "distributed/data_parallel_plan.h"
+#include "distributed/expert_parallel.h"
+#include "distributed/nccl.h"
+#include "distributed/runtime.h"
+#include "distributed/staged_process_group.h"
+#include "distributed/tensor_parallel.h"
 #include "models/qwen3/lora.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
@@ -149,7 +149,7 @@ void Trainer::build_model() {
 }
 
 // Tensor parallel: this rank's slices of the full model (initialised, or loaded from
-// checkpoint.initial_load_path, in full on the host, then sliced; dist/tensor_parallel.h).
+// checkpoint.initial_load_path, in full on the host, then sliced; distributed/tensor_parallel.h).
 void Trainer::build_tensor_parallel_model() {
   Qwen3Model full(mc_, kernels_);
   full.init_weights(cfg_.training.seed);

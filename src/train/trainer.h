@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "dist/tensor_parallel.h"
+#include "distributed/tensor_parallel.h"
 #include "models/qwen3/config.h"
 #include "train/config.h"
 #include "train/dataset.h"

@@ -8,9 +8,9 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
-#include "dist/data_parallel_plan.h"
-#include "dist/runtime.h"
-#include "dist/tensor_parallel.h"
+#include "distributed/data_parallel_plan.h"
+#include "distributed/runtime.h"
+#include "distributed/tensor_parallel.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 #include "train/checkpointing.h"

@@ -5,7 +5,7 @@
 #include <fstream>
 
 #include "checkpoint/checkpoint.h"
-#include "dist/tensor_parallel.h"
+#include "distributed/tensor_parallel.h"
 #include "io/hf_checkpoint.h"
 #include "models/qwen3/model.h"
 #include "tokenizer/tokenizer.h"

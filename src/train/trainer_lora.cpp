@@ -6,9 +6,9 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
-#include "dist/data_parallel_plan.h"
-#include "dist/expert_parallel.h"
-#include "dist/runtime.h"
+#include "distributed/data_parallel_plan.h"
+#include "distributed/expert_parallel.h"
+#include "distributed/runtime.h"
 #include "models/qwen3/lora.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"

@@ -1,4 +1,4 @@
-// The CUDA emulator's NCCL: the calls src/dist/nccl_process_group.cu makes, carried by MPI between the
+// The CUDA emulator's NCCL: the calls src/distributed/nccl_process_group.cu makes, carried by MPI between the
 // processes of an `mpirun` job (each process its emulated GPU), so that the NCCL process group, and with
 // it DDP, FSDP and expert parallelism on `job.device = "cuda"`, run on machines without GPUs.
 //

@@ -98,7 +98,7 @@ class ParamStreamer {
   virtual void zero_grads() = 0;                // a new gradient-accumulation window starts
 };
 
-// Tensor parallel (dist/tensor_parallel.h): a model holding one rank's slices of the full model (whole
+// Tensor parallel (distributed/tensor_parallel.h): a model holding one rank's slices of the full model (whole
 // heads of q/k/v and o, a slice of the dense MLP's intermediate) runs these sums over its tensor-parallel
 // group at Megatron's points: after the row-parallel o_proj and down_proj in forward (the partial outputs),
 // and after the column-parallel q/k/v and gate/up in backward (the partial input gradients). The layout

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "dist/expert_parallel.h"
+#include "distributed/expert_parallel.h"
 #include "models/qwen3/lora.h"
 #include "models/qwen3/model.h"
 

@@ -1,4 +1,4 @@
-#include "dist/staged_process_group.h"
+#include "distributed/staged_process_group.h"
 
 #include <vector>
 

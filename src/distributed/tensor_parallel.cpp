@@ -1,4 +1,4 @@
-#include "dist/tensor_parallel.h"
+#include "distributed/tensor_parallel.h"
 
 #include <algorithm>
 #include <map>

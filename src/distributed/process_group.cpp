@@ -1,5 +1,5 @@
 // Element types, the single-process group and the Tensor conveniences of ProcessGroup.
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 #include <cstring>
 

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "core/error.h"
-#include "dist/runtime.h"
+#include "distributed/runtime.h"
 
 namespace titan::dist {
 

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 namespace titan::dist {
 

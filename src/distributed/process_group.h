@@ -2,7 +2,7 @@
 //
 // Implementations: MPI (CPU ranks started by `titan run`, mpirun or srun) and a single-process group
 // (world 1, no MPI at all) so that `titan forward`, the tests and a plain `titan train` never need
-// mpirun. The NCCL group (dist/nccl.h, CUDA builds) implements the same class on device buffers: every
+// mpirun. The NCCL group (distributed/nccl.h, CUDA builds) implements the same class on device buffers: every
 // call is "buffer pointer + element count + element type", blocking, with the same meaning as the
 // NCCL/MPI primitive of the same name.
 //
@@ -10,7 +10,7 @@
 //   titan::dist::ProcessGroup& world = titan::dist::init();   // once; idempotent
 //   world.all_reduce(loss_sum.data(), 2, CommType::F64, ReduceOp::Sum);
 //   ...
-//   titan::dist::finalize();   // main() does this on a clean exit (see dist/runtime.h)
+//   titan::dist::finalize();   // main() does this on a clean exit (see distributed/runtime.h)
 //
 // Every rank of a group must call the same collectives in the same order with matching sizes
 // (as in MPI), from the thread that called init() (MPI_THREAD_FUNNELED: not inside OpenMP regions). A rank

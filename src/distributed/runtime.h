@@ -18,7 +18,7 @@
 #pragma once
 #include <string>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 namespace titan::dist {
 

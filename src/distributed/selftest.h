@@ -5,7 +5,7 @@
 #include <iosfwd>
 #include <string>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 namespace titan::dist {
 

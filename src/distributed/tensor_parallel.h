@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "models/qwen3/config.h"
 #include "models/qwen3/model.h"
 

@@ -1,4 +1,4 @@
-// NCCL implementation of dist::ProcessGroup (see dist/nccl.h). Buffers are device pointers; every
+// NCCL implementation of dist::ProcessGroup (see distributed/nccl.h). Buffers are device pointers; every
 // collective is enqueued on the CUDA device's stream (so it is ordered after the kernels that produced
 // its input) and waited for before returning. NCCL has equal-count reduce-scatter/all-gather only: the
 // uneven forms of the interface run as grouped per-rank reduce/broadcast calls, all-to-all as grouped
@@ -9,7 +9,7 @@
 #include <numeric>
 
 #include "device/cuda/cuda_common.cuh"
-#include "dist/nccl.h"
+#include "distributed/nccl.h"
 
 namespace titan::dist {
 namespace {

@@ -1,5 +1,5 @@
 // `titan run`: mpirun as a child process, its output relayed with rank prefixes and filtering.
-#include "dist/launcher.h"
+#include "distributed/launcher.h"
 
 #include <poll.h>
 #include <sched.h>

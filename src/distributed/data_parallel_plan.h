@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/data_parallel.h"
+#include "distributed/data_parallel.h"
 
 namespace titan::dist {
 

@@ -1,5 +1,5 @@
 // DDP bucketed all-reduce, FSDP/ZeRO-3 shards, the HSDP mesh and global-norm clipping.
-#include "dist/data_parallel.h"
+#include "distributed/data_parallel.h"
 
 #include <algorithm>
 #include <cmath>

@@ -11,7 +11,7 @@
 #pragma once
 #include <memory>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 namespace titan::dist {
 
@@ -19,7 +19,7 @@ bool nccl_available();
 // Collective over `bootstrap`: rank 0 makes the NCCL id and broadcasts it through `bootstrap`.
 std::shared_ptr<ProcessGroup> make_nccl_group(ProcessGroup& bootstrap);
 
-// Set by the NCCL implementation's static initializer (src/dist/nccl_process_group.cu).
+// Set by the NCCL implementation's static initializer (src/distributed/nccl_process_group.cu).
 using NcclGroupFactory = std::shared_ptr<ProcessGroup> (*)(ProcessGroup& bootstrap);
 NcclGroupFactory& nccl_group_factory();
 

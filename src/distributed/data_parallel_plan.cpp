@@ -1,11 +1,11 @@
 // DataParallelPlan: DDP, FSDP or HSDP from the replicate x shard degrees.
-#include "dist/data_parallel_plan.h"
+#include "distributed/data_parallel_plan.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
-#include "dist/expert_parallel.h"
+#include "distributed/expert_parallel.h"
 #include "optim/optimizer.h"
 
 namespace titan::dist {

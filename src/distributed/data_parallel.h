@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 namespace titan::dist {
 

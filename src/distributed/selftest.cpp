@@ -1,7 +1,7 @@
 // Checks of every collective and of DDP / FSDP / HSDP / clipping / sharded AdamW / expert exchange.
 // Reference values are computed locally on every rank (a tiny Qwen3 model on the global batch stands in
 // for the 1-rank run), so one run checks the whole distributed path.
-#include "dist/selftest.h"
+#include "distributed/selftest.h"
 
 #include <chrono>
 #include <cmath>
@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dist/data_parallel.h"
-#include "dist/data_parallel_plan.h"
-#include "dist/expert_parallel.h"
-#include "dist/runtime.h"
-#include "dist/tensor_parallel.h"
+#include "distributed/data_parallel.h"
+#include "distributed/data_parallel_plan.h"
+#include "distributed/expert_parallel.h"
+#include "distributed/runtime.h"
+#include "distributed/tensor_parallel.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 

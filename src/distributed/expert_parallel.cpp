@@ -1,5 +1,5 @@
 // Expert-parallel token exchange over all_to_all_v.
-#include "dist/expert_parallel.h"
+#include "distributed/expert_parallel.h"
 
 #include "core/error.h"
 

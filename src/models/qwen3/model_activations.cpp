@@ -1,0 +1,272 @@
+// Qwen3Model's activation plan and positions: the buffers each layer keeps under each activation
+// checkpointing policy (none, every N-th layer, selective by op), the lm_head chunking, and the RoPE tables
+// (position tables, or per-token tables and the attention's doc_start for packed rows).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "models/qwen3/model.h"
+
+namespace titan {
+
+int64_t Qwen3Model::activation_bytes() const {
+  int64_t n = 0;
+  for (auto& t : acts_) n += t.nbytes();
+  return n;
+}
+
+void Qwen3Model::build_rope_tables(int64_t T) {
+  if (rope_T_ == T) return;
+  make_rope_tables(config_, T, device_, rope_cos_, rope_sin_);
+  rope_T_ = T;
+}
+
+void Qwen3Model::set_packing(const int32_t* position_ids) {
+  packed_ = position_ids != nullptr;
+  if (!packed_) return;
+  const int64_t B = B_, T = T_, N = B * T, half = config_.head_dim / 2;
+  std::vector<int32_t> start(N);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t p = position_ids[b * T + t];
+      TITAN_CHECK(p == 0 || (t > 0 && p == position_ids[b * T + t - 1] + 1), "position_ids[", b, "][", t,
+                  "] = ", p, ": a packed row's positions count 0, 1, 2, ... from each document's first token",
+                  t == 0 ? " (a row starts with 0)" : "");
+      start[b * T + t] = static_cast<int32_t>(t - p);
+    }
+  if (!doc_start_.defined() || doc_start_.numel() != N) {
+    doc_start_ = Tensor::empty({N}, DType::I32, device_);
+    token_cos_ = Tensor::empty({N, half}, DType::F32, device_);
+    token_sin_ = Tensor::empty({N, half}, DType::F32, device_);
+  }
+  doc_start_.copy_from_host(start.data());
+  // Per-token tables: row n is the position table's row position_ids[n] (bit-equal to the unpacked values).
+  std::vector<float> cos(T * half), sin(T * half), tcos(N * half), tsin(N * half);
+  rope_cos_.copy_to_host(cos.data());
+  rope_sin_.copy_to_host(sin.data());
+  for (int64_t n = 0; n < N; ++n) {
+    std::copy_n(cos.data() + position_ids[n] * half, half, tcos.data() + n * half);
+    std::copy_n(sin.data() + position_ids[n] * half, half, tsin.data() + n * half);
+  }
+  token_cos_.copy_from_host(tcos.data());
+  token_sin_.copy_from_host(tsin.data());
+}
+
+Qwen3Model::RopeTables Qwen3Model::rope_tables() const {
+  if (packed_) return {token_cos_.f32(), token_sin_.f32(), B_ * T_};
+  return {rope_cos_.f32(), rope_sin_.f32(), T_};
+}
+
+void make_rope_tables(const Qwen3Config& c, int64_t T, Device device, Tensor& cos_out, Tensor& sin_out) {
+  // HF: inv_freq = 1 / base^(arange(0, hd, 2)/hd) in fp32; freqs = pos * inv_freq; cos/sin in fp32.
+  const int64_t half = c.head_dim / 2;
+  std::vector<float> cos(T * half), sin(T * half);
+  for (int64_t i = 0; i < half; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
+    const float inv_freq = 1.0f / static_cast<float>(std::pow(c.rope_theta, (double)exponent));
+    for (int64_t t = 0; t < T; ++t) {
+      const float f = static_cast<float>(t) * inv_freq;
+      cos[t * half + i] = static_cast<float>(std::cos((double)f));
+      sin[t * half + i] = static_cast<float>(std::sin((double)f));
+    }
+  }
+  cos_out = Tensor::empty({T, half}, DType::F32, device);
+  sin_out = Tensor::empty({T, half}, DType::F32, device);
+  cos_out.copy_from_host(cos.data());
+  sin_out.copy_from_host(sin.data());
+}
+
+void Qwen3Model::set_head_chunk_rows(int64_t rows) {
+  TITAN_CHECK(rows >= 0, "head chunk rows must be >= 0 (0 = automatic), got ", rows);
+  if (rows != head_chunk_rows_) B_ = T_ = 0;  // re-plan the activations at the next forward
+  head_chunk_rows_ = rows;
+}
+
+void Qwen3Model::set_activation_checkpoint_every(int64_t every) {
+  TITAN_CHECK(every >= 0, "activation checkpointing: every must be >= 0, got ", every);
+  if (every != ac_every_) B_ = T_ = 0;  // re-plan the activations at the next forward
+  ac_every_ = every;
+}
+
+void Qwen3Model::set_activation_recompute_ops(bool on) {
+  if (on != ac_ops_) B_ = T_ = 0;  // re-plan the activations at the next forward
+  ac_ops_ = on;
+}
+
+void Qwen3Model::plan_activations(int64_t B, int64_t T) {
+  if (B == B_ && T == T_) return;
+  const auto& c = config_;
+  const int64_t N = B * T, H = c.hidden_size, I = c.intermediate_size, nH = c.num_attention_heads,
+                nKV = c.num_key_value_heads, L = c.num_hidden_layers;
+  const int64_t E = c.num_experts, k = c.num_experts_per_tok, Im = c.moe_intermediate_size;
+  {
+    // What the buffers below will take, in double (a sequence of 2^31 tokens overflows nothing here), before
+    // any is allocated: more than this machine holds is one error naming the batch and the sequence.
+    const double n = double(B) * double(T), saved = c.num_attention_heads * n * (double(T) + 1);
+    const double attn_d = n * (4.0 * H + 2 + 3.0 * c.q_dim() + 3.0 * c.kv_dim() + nH + nKV) + saved;
+    const double mlp_d = E > 0 ? n * (E + k + 3.0 * k * Im) : n * 3.0 * I;
+    // Op-selective layers keep ln1, ln2, qr, kr (and a dense layer's act) in one shared block instead.
+    const double pointwise = n * (2.0 * H + c.q_dim() + c.kv_dim()), act = n * I;
+    int64_t checkpointed = 0, op_layers = 0, op_dense = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      checkpointed += layer_checkpointed(l);
+      op_layers += layer_recomputes_ops(l);
+      op_dense += layer_recomputes_ops(l) && !c.is_moe_layer(l);
+    }
+    const double recomputed =
+        op_layers * pointwise + op_dense * act - (op_layers > 0 ? pointwise + (op_dense > 0 ? act : 0) : 0);
+    const double bytes = 4 * (checkpointed * n * H + (L - checkpointed) * (attn_d + mlp_d) - recomputed +
+                              (checkpointed > 0 ? attn_d + mlp_d : 0) +
+                              n * (6.0 * H + 4.0 * c.q_dim() + 4.0 * c.kv_dim() + 3.0 * I + 2) +
+                              std::min(n * c.vocab_size, double(kHeadChunkBytes) / 4));
+    const double have = device_memory_bytes();
+    TITAN_CHECK(have <= 0 || bytes <= have, "activations for batch ", B, " x seq_len ", T, " need ",
+                bytes / double(1 << 30), " GiB; this machine has ", have / double(1 << 30), " GiB");
+  }
+  acts_.clear();
+  layer_acts_.assign(L, {});
+  bool any_dense = false;
+  // One float allocation per layer (plus one int32 for MoE routing), carved into named pointers.
+  const int64_t attn = N * H * 4 + N * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) +
+                       attention_->saved_floats(B, T, nH);
+  // Checkpointing: a checkpointed layer keeps only its input; the rest is one block shared by those layers
+  // (a layer's activations are recomputed into it during backward).
+  float* shared = nullptr;
+  int32_t* shared_int = nullptr;
+  bool any_checkpointed = false;
+  for (int64_t l = 0; l < L; ++l) any_checkpointed |= layer_checkpointed(l);
+  if (any_checkpointed) {
+    int64_t mlp_max = 0;
+    for (int64_t l = 0; l < L; ++l)
+      mlp_max =
+          std::max(mlp_max, c.is_moe_layer(l) ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 3 * I);
+    acts_.push_back(Tensor::empty({attn + mlp_max}, DType::F32, device_));
+    shared = acts_.back().f32();
+    if (!moe_layers_.empty()) {
+      acts_.push_back(Tensor::empty({N * k * 3 + E + 1}, DType::I32, device_));
+      shared_int = acts_.back().data<int32_t>();
+    }
+  }
+  // Op-selective layers: their pointwise outputs (ln1, qr, kr, ln2, a dense layer's act) live in one block
+  // shared by those layers, recomputed before each layer's backward.
+  auto pointwise_floats = [&](int64_t l) {
+    return N * (2 * H + c.q_dim() + c.kv_dim()) + (c.is_moe_layer(l) ? 0 : N * I);
+  };
+  float* ops_shared = nullptr;
+  int64_t ops_max = 0;
+  for (int64_t l = 0; l < L; ++l)
+    if (layer_recomputes_ops(l)) ops_max = std::max(ops_max, pointwise_floats(l));
+  if (ops_max > 0) {
+    acts_.push_back(Tensor::empty({ops_max}, DType::F32, device_));
+    ops_shared = acts_.back().f32();
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    const bool moe = c.is_moe_layer(l), ck = layer_checkpointed(l), rec = layer_recomputes_ops(l);
+    any_dense |= !moe;
+    const int64_t mlp = moe ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 2 * I + N * I;
+    float* p = shared;
+    if (!ck) {
+      acts_.push_back(Tensor::empty({attn + mlp - (rec ? pointwise_floats(l) : 0)}, DType::F32, device_));
+      p = acts_.back().f32();
+    }
+    auto take = [&p](int64_t n) {
+      float* r = p;
+      p += n;
+      return r;
+    };
+    float* po = ops_shared;
+    auto take_pointwise = [&](int64_t n) {
+      if (!rec) return take(n);
+      float* r = po;
+      po += n;
+      return r;
+    };
+    LayerActs& a = layer_acts_[l];
+    a.resid_in = take(N * H);
+    if (ck) {
+      acts_.push_back(Tensor::empty({N * H}, DType::F32, device_));  // the layer's own saved input
+      a.resid_in = acts_.back().f32();
+    }
+    a.ln1 = take_pointwise(N * H);
+    a.rstd1 = take(N);
+    a.q_raw = take(N * c.q_dim());
+    a.k_raw = take(N * c.kv_dim());
+    a.v = take(N * c.kv_dim());
+    a.q_rstd = take(N * nH);
+    a.k_rstd = take(N * nKV);
+    a.qr = take_pointwise(N * c.q_dim());
+    a.kr = take_pointwise(N * c.kv_dim());
+    a.attn_saved = take(attention_->saved_floats(B, T, nH));
+    a.att = take(N * c.q_dim());
+    a.resid_mid = take(N * H);
+    a.ln2 = take_pointwise(N * H);
+    a.rstd2 = take(N);
+    a.gu = a.act = nullptr;
+    a.router_probs = a.topk_w = nullptr;
+    a.topk_idx = nullptr;
+    if (moe) {
+      a.router_probs = take(N * E);
+      a.topk_w = take(N * k);
+      a.moe.gu = take(N * k * 2 * Im);
+      a.moe.act = take(N * k * Im);
+      int32_t* ip = shared_int;
+      if (!ck) {
+        acts_.push_back(Tensor::empty({N * k * 3 + E + 1}, DType::I32, device_));
+        ip = acts_.back().data<int32_t>();
+      }
+      a.topk_idx = ip;
+      a.moe.order = ip + N * k;
+      a.moe.row_of = ip + 2 * N * k;
+      a.moe.offsets = ip + 3 * N * k;
+    } else {
+      a.gu = take(N * 2 * I);
+      a.act = take_pointwise(N * I);
+    }
+  }
+  auto alloc = [this](Shape s, DType dt = DType::F32) {
+    acts_.push_back(Tensor::empty(std::move(s), dt, device_));
+    return acts_.back();
+  };
+  ids_ = alloc({N}, DType::I32);
+  targets_ = alloc({N}, DType::I32);
+  host_targets_.resize(N);
+  final_resid_ = alloc({N, H});
+  lnf_ = alloc({N, H});
+  rstdf_ = alloc({N});
+  // lm_head + cross-entropy run over row chunks (forward): only one (head_rows_, V) logits chunk exists.
+  // Automatic: the fewest chunks of at most kHeadChunkBytes of logits, rows balanced between them. Every
+  // chunk re-reads the whole lm_head (forward, d input) and re-writes its gradient, so fewer, larger chunks
+  // are faster (bench/BENCHMARKS.md); the budget bounds the memory at long sequences and large vocabularies.
+  if (head_chunk_rows_ > 0) {
+    head_rows_ = std::min(head_chunk_rows_, N);
+  } else {
+    const int64_t chunks =
+        std::max<int64_t>(1, (N * 4 * c.vocab_size + kHeadChunkBytes - 1) / kHeadChunkBytes);
+    head_rows_ = (N + chunks - 1) / chunks;
+  }
+  logits_ = alloc({head_rows_, c.vocab_size});
+  dresid_ = alloc({N, H});
+  dln_ = alloc({N, H});
+  dq_ = alloc({N, c.q_dim()});
+  dk_ = alloc({N, c.kv_dim()});
+  dv_ = alloc({N, c.kv_dim()});
+  dqr_ = alloc({N, c.q_dim()});
+  dkr_ = alloc({N, c.kv_dim()});
+  datt_ = alloc({N, c.q_dim()});
+  if (any_dense) {
+    dgu_ = alloc({N, 2 * I});
+    dact_ = alloc({N, I});
+  }
+  if (!moe_layers_.empty()) {
+    // Scratch shared by all sparse layers (forward and backward).
+    moe_scratch_ = alloc({moe_experts_scratch_floats(N, k, H, Im)});
+    dtopk_w_ = alloc({N, k});
+    dlogits_router_ = alloc({N, E});
+    for (int64_t l : moe_layers_) layer_acts_[l].moe.scratch = moe_scratch_.f32();
+  }
+  B_ = B;
+  T_ = T;
+}
+
+}  // namespace titan
