@@ -595,6 +595,15 @@ void check_tensor_parallel_model(Checker& c) {
       for (auto& [name, value] : tp.gather(local))
         err = std::max(err, rel_err(value.f32(), full.param(name).value.f32(), value.numel()));
       c.expect(tag + "slices reassemble the full model", err, 0);
+      {
+        Qwen3Model drawn(tensor_parallel_config(cfg, t));
+        tp.init_weights(drawn, cfg, 11);  // the slices drawn without the full model
+        double d = 0;
+        for (size_t g = 0; g < drawn.flat_params().size(); ++g)
+          d = std::max(d, rel_err(drawn.flat_params()[g].f32(), local.flat_params()[g].f32(),
+                                  local.flat_params()[g].numel()));
+        c.expect(tag + "init of the slices alone = slices of the full init", d, 0);
+      }
       full.zero_grad();
       const ForwardResult want = full.forward(ids.data(), labels.data(), B, T);
       full.backward();

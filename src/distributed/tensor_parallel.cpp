@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "core/error.h"
@@ -104,6 +105,16 @@ void TensorParallel::scatter(const Qwen3Model& full, Qwen3Model& local) const {
     TITAN_CHECK(s.shape() == p.shape, "tensor parallel: the slice of ", p.name,
                 " does not fit the local model");
     p.value.copy_from_host(s.f32());
+  }
+}
+
+void TensorParallel::init_weights(Qwen3Model& local, const Qwen3Config& full_config, uint64_t seed) const {
+  const Qwen3Model layout(full_config, {}, nullptr, /*allocate=*/false);  // names and shapes, no buffers
+  std::mt19937_64 rng(seed);
+  for (const Param& f : layout.params()) {
+    Tensor host = Tensor::empty(f.shape);
+    Qwen3Model::draw_init(rng, f.shape, full_config.initializer_range, host.f32());
+    local.param(f.name).value.copy_from_host(slice(f.name, host).f32());
   }
 }
 

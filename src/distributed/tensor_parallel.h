@@ -50,6 +50,9 @@ class TensorParallel : public TensorParallelComm {
   Tensor slice(const std::string& hf_name, const Tensor& full) const;
   // The local model's parameters := this rank's slices of the full model's (any device).
   void scatter(const Qwen3Model& full, Qwen3Model& local) const;
+  // The local model's parameters := this rank's slices of Qwen3Model(full_config).init_weights(seed),
+  // without that model: the full parameters are drawn one at a time on the host and sliced.
+  void init_weights(Qwen3Model& local, const Qwen3Config& full_config, uint64_t seed) const;
   // The full model's parameters, assembled from every rank's slices (collective; host tensors, HF names).
   // keep = false: this rank only contributes its slices (returns nothing; one full tensor at a time).
   NamedTensors gather(const Qwen3Model& local, bool keep = true) const;

@@ -148,33 +148,37 @@ void Trainer::build_model() {
   load_initial_weights();
 }
 
-// Tensor parallel: this rank's slices of the full model (initialised, or loaded from
-// checkpoint.initial_load_path, in full on the host, then sliced; distributed/tensor_parallel.h).
+// Tensor parallel: this rank's slices of the full model (distributed/tensor_parallel.h).
 void Trainer::build_tensor_parallel_model() {
-  Qwen3Model full(mc_, kernels_);
-  full.init_weights(cfg_.training.seed);
-  find_resume_checkpoint();
-  const auto& c = cfg_.checkpoint;
-  if (!resume_dir_.empty()) {
-    // Training state: resumed slice by slice after the optimizer exists (resume()); a model-only
-    // checkpoint gives the initial weights.
-    auto reader = std::make_unique<ckpt::Reader>(resume_dir_);
-    if (has_training_state(*reader))
-      resume_ = std::move(reader);
-    else
-      load_model_from_checkpoint(full, resume_dir_, lead_);
-  } else if (!c.initial_load_path.empty()) {
-    if (lead_)
-      std::printf("loading %s weights from %s\n", c.initial_load_in_hf ? "HF" : "checkpoint",
-                  c.initial_load_path.c_str());
-    if (c.initial_load_in_hf)
-      full.load_hf(c.initial_load_path);
-    else
-      load_model_from_checkpoint(full, c.initial_load_path, lead_);
-  }
   model_ = std::make_unique<Qwen3Model>(dist::tensor_parallel_config(mc_, tp_->size()), kernels_, nullptr,
                                         true, device_);
-  tp_->scatter(full, *model_);
+  find_resume_checkpoint();
+  const auto& c = cfg_.checkpoint;
+  // Weights from a model-only checkpoint or HF are read in full, then sliced; the seeded init draws the
+  // full parameters one at a time and keeps the slices. A checkpoint with training state is resumed slice
+  // by slice once the optimizer exists (resume()).
+  std::unique_ptr<ckpt::Reader> reader;
+  if (!resume_dir_.empty()) reader = std::make_unique<ckpt::Reader>(resume_dir_);
+  if (reader && has_training_state(*reader)) {
+    resume_ = std::move(reader);
+    tp_->init_weights(*model_, mc_, cfg_.training.seed);
+  } else if (reader || !c.initial_load_path.empty()) {
+    Qwen3Model full(mc_, kernels_);
+    if (reader) {
+      load_model_from_checkpoint(full, resume_dir_, lead_);
+    } else {
+      if (lead_)
+        std::printf("loading %s weights from %s\n", c.initial_load_in_hf ? "HF" : "checkpoint",
+                    c.initial_load_path.c_str());
+      if (c.initial_load_in_hf)
+        full.load_hf(c.initial_load_path);
+      else
+        load_model_from_checkpoint(full, c.initial_load_path, lead_);
+    }
+    tp_->scatter(full, *model_);
+  } else {
+    tp_->init_weights(*model_, mc_, cfg_.training.seed);
+  }
   model_->set_tensor_parallel(tp_.get());
   model_->set_activation_checkpoint_every(cfg_.activation_checkpoint.every());
   model_->set_activation_recompute_ops(cfg_.activation_checkpoint.recompute_ops());

@@ -401,23 +401,26 @@ void Qwen3Model::init_weights(uint64_t seed) {
   for (size_t pi = 0; pi < params_.size(); ++pi) {
     auto& p = params_[pi];
     rng.discard(init_skip_[pi]);
-    const int64_t n = p.value.numel();
     // Drawn in host memory, then copied to the device (the same copy on the CPU).
-    std::vector<float> host(static_cast<size_t>(n));
-    float* w = host.data();
-    if (p.shape.size() == 1) {
-      for (int64_t i = 0; i < n; ++i) w[i] = 1.0f;
-      p.value.copy_from_host(w);
-      continue;
-    }
-    // Box-Muller on 53-bit uniforms: identical on every platform for a given seed.
-    for (int64_t i = 0; i < n; i += 2) {
-      double u1 = ((rng() >> 11) + 1.0) * 0x1.0p-53, u2 = (rng() >> 11) * 0x1.0p-53;
-      double r = std::sqrt(-2.0 * std::log(u1));
-      w[i] = static_cast<float>(std * r * std::cos(2 * M_PI * u2));
-      if (i + 1 < n) w[i + 1] = static_cast<float>(std * r * std::sin(2 * M_PI * u2));
-    }
-    p.value.copy_from_host(w);
+    std::vector<float> host(static_cast<size_t>(p.value.numel()));
+    draw_init(rng, p.shape, std, host.data());
+    p.value.copy_from_host(host.data());
+  }
+}
+
+void Qwen3Model::draw_init(std::mt19937_64& rng, const Shape& shape, double std, float* w) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  if (shape.size() == 1) {
+    std::fill_n(w, n, 1.0f);
+    return;
+  }
+  // Box-Muller on 53-bit uniforms: identical on every platform for a given seed.
+  for (int64_t i = 0; i < n; i += 2) {
+    double u1 = ((rng() >> 11) + 1.0) * 0x1.0p-53, u2 = (rng() >> 11) * 0x1.0p-53;
+    double r = std::sqrt(-2.0 * std::log(u1));
+    w[i] = static_cast<float>(std * r * std::cos(2 * M_PI * u2));
+    if (i + 1 < n) w[i + 1] = static_cast<float>(std * r * std::sin(2 * M_PI * u2));
   }
 }
 

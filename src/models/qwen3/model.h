@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,9 @@ class Qwen3Model {
 
   // HF init: Linear/Embedding ~ N(0, initializer_range), RMSNorm weights 1 (deterministic by seed).
   void init_weights(uint64_t seed);
+  // One parameter of that init, drawn from rng: 1-D (norm weights) ones (no draws), else N(0, std).
+  // init_weights draws every parameter in order from one mt19937_64(seed).
+  static void draw_init(std::mt19937_64& rng, const Shape& shape, double std, float* out);
   // Loads HF safetensors (single or sharded). Missing/unexpected keys and shape mismatches are errors.
   void load_hf(const std::string& dir);
   // Also accepts the transformers-v5 fused expert keys (mlp.experts.gate_up_proj / down_proj) per layer.
