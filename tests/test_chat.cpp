@@ -797,28 +797,37 @@ std::map<int64_t, double> step_losses(const std::string& path) {
   return out;
 }
 
-TEST(ChatTrain, KilledAfterACheckpointAndResumedEqualsTheStraightRunBitForBit) {
-  SKIP_WITHOUT_QWEN3_TOKENIZER();
-  TempDir tmp;
-  std::string args;
-  for (const auto& a : small_chat_args(tmp, 6)) args += " " + a;
-  args += " --checkpoint.enable=true --checkpoint.interval=3 --checkpoint.last_save_in_hf=false";
+// `titan train` with `args` (steps, checkpoint.interval = every) straight, and killed after its checkpoint
+// at step `every` then restarted: the same loss bits at every step (all finite).
+void expect_killed_and_resumed_equals_straight(const TempDir& tmp, std::string args, int steps, int every) {
+  args += " --checkpoint.enable=true --checkpoint.interval=" + std::to_string(every) +
+          " --checkpoint.last_save_in_hf=false";
   const std::string titan = std::string(TITAN_BINARY) + " train";
   auto straight =
       testing::run_shell_command("timeout 300 " + titan + args + " --job.dump_folder=" + (tmp / "a"));
   ASSERT_EQ(straight.rc, 0) << straight.output;
-  auto r = testing::run_shell_command("TITAN_FAULT_INJECT=checkpoint:after-rename@3 timeout 300 " + titan +
-                                      args + " --job.dump_folder=" + (tmp / "b"));
+  auto r = testing::run_shell_command("TITAN_FAULT_INJECT=checkpoint:after-rename@" + std::to_string(every) +
+                                      " timeout 300 " + titan + args + " --job.dump_folder=" + (tmp / "b"));
   ASSERT_NE(r.rc, 0) << r.output;
   r = testing::run_shell_command("timeout 300 " + titan + args + " --job.dump_folder=" + (tmp / "b"));
   ASSERT_EQ(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
   const auto ref = step_losses(tmp / "a/metrics.jsonl"), got = step_losses(tmp / "b/metrics.jsonl");
-  ASSERT_EQ(ref.size(), 6u);
-  ASSERT_EQ(got.size(), 6u);
-  for (const auto& [step, loss] : ref)
+  ASSERT_EQ(ref.size(), size_t(steps));
+  ASSERT_EQ(got.size(), size_t(steps));
+  for (const auto& [step, loss] : ref) {
+    EXPECT_TRUE(std::isfinite(loss)) << "step " << step;
     EXPECT_EQ(std::memcmp(&got.at(step), &loss, sizeof loss), 0)
         << "step " << step << ": " << got.at(step) << " vs " << loss;
+  }
+}
+
+TEST(ChatTrain, KilledAfterACheckpointAndResumedEqualsTheStraightRunBitForBit) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
+  TempDir tmp;
+  std::string args;
+  for (const auto& a : small_chat_args(tmp, 6)) args += " " + a;
+  expect_killed_and_resumed_equals_straight(tmp, args, 6, 3);
 }
 
 TEST(ChatTrain, PackedRunTrainsAndResumesBitForBit) {
@@ -828,26 +837,8 @@ TEST(ChatTrain, PackedRunTrainsAndResumesBitForBit) {
   TempDir tmp;
   std::string args;
   for (const auto& a : small_chat_args(tmp, 4)) args += " " + a;
-  args += " --training.packing=true --training.seq_len=160";
-  args += " --checkpoint.enable=true --checkpoint.interval=2 --checkpoint.last_save_in_hf=false";
-  const std::string titan = std::string(TITAN_BINARY) + " train";
-  auto straight =
-      testing::run_shell_command("timeout 300 " + titan + args + " --job.dump_folder=" + (tmp / "a"));
-  ASSERT_EQ(straight.rc, 0) << straight.output;
-  auto r = testing::run_shell_command("TITAN_FAULT_INJECT=checkpoint:after-rename@2 timeout 300 " + titan +
-                                      args + " --job.dump_folder=" + (tmp / "b"));
-  ASSERT_NE(r.rc, 0) << r.output;
-  r = testing::run_shell_command("timeout 300 " + titan + args + " --job.dump_folder=" + (tmp / "b"));
-  ASSERT_EQ(r.rc, 0) << r.output;
-  EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
-  const auto ref = step_losses(tmp / "a/metrics.jsonl"), got = step_losses(tmp / "b/metrics.jsonl");
-  ASSERT_EQ(ref.size(), 4u);
-  ASSERT_EQ(got.size(), 4u);
-  for (const auto& [step, loss] : ref) {
-    EXPECT_TRUE(std::isfinite(loss)) << "step " << step;
-    EXPECT_EQ(std::memcmp(&got.at(step), &loss, sizeof loss), 0)
-        << "step " << step << ": " << got.at(step) << " vs " << loss;
-  }
+  expect_killed_and_resumed_equals_straight(tmp, args + " --training.packing=true --training.seq_len=160", 4,
+                                            2);
 }
 
 TEST(ChatTrain, TwoDataParallelRanksMatchOneRank) {

@@ -440,6 +440,34 @@ std::string train_args(const testing::TempDir& tmp, int steps) {
 
 using testing::jsonl_losses;
 
+// A parallel run `name` against the 1-rank run `ref` (both 10 steps in tmp): the loss of every step within
+// 1e-5 relative, and the HF export of step 10 with the same tensors, each within 1e-4 (relative L2).
+void expect_run_matches(const testing::TempDir& tmp, const std::string& ref_name, const std::string& name) {
+  const auto ref = jsonl_losses(tmp / (ref_name + "/metrics.jsonl"));
+  const auto got = jsonl_losses(tmp / (name + "/metrics.jsonl"));
+  ASSERT_EQ(ref.size(), 10u) << ref_name;
+  ASSERT_EQ(got.size(), ref.size()) << name;
+  double max_rel = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << name << " step " << i + 1;
+    max_rel = std::max(max_rel, std::abs(got[i] - ref[i]) / ref[i]);
+  }
+  std::printf("%s: max relative loss difference to 1 rank over 10 steps: %.3g\n", name.c_str(), max_rel);
+  SafetensorsFile ref_st(tmp / (ref_name + "/checkpoint/step-10/model.safetensors"));
+  SafetensorsFile st(tmp / (name + "/checkpoint/step-10/model.safetensors"));
+  ASSERT_EQ(st.entries().size(), ref_st.entries().size()) << name;
+  double max_param_rel = 0;
+  for (auto& [key, e] : ref_st.entries()) {
+    ASSERT_TRUE(st.contains(key)) << name << ": " << key;
+    Tensor a = st.load(key), b = ref_st.load(key);
+    ASSERT_EQ(a.shape(), b.shape()) << key;
+    max_param_rel = std::max(max_param_rel, testing::rel_error(a, b));
+  }
+  std::printf("%s: max relative parameter difference (per tensor, L2) after 10 steps: %.3g\n", name.c_str(),
+              max_param_rel);
+  EXPECT_LE(max_param_rel, 1e-4) << name;
+}
+
 // Same global batch and seed on the debug MoE: expert parallel 2 (world 2) and expert parallel 2 x DDP 2
 // (world 4) give the 1-rank loss sequence over 10 steps, also with the HF aux loss on (world 4 against
 // 1 rank accumulating 4 micro-batches of one sequence: the aux loss is per micro-batch / per rank), and
@@ -469,35 +497,7 @@ TEST(DistExpertParallel, TrainMatchesOneRank) {
                             " --parallelism.expert_parallel_degree=2 --job.dump_folder=" + (tmp / l.name));
     ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.output;
     EXPECT_NE(r.output.find("experts split over 2 ranks"), std::string::npos) << r.output;
-    const auto ref = jsonl_losses(tmp / (l.ref + "/metrics.jsonl"));
-    const auto got = jsonl_losses(tmp / (l.name + "/metrics.jsonl"));
-    ASSERT_EQ(ref.size(), 10u) << l.ref;
-    ASSERT_EQ(got.size(), ref.size()) << l.name;
-    double max_rel = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << l.name << " step " << i + 1;
-      max_rel = std::max(max_rel, std::abs(got[i] - ref[i]) / ref[i]);
-    }
-    std::printf("%s: max relative loss difference to 1 rank over 10 steps: %.3g\n", l.name.c_str(), max_rel);
-    // The export holds every expert, equal to the 1-rank model's after 10 steps.
-    SafetensorsFile ref_st(tmp / (l.ref + "/checkpoint/step-10/model.safetensors"));
-    SafetensorsFile st(tmp / (l.name + "/checkpoint/step-10/model.safetensors"));
-    ASSERT_EQ(st.entries().size(), ref_st.entries().size()) << l.name;
-    double max_param_rel = 0;
-    for (auto& [key, e] : ref_st.entries()) {
-      ASSERT_TRUE(st.contains(key)) << l.name << ": " << key;
-      Tensor a = st.load(key), b = ref_st.load(key);
-      ASSERT_EQ(a.shape(), b.shape()) << key;
-      double d = 0, n = 0;
-      for (int64_t i = 0; i < a.numel(); ++i) {
-        d += double(a.f32()[i] - b.f32()[i]) * (a.f32()[i] - b.f32()[i]);
-        n += double(b.f32()[i]) * b.f32()[i];
-      }
-      max_param_rel = std::max(max_param_rel, std::sqrt(d / n));
-    }
-    std::printf("%s: max relative parameter difference (per tensor, L2) after 10 steps: %.3g\n",
-                l.name.c_str(), max_param_rel);
-    EXPECT_LE(max_param_rel, 1e-4) << l.name;
+    expect_run_matches(tmp, l.ref, l.name);  // the export holds every expert
   }
 }
 
@@ -534,29 +534,7 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
                             " --job.dump_folder=" + (tmp / l.name));
     ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.output;
     EXPECT_NE(r.output.find("tensor parallel: 2 ranks per group"), std::string::npos) << r.output;
-    const auto ref = jsonl_losses(tmp / (l.ref + "/metrics.jsonl"));
-    const auto got = jsonl_losses(tmp / (l.name + "/metrics.jsonl"));
-    ASSERT_EQ(ref.size(), 10u) << l.ref;
-    ASSERT_EQ(got.size(), ref.size()) << l.name;
-    double max_rel = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << l.name << " step " << i + 1;
-      max_rel = std::max(max_rel, std::abs(got[i] - ref[i]) / ref[i]);
-    }
-    std::printf("%s: max relative loss difference to 1 rank over 10 steps: %.3g\n", l.name.c_str(), max_rel);
-    SafetensorsFile ref_st(tmp / (l.ref + "/checkpoint/step-10/model.safetensors"));
-    SafetensorsFile st(tmp / (l.name + "/checkpoint/step-10/model.safetensors"));
-    ASSERT_EQ(st.entries().size(), ref_st.entries().size()) << l.name;
-    double max_param_rel = 0;
-    for (auto& [key, e] : ref_st.entries()) {
-      ASSERT_TRUE(st.contains(key)) << l.name << ": " << key;
-      Tensor a = st.load(key), b = ref_st.load(key);
-      ASSERT_EQ(a.shape(), b.shape()) << key;
-      max_param_rel = std::max(max_param_rel, testing::rel_error(a, b));
-    }
-    std::printf("%s: max relative parameter difference (per tensor, L2) after 10 steps: %.3g\n",
-                l.name.c_str(), max_param_rel);
-    EXPECT_LE(max_param_rel, 1e-4) << l.name;
+    expect_run_matches(tmp, l.ref, l.name);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "optim/optimizer.h"
 
 namespace titan::dist {
 
@@ -13,12 +14,6 @@ namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-std::vector<float> host_copy(const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  t.copy_to_host(v.data());
-  return v;
 }
 
 // Rows [r0, r0 + rows) and columns [c0, c0 + cols) of the rank's block of a (R, C) matrix under `split`.
@@ -191,9 +186,9 @@ double TensorParallel::grad_sq_norm(const std::vector<Param>& params, const Grad
     const auto [lo, hi] = overlap(p, b);
     Tensor& buf = (*b.grads)[p.group];
     if (hi <= lo || !buf.defined()) continue;
-    double s = 0;
-    for (float g : host_copy(buf.view_at(lo - b.offset[p.group], {hi - lo}))) s += double(g) * g;
-    sums[tensor_parallel_split(p.name) == TpSplit::Replicated ? 1 : 0] += s;
+    // The device's sum_squares kernel on the part in this buffer (no copy of the gradients).
+    sums[tensor_parallel_split(p.name) == TpSplit::Replicated ? 1 : 0] +=
+        titan::grad_sq_norm({buf.view_at(lo - b.offset[p.group], {hi - lo})});
   }
   if (b.shard_group && b.shard_group->size() > 1)
     b.shard_group->all_reduce(sums, 2, CommType::F64, ReduceOp::Sum);
