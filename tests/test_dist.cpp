@@ -615,6 +615,14 @@ TEST(DistTensorParallel, BadLayoutsNameTheKeysAndNumbers) {
       out.find("--nproc 6 is not a multiple of data_parallel_replicate_degree x tensor_parallel_degree = 4"),
       std::string::npos)
       << out;
+  EXPECT_NE(testing::run_titan("plan --nproc 2 --model.flavor=debug --model.vocab_size=2049 "
+                               "--parallelism.tensor_parallel_degree=2" +
+                                   nosp,
+                               &out),
+            0);
+  EXPECT_NE(out.find("parallelism.tensor_parallel_degree = 2 does not divide model vocab_size = 2049"),
+            std::string::npos)
+      << out;
   // Sequence parallel (torchtitan's default) is refused by name.
   EXPECT_NE(testing::run_titan("train --dry-run --parallelism.tensor_parallel_degree=2", &out), 0);
   EXPECT_NE(out.find("parallelism.enable_sequence_parallel = true"), std::string::npos) << out;
@@ -625,7 +633,8 @@ TEST(DistTensorParallel, BadLayoutsNameTheKeysAndNumbers) {
                 &out),
             0)
       << out;
-  EXPECT_NE(out.find("x tensor_parallel 2 (attention heads and MLP slices per rank;"), std::string::npos)
+  EXPECT_NE(out.find("x tensor_parallel 2 (attention heads, MLP and vocabulary slices per rank;"),
+            std::string::npos)
       << out;
   // The shipped TP 4 x FSDP 16 + SAC recipe (Qwen3-8B) plans on its 64 ranks.
   EXPECT_EQ(testing::run_titan("plan --nproc 64 --config qwen3_8b_tp4_fsdp16_sac", &out), 0) << out;

@@ -316,12 +316,17 @@ TEST(Kernels, SwigluEmbeddingCrossEntropyAdamWAllImplementations) {
     EXPECT_LE(rel(o, o_r), kTol) << name;
     EXPECT_LE(rel(d, d_r), kTol) << name;
   }
-  std::vector<int32_t> ids = {3, 1, 3, 0, 11, 3, 7, 1, 0, 2};
+  std::vector<int32_t> ids = {3, 1, 3, 0, 11, -1, 7, 1, 0, 2};  // -1: a row another rank holds
   auto table = randn(V * C, 15), demb = randn(N * C, 16);
   const auto& eref = get_kernel<EmbeddingKernels>(DeviceType::CPU, "reference");
   std::vector<float> e_r(N * C), de_r(V * C, 0.5f);
   eref.forward(e_r.data(), ids.data(), table.data(), N, C);
   eref.backward(de_r.data(), demb.data(), ids.data(), N, C, V);
+  for (int64_t c = 0; c < C; ++c) {
+    EXPECT_EQ(e_r[5 * C + c], 0.0f);
+    EXPECT_EQ(e_r[6 * C + c], table[7 * C + c]);
+    EXPECT_EQ(de_r[7 * C + c], 0.5f + demb[6 * C + c]);
+  }
   for (auto& name : impls<EmbeddingKernels>()) {
     const auto& k = variant<EmbeddingKernels>(name);
     std::vector<float> e(N * C), de(V * C, 0.5f);
@@ -811,11 +816,51 @@ TEST(Kernels, DropoutMaskIsTheCounterHash) {
   }
 }
 
+// Loss parallel: the vocabulary split into shards, each shard's statistics combined as the ranks do
+// (max, then the sums of exp rescaled to it and the target logit) give the full cross-entropy's loss and,
+// shard by shard, its gradient.
+TEST(Kernels, CrossEntropyVocabParallelEqualsFullVocabulary) {
+  const int64_t N = 9, V = 12, shards = 3, Vs = V / shards;
+  std::vector<int32_t> targets = {3, -1, 0, 11, 5, 4, 7, 8, 1};
+  auto logits = randn(N * V, 21, 3.0f);
+  auto g_full = logits;
+  const double l_full = get_kernel<CrossEntropyKernels>(DeviceType::CPU, "reference")
+                            .forward_backward(g_full.data(), targets.data(), N, V, 0.25f, true);
+  for (auto& name : impls<VocabParallelCrossEntropyKernels>()) {
+    const auto& k = variant<VocabParallelCrossEntropyKernels>(name);
+    std::vector<std::vector<float>> shard(shards, std::vector<float>(N * Vs)), stats(shards);
+    for (int64_t s = 0; s < shards; ++s) {
+      for (int64_t n = 0; n < N; ++n)
+        std::copy_n(logits.begin() + n * V + s * Vs, Vs, shard[s].begin() + n * Vs);
+      stats[s].resize(3 * N);
+      k.shard_stats(stats[s].data(), shard[s].data(), targets.data(), N, Vs, s * Vs);
+    }
+    std::vector<float> lse(N);
+    double loss = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      float mx = -INFINITY, sum = 0, tgt = 0;
+      for (int64_t s = 0; s < shards; ++s) mx = std::max(mx, stats[s][3 * n]);
+      for (int64_t s = 0; s < shards; ++s)
+        sum += stats[s][3 * n + 1] * std::exp(stats[s][3 * n] - mx), tgt += stats[s][3 * n + 2];
+      lse[n] = mx + std::log(sum);
+      if (targets[n] >= 0) loss += lse[n] - tgt;
+    }
+    EXPECT_NEAR(loss, l_full, 1e-5 * std::abs(l_full)) << name;
+    std::vector<float> g(N * V);
+    for (int64_t s = 0; s < shards; ++s) {
+      k.shard_grad(shard[s].data(), lse.data(), targets.data(), N, Vs, s * Vs, 0.25f);
+      for (int64_t n = 0; n < N; ++n) std::copy_n(shard[s].begin() + n * Vs, Vs, g.begin() + n * V + s * Vs);
+    }
+    EXPECT_LE(rel(g, g_full), kTol) << name;
+  }
+}
+
 TEST(KernelRegistry, EveryRegisteredOpIsCoveredByATest) {
   const std::vector<std::string> covered = {"adamw",
                                             "attention",
                                             "attention_kv",
                                             "cross_entropy",
+                                            "cross_entropy_vocab_parallel",
                                             "dropout",
                                             "elementwise",
                                             "embedding",

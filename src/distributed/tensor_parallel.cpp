@@ -30,7 +30,8 @@ Block block_of(TpSplit split, const Shape& full, int tp, int rank) {
 }  // namespace
 
 TpSplit tensor_parallel_split(const std::string& name) {
-  if (name.find(".mlp.experts.") != std::string::npos) return TpSplit::Replicated;  // experts: EP's
+  if (name.find(".mlp.experts.") != std::string::npos) return TpSplit::Replicated;            // experts: EP's
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return TpSplit::Rows;  // vocab
   for (const char* s : {".self_attn.q_proj.weight", ".self_attn.k_proj.weight", ".self_attn.v_proj.weight",
                         ".mlp.gate_proj.weight", ".mlp.up_proj.weight"})
     if (ends_with(name, s)) return TpSplit::Rows;
@@ -48,10 +49,12 @@ Qwen3Config tensor_parallel_config(const Qwen3Config& full, int64_t tp) {
   divides(full.num_attention_heads, "num_attention_heads");
   divides(full.num_key_value_heads, "num_key_value_heads");
   if (full.intermediate_size > 0) divides(full.intermediate_size, "intermediate_size");
+  divides(full.vocab_size, "vocab_size");
   Qwen3Config c = full;
   c.num_attention_heads /= tp;
   c.num_key_value_heads /= tp;
   c.intermediate_size /= tp;
+  c.vocab_size /= tp;
   return c;
 }
 
@@ -61,6 +64,14 @@ TensorParallel::TensorParallel(std::shared_ptr<ProcessGroup> group) : group_(std
 
 void TensorParallel::sum(float* x, int64_t n) {
   if (group_->size() > 1) group_->all_reduce(x, n, CommType::F32, ReduceOp::Sum);
+}
+
+void TensorParallel::sum_host(float* x, int64_t n) {
+  if (group_->size() > 1) group_->all_reduce(x, n, CommType::F32, ReduceOp::Sum);
+}
+
+void TensorParallel::max_host(float* x, int64_t n) {
+  if (group_->size() > 1) group_->all_reduce(x, n, CommType::F32, ReduceOp::Max);
 }
 
 std::vector<TensorParallel::Run> TensorParallel::runs(const std::string& name, const Shape& full) const {

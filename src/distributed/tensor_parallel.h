@@ -4,7 +4,8 @@
 // its slices of the full model's:
 //   q_proj, k_proj, v_proj, gate_proj, up_proj   column-parallel: the rank's rows (output features)
 //   o_proj, down_proj                            row-parallel: the rank's columns (input features)
-//   everything else                              replicated (norms, embedding, lm_head, MoE router/experts)
+//   embed_tokens, lm_head                        vocab-parallel: the rank's rows (1/tp of the vocabulary)
+//   everything else                              replicated (norms, MoE router/experts)
 // The model sums the row-parallel partial outputs (forward) and the column-parallel partial input gradients
 // (backward) over the group through TensorParallelComm; the replicated per-head norms (q_norm, k_norm) see
 // only the rank's heads, so their gradients are summed here after the backward. Every rank of a group sees
@@ -25,19 +26,21 @@ namespace titan::dist {
 enum class TpSplit { Replicated, Rows, Columns };
 TpSplit tensor_parallel_split(const std::string& hf_name);
 
-// One rank's model config: heads, KV heads and the dense intermediate size divided by tp. One error naming
-// parallelism.tensor_parallel_degree and the model field it does not divide.
+// One rank's model config: heads, KV heads, the vocabulary and the dense intermediate size divided by tp. One
+// error naming parallelism.tensor_parallel_degree and the model field it does not divide.
 Qwen3Config tensor_parallel_config(const Qwen3Config& full, int64_t tp);
 
 class TensorParallel : public TensorParallelComm {
  public:
   // group: this rank's tensor-parallel group (the ranks holding the other slices of the same layers).
   explicit TensorParallel(std::shared_ptr<ProcessGroup> group);
-  int size() const { return group_->size(); }
-  int rank() const { return group_->rank(); }
+  int size() const override { return group_->size(); }
+  int rank() const override { return group_->rank(); }
   ProcessGroup& group() const { return *group_; }
 
   void sum(float* x, int64_t n) override;
+  void sum_host(float* x, int64_t n) override;
+  void max_host(float* x, int64_t n) override;
 
   // Where this rank's slice of a parameter lies in the full one, as runs of contiguous elements (offset in
   // the local parameter, offset in the full parameter, count): one run for a replicated or row-split

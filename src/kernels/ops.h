@@ -97,6 +97,7 @@ struct SwigluKernels {
 };
 
 // out[n] = table[ids[n]]     table (V,C), out (N,C); backward: dtable[ids[n]] += dout[n]
+// An id < 0 is a token whose row another rank holds (vocab-parallel embedding): out[n] = 0, no gradient.
 struct EmbeddingKernels {
   static constexpr const char* kOp = "embedding";
   void (*forward)(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C);
@@ -110,6 +111,20 @@ struct CrossEntropyKernels {
   static constexpr const char* kOp = "cross_entropy";
   double (*forward_backward)(float* logits, const int32_t* targets, int64_t N, int64_t V, float grad_scale,
                              bool compute_grad);
+};
+
+// Cross-entropy with the vocabulary split over ranks (loss parallel): logits (N,V) are the columns
+// [v0, v0 + V) of the full vocabulary's, targets are full-vocabulary ids (< 0: ignored).
+// shard_stats: stats[3n..3n+2] = {max_j x[n][j], sum_j exp(x[n][j] - that max), x[n][target - v0] when the
+// target lies in this shard, else 0}; ignored rows get {0, 0, 0}.
+// shard_grad: with lse[n] the full row's logsumexp (the ranks' stats combined), logits := grad_scale *
+// (softmax - onehot) over the shard's columns (0 for ignored rows).
+struct VocabParallelCrossEntropyKernels {
+  static constexpr const char* kOp = "cross_entropy_vocab_parallel";
+  void (*shard_stats)(float* stats, const float* logits, const int32_t* targets, int64_t N, int64_t V,
+                      int64_t v0);
+  void (*shard_grad)(float* logits, const float* lse, const int32_t* targets, int64_t N, int64_t V,
+                     int64_t v0, float grad_scale);
 };
 
 // torch.optim.AdamW step on a flat buffer (decoupled weight decay, bias correction, eps after sqrt).

@@ -66,8 +66,8 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
                 "; FSDP/HSDP with expert parallel is not supported yet)");
   }
   // Parameters held per rank: every non-expert parameter, 1/expert_parallel of the experts, 1/tp of the
-  // tensor-parallel weights (q/k/v/o, the dense MLPs).
-  int64_t tp_sliced = 0;
+  // tensor-parallel weights (q/k/v/o, the dense MLPs, the embedding and an untied lm_head).
+  int64_t tp_sliced = c.vocab_size * c.hidden_size * (c.tie_word_embeddings ? 1 : 2);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
     tp_sliced += c.hidden_size * (2 * c.q_dim() + 2 * c.kv_dim()) +
                  (c.is_moe_layer(l) ? 0 : 3 * c.intermediate_size * c.hidden_size);
@@ -79,7 +79,7 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   p.optimizer_bytes = shard_params * 8;  // AdamW exp_avg + exp_avg_sq, f32
   if (dp_shard > 1) {
     // FSDP gathers one layer group at a time (the largest: the embedding) for compute.
-    const int64_t biggest = std::max(c.vocab_size * c.hidden_size, c.params_per_layer());
+    const int64_t biggest = std::max(lc.vocab_size * c.hidden_size, lc.params_per_layer());
     p.param_bytes += biggest * 4;
     p.grad_bytes += biggest * 4;
   }
@@ -100,12 +100,13 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   const int64_t recomputed = op_layers > 0 ? (op_layers - 1) * pointwise : 0;
   p.activation_bytes =
       4 * (layers_saved * per_layer - recomputed + checkpointed_inputs + scratch +
-           std::min<int64_t>(N * c.vocab_size, Qwen3Model::kHeadChunkBytes / 4));  // one logits chunk
+           std::min<int64_t>(N * lc.vocab_size, Qwen3Model::kHeadChunkBytes / 4));  // one logits chunk
   if (tp > 1) {
     // Sums of (N, H) f32 per micro-batch: per layer two in the forward (o_proj; down_proj of a dense layer),
-    // two in the backward (q/k/v; gate/up), the forward's again for a recomputed layer. A ring all-reduce
-    // sends 2 (tp - 1) / tp of the buffer from each rank.
-    double sums = 0;
+    // two in the backward (q/k/v; gate/up), the forward's again for a recomputed layer; the vocab-parallel
+    // embedding's output and lm_head's input gradient (the loss-parallel row statistics, 4 floats a row,
+    // are left out). A ring all-reduce sends 2 (tp - 1) / tp of the buffer from each rank.
+    double sums = 2;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const int per_pass = c.is_moe_layer(l) ? 1 : 2;
       sums += per_pass * (2 + (every > 0 && (l + 1) % every == 0 ? 1 : 0));
@@ -122,7 +123,8 @@ std::string RunPlan::describe() const {
      << "world " << world << " = data_parallel_replicate " << dp_replicate << " x data_parallel_shard "
      << dp_shard;
   if (tensor_parallel > 1)
-    os << " x tensor_parallel " << tensor_parallel << " (attention heads and MLP slices per rank; "
+    os << " x tensor_parallel " << tensor_parallel
+       << " (attention heads, MLP and vocabulary slices per rank; "
        << gib(static_cast<int64_t>(tp_comm_bytes))
        << " sent per rank per step in tensor-parallel all-reduces)";
   if (expert_parallel > 1)

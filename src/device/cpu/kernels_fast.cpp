@@ -227,7 +227,11 @@ void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, 
 
 void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) std::copy_n(table + (int64_t)ids[n] * C, C, out + n * C);
+  for (int64_t n = 0; n < N; ++n)
+    if (ids[n] < 0)
+      std::fill_n(out + n * C, C, 0.0f);
+    else
+      std::copy_n(table + (int64_t)ids[n] * C, C, out + n * C);
 }
 
 // Parallel over columns so rows hit by repeated ids never race; order per element is fixed (deterministic).
@@ -239,6 +243,7 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* ids, in
     const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
     const int64_t c0 = C * tid / nth, c1 = C * (tid + 1) / nth;
     for (int64_t n = 0; n < N; ++n) {
+      if (ids[n] < 0) continue;
       float* d = dtable + (int64_t)ids[n] * C;
       const float* g = dout + n * C;
       for (int64_t c = c0; c < c1; ++c) d[c] += g[c];
@@ -267,6 +272,35 @@ double cross_entropy(float* logits, const int32_t* targets, int64_t N, int64_t V
     }
   }
   return total;
+}
+
+void cross_entropy_shard_stats(float* stats, const float* logits, const int32_t* targets, int64_t N,
+                               int64_t V, int64_t v0) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = logits + n * V;
+    float* s = stats + 3 * n;
+    s[0] = s[1] = s[2] = 0.0f;
+    if (targets[n] < 0) continue;
+    const float mx = vec::max(x, V);
+    const int64_t t = targets[n] - v0;
+    s[0] = mx, s[1] = vec::sum_exp(x, V, mx), s[2] = t >= 0 && t < V ? x[t] : 0.0f;
+  }
+}
+
+void cross_entropy_shard_grad(float* logits, const float* lse, const int32_t* targets, int64_t N, int64_t V,
+                              int64_t v0, float grad_scale) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    float* x = logits + n * V;
+    if (targets[n] < 0) {
+      std::fill_n(x, V, 0.0f);
+      continue;
+    }
+    vec::exp_scale(x, x, V, lse[n], grad_scale);
+    const int64_t t = targets[n] - v0;
+    if (t >= 0 && t < V) x[t] -= grad_scale;
+  }
 }
 
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
@@ -306,6 +340,8 @@ const AttentionKernels kAttention{attention_forward, attention_backward, attenti
 const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy};
+const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{cross_entropy_shard_stats,
+                                                                  cross_entropy_shard_grad};
 const AdamWKernels kAdamW{adamw_step};
 const SumSquaresKernels kSumSquares{sum_squares};
 
@@ -316,6 +352,7 @@ TITAN_REGISTER_KERNEL(AttentionKernels, CPU, "blas", kAttention, 10);
 TITAN_REGISTER_KERNEL(SwigluKernels, CPU, "fast", kSwiglu, 10);
 TITAN_REGISTER_KERNEL(EmbeddingKernels, CPU, "fast", kEmbedding, 10);
 TITAN_REGISTER_KERNEL(CrossEntropyKernels, CPU, "fast", kCrossEntropy, 10);
+TITAN_REGISTER_KERNEL(VocabParallelCrossEntropyKernels, CPU, "fast", kVocabParallelCrossEntropy, 10);
 TITAN_REGISTER_KERNEL(AdamWKernels, CPU, "fast", kAdamW, 10);
 TITAN_REGISTER_KERNEL(SumSquaresKernels, CPU, "fast", kSumSquares, 10);
 

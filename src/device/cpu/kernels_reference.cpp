@@ -191,13 +191,14 @@ void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, 
 
 void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
   for (int64_t n = 0; n < N; ++n)
-    for (int64_t c = 0; c < C; ++c) out[n * C + c] = table[(int64_t)ids[n] * C + c];
+    for (int64_t c = 0; c < C; ++c) out[n * C + c] = ids[n] < 0 ? 0.0f : table[(int64_t)ids[n] * C + c];
 }
 
 void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C,
                         int64_t V) {
   for (int64_t n = 0; n < N; ++n)
-    for (int64_t c = 0; c < C; ++c) dtable[(int64_t)ids[n] * C + c] += dout[n * C + c];
+    if (ids[n] >= 0)
+      for (int64_t c = 0; c < C; ++c) dtable[(int64_t)ids[n] * C + c] += dout[n * C + c];
 }
 
 double cross_entropy(float* logits, const int32_t* targets, int64_t N, int64_t V, float grad_scale,
@@ -220,6 +221,32 @@ double cross_entropy(float* logits, const int32_t* targets, int64_t N, int64_t V
         x[j] = (float)(grad_scale * (std::exp(x[j] - lse) - (j == targets[n] ? 1.0 : 0.0)));
   }
   return total;
+}
+
+void cross_entropy_shard_stats(float* stats, const float* logits, const int32_t* targets, int64_t N,
+                               int64_t V, int64_t v0) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = logits + n * V;
+    float* s = stats + 3 * n;
+    s[0] = s[1] = s[2] = 0.0f;
+    if (targets[n] < 0) continue;
+    double mx = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, (double)x[j]);
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(x[j] - mx);
+    const int64_t t = targets[n] - v0;
+    s[0] = (float)mx, s[1] = (float)sum, s[2] = t >= 0 && t < V ? x[t] : 0.0f;
+  }
+}
+
+void cross_entropy_shard_grad(float* logits, const float* lse, const int32_t* targets, int64_t N, int64_t V,
+                              int64_t v0, float grad_scale) {
+  for (int64_t n = 0; n < N; ++n) {
+    float* x = logits + n * V;
+    const int64_t t = targets[n] < 0 ? -1 : targets[n] - v0;
+    for (int64_t j = 0; j < V; ++j)
+      x[j] = targets[n] < 0 ? 0.0f
+                            : (float)(grad_scale * (std::exp((double)x[j] - lse[n]) - (j == t ? 1.0 : 0.0)));
+  }
 }
 
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
@@ -255,6 +282,8 @@ const AttentionKernels kAttention{attention_forward, attention_backward, attenti
 const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy};
+const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{cross_entropy_shard_stats,
+                                                                  cross_entropy_shard_grad};
 const AdamWKernels kAdamW{adamw_step};
 const SumSquaresKernels kSumSquares{sum_squares};
 
@@ -265,6 +294,7 @@ TITAN_REGISTER_KERNEL(AttentionKernels, CPU, "reference", kAttention, 0);
 TITAN_REGISTER_KERNEL(SwigluKernels, CPU, "reference", kSwiglu, 0);
 TITAN_REGISTER_KERNEL(EmbeddingKernels, CPU, "reference", kEmbedding, 0);
 TITAN_REGISTER_KERNEL(CrossEntropyKernels, CPU, "reference", kCrossEntropy, 0);
+TITAN_REGISTER_KERNEL(VocabParallelCrossEntropyKernels, CPU, "reference", kVocabParallelCrossEntropy, 0);
 TITAN_REGISTER_KERNEL(AdamWKernels, CPU, "reference", kAdamW, 0);
 TITAN_REGISTER_KERNEL(SumSquaresKernels, CPU, "reference", kSumSquares, 0);
 

@@ -168,14 +168,14 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* ids, const f
                                          int64_t C) {
   for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < N * C;
        idx += (int64_t)gridDim.x * blockDim.x)
-    out[idx] = table[(int64_t)ids[idx / C] * C + idx % C];
+    out[idx] = ids[idx / C] < 0 ? 0.0f : table[(int64_t)ids[idx / C] * C + idx % C];
 }
 // Repeated ids add into the same row: atomics (the order of the adds, hence the last bit, may vary).
 __global__ void embedding_backward_kernel(float* dtable, const float* dout, const int32_t* ids, int64_t N,
                                           int64_t C) {
   for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < N * C;
        idx += (int64_t)gridDim.x * blockDim.x)
-    atomicAdd(dtable + (int64_t)ids[idx / C] * C + idx % C, dout[idx]);
+    if (ids[idx / C] >= 0) atomicAdd(dtable + (int64_t)ids[idx / C] * C + idx % C, dout[idx]);
 }
 
 void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {

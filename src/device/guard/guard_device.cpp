@@ -124,6 +124,9 @@ const SwigluKernels kSwiglu{TITAN_GUARD(SwigluKernels, forward), TITAN_GUARD(Swi
 const EmbeddingKernels kEmbedding{TITAN_GUARD(EmbeddingKernels, forward),
                                   TITAN_GUARD(EmbeddingKernels, backward)};
 const CrossEntropyKernels kCrossEntropy{TITAN_GUARD(CrossEntropyKernels, forward_backward)};
+const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{
+    TITAN_GUARD(VocabParallelCrossEntropyKernels, shard_stats),
+    TITAN_GUARD(VocabParallelCrossEntropyKernels, shard_grad)};
 const AdamWKernels kAdamW{TITAN_GUARD(AdamWKernels, step)};
 const SumSquaresKernels kSumSquares{TITAN_GUARD(SumSquaresKernels, sum_squares)};
 const MoeExpertsKernels kMoe{TITAN_GUARD(MoeExpertsKernels, forward),
@@ -161,6 +164,7 @@ TITAN_REGISTER_KERNEL(AttentionKVKernels, GUARD, "cpu", kAttentionKV, 10);
 TITAN_REGISTER_KERNEL(SwigluKernels, GUARD, "cpu", kSwiglu, 10);
 TITAN_REGISTER_KERNEL(EmbeddingKernels, GUARD, "cpu", kEmbedding, 10);
 TITAN_REGISTER_KERNEL(CrossEntropyKernels, GUARD, "cpu", kCrossEntropy, 10);
+TITAN_REGISTER_KERNEL(VocabParallelCrossEntropyKernels, GUARD, "cpu", kVocabParallelCrossEntropy, 10);
 TITAN_REGISTER_KERNEL(AdamWKernels, GUARD, "cpu", kAdamW, 10);
 TITAN_REGISTER_KERNEL(SumSquaresKernels, GUARD, "cpu", kSumSquares, 10);
 TITAN_REGISTER_KERNEL(MoeExpertsKernels, GUARD, "cpu", kMoe, 10);

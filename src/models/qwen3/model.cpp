@@ -149,6 +149,10 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
   swiglu_ = pick<SwigluKernels>(dev, kernels, kernel_names_);
   embedding_ = pick<EmbeddingKernels>(dev, kernels, kernel_names_);
   cross_entropy_ = pick<CrossEntropyKernels>(dev, kernels, kernel_names_);
+  if (!KernelRegistry::global().impls(VocabParallelCrossEntropyKernels::kOp, dev).empty()) {
+    std::map<std::string, std::string> glue;
+    cross_entropy_vp_ = pick<VocabParallelCrossEntropyKernels>(dev, kernels, glue);
+  }
   {
     std::map<std::string, std::string> glue;  // not listed among the model's kernels
     elementwise_ = pick<ElementwiseKernels>(dev, kernels, glue);
@@ -275,6 +279,13 @@ double Qwen3Model::device_memory_bytes() const {
 
 bool Qwen3Model::frozen_scratch_grads(int g) const {
   return g >= 1 && g <= config_.num_hidden_layers && config_.is_moe_layer(g - 1);
+}
+
+void Qwen3Model::set_tensor_parallel(TensorParallelComm* comm) {
+  tp_ = comm;
+  TITAN_CHECK(!vocab_parallel() || cross_entropy_vp_, "tensor parallel: op '",
+              VocabParallelCrossEntropyKernels::kOp, "' has no implementation on ",
+              device_type_name(device_.type));
 }
 
 void Qwen3Model::set_lora(LoraAdapters* lora) {

@@ -100,14 +100,20 @@ class ParamStreamer {
 };
 
 // Tensor parallel (distributed/tensor_parallel.h): a model holding one rank's slices of the full model (whole
-// heads of q/k/v and o, a slice of the dense MLP's intermediate) runs these sums over its tensor-parallel
-// group at Megatron's points: after the row-parallel o_proj and down_proj in forward (the partial outputs),
-// and after the column-parallel q/k/v and gate/up in backward (the partial input gradients). The layout
-// that made the slices owns the group; the model only calls it.
+// heads of q/k/v and o, a slice of the dense MLP's intermediate, a 1/size slice of the vocabulary's rows of
+// the embedding and lm_head) runs these collectives over its tensor-parallel group at Megatron's points:
+// sums after the row-parallel o_proj and down_proj and the vocab-parallel embedding in forward (the partial
+// outputs), after the column-parallel q/k/v, gate/up and lm_head in backward (the partial input gradients),
+// and the loss-parallel cross-entropy's row statistics. The layout that made the slices owns the group; the
+// model only calls it.
 class TensorParallelComm {
  public:
   virtual ~TensorParallelComm() = default;
-  virtual void sum(float* x, int64_t n) = 0;  // in place, over the group, x on the model's device
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  virtual void sum(float* x, int64_t n) = 0;       // in place, over the group, x on the model's device
+  virtual void sum_host(float* x, int64_t n) = 0;  // the same, x on the host
+  virtual void max_host(float* x, int64_t n) = 0;  // elementwise max, x on the host
 };
 
 // RoPE tables (T, head_dim/2) of cos and sin at positions 0..T-1, as HF computes them (fp32 inv_freq and
@@ -192,7 +198,15 @@ class Qwen3Model {
   // no base gradient is computed or kept (the gradient buffers of dense groups are dropped; sparse layers
   // keep one as scratch for the expert kernels). nullptr detaches the adapters (the base stays frozen).
   void set_lora(LoraAdapters* lora);
-  void set_tensor_parallel(TensorParallelComm* comm) { tp_ = comm; }
+  // Tensor parallel: this model holds one rank's slices (the local config), comm its group (nullptr: none).
+  void set_tensor_parallel(TensorParallelComm* comm);
+  // Vocab parallel: the embedding / lm_head rows here are the full vocabulary's [vocab_start(),
+  // vocab_start() + config().vocab_size) of full_vocab_size().
+  bool vocab_parallel() const { return tp_ && tp_->size() > 1; }
+  int64_t vocab_start() const { return vocab_parallel() ? tp_->rank() * config_.vocab_size : 0; }
+  int64_t full_vocab_size() const {
+    return vocab_parallel() ? tp_->size() * config_.vocab_size : config_.vocab_size;
+  }
   LoraAdapters* lora() const { return lora_; }
   bool frozen_base() const { return frozen_; }
   // Bytes of activations currently planned (for memory reports).
@@ -317,6 +331,8 @@ class Qwen3Model {
   std::vector<const float*> bf16_image_base_;      // the buffer each image was made from
   ParamStreamer* streamer_ = nullptr;
   TensorParallelComm* tp_ = nullptr;
+  double vocab_parallel_cross_entropy(float* logits, int64_t r0, int64_t rows, float scale,
+                                      bool compute_grad);
   void tp_sum(float* x, int64_t n) {
     if (tp_) tp_->sum(x, n);
   }
@@ -336,6 +352,7 @@ class Qwen3Model {
   const SwigluKernels* swiglu_;
   const EmbeddingKernels* embedding_;
   const CrossEntropyKernels* cross_entropy_;
+  const VocabParallelCrossEntropyKernels* cross_entropy_vp_ = nullptr;  // null where the device has none
   const ElementwiseKernels* elementwise_;
   const MoeRouterKernels* router_ = nullptr;
   const ExpertParallelKernels* ep_kernels_ = nullptr;
@@ -347,7 +364,9 @@ class Qwen3Model {
   Tensor ids_, targets_, rope_cos_, rope_sin_;
   bool packed_ = false;
   Tensor doc_start_, token_cos_, token_sin_;  // packing: (N) first key of each token's document, (N,hd/2)
-  std::vector<int32_t> host_targets_;
+  std::vector<int32_t> host_targets_, host_ids_;
+  Tensor ce_stats_;  // vocab parallel: one head chunk's row statistics (3 per row), then its logsumexp
+  std::vector<float> ce_host_;
   Tensor final_resid_, lnf_, rstdf_, logits_, logits_copy_;  // logits_: one (head_rows_, V) chunk
   // Backward scratch shared by all layers.
   Tensor dresid_, dln_, dq_, dk_, dv_, dqr_, dkr_, datt_, dgu_, dact_;

@@ -12,11 +12,15 @@ namespace titan {
 ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int64_t B, int64_t T,
                                   const ForwardOptions& opts) {
   const auto& c = config_;
-  const int64_t N = B * T, H = c.hidden_size, V = c.vocab_size;
+  // V: the vocabulary rows held here; Vf: the full vocabulary (they differ under vocab parallel).
+  const int64_t N = B * T, H = c.hidden_size, V = c.vocab_size, Vf = full_vocab_size(), v0 = vocab_start();
   TITAN_CHECK(B > 0 && T > 0, "forward: empty batch (B=", B, ", T=", T, ")");
   for (int64_t n = 0; n < N; ++n)
-    TITAN_CHECK(ids[n] >= 0 && ids[n] < V, "input_ids[", n / T, "][", n % T, "] = ", ids[n],
-                " is outside the vocabulary [0, ", V, ")");
+    TITAN_CHECK(ids[n] >= 0 && ids[n] < Vf, "input_ids[", n / T, "][", n % T, "] = ", ids[n],
+                " is outside the vocabulary [0, ", Vf, ")");
+  TITAN_CHECK(!(opts.keep_logits && vocab_parallel()),
+              "forward: keep_logits under vocab parallel (each rank ",
+              "holds a slice of the vocabulary's logits)");
   plan_activations(B, T);
   build_rope_tables(T);
   set_packing(opts.position_ids);
@@ -25,7 +29,13 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   // groups are converted when gathered.
   if (bf16_ && matmul_ == &matmul_bf16_ && !streamer_)
     for (int g = c.tie_word_embeddings ? 0 : 1; g < num_groups(); ++g) make_bf16_image(g);
-  ids_.copy_from_host(ids);
+  if (vocab_parallel()) {  // the embedding rows held here: local ids, -1 for the other ranks' tokens
+    host_ids_.resize(N);
+    for (int64_t n = 0; n < N; ++n) host_ids_[n] = ids[n] >= v0 && ids[n] < v0 + V ? ids[n] - v0 : -1;
+    ids_.copy_from_host(host_ids_.data());
+  } else {
+    ids_.copy_from_host(ids);
+  }
   // HF ForCausalLMLoss: labels padded with -100 on the right and shifted left by one.
   int32_t* tgt = host_targets_.data();
   int64_t num_valid = 0;
@@ -33,7 +43,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     for (int64_t t = 0; t < T; ++t) {
       const int64_t src = opts.labels_shifted ? t : t + 1;
       int32_t y = src < T ? labels[b * T + src] : -100;
-      TITAN_CHECK(y == -100 || (y >= 0 && y < V), "labels[", b, "][", src, "] = ", y,
+      TITAN_CHECK(y == -100 || (y >= 0 && y < Vf), "labels[", b, "][", src, "] = ", y,
                   " is neither -100 nor inside the vocabulary");
       tgt[b * T + t] = y < 0 ? -1 : y;
       num_valid += y >= 0;
@@ -43,6 +53,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
 
   acquire_params(0);
   embedding_->forward(layer_acts_[0].resid_in, ids_.data<int32_t>(), flat_params_[0].f32(), N, H);
+  tp_sum(layer_acts_[0].resid_in, N * H);  // vocab-parallel embedding: each token's row from its rank
   release_params(0);
   auto bf16 = [this](float* x, int64_t n) { round_bf16_if(x, n); };
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -92,13 +103,17 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     matmul_->forward(lg, x, lm_head, rows, H, V);
     bf16(lg, rows * V);
     if (opts.keep_logits) dev_->copy(logits_copy_.f32() + r0 * V, lg, rows * V * sizeof(float));
-    r.loss_sum += cross_entropy_->forward_backward(lg, tgt + r0, rows, V, scale, opts.compute_grad);
+    if (vocab_parallel())
+      r.loss_sum += vocab_parallel_cross_entropy(lg, r0, rows, scale, opts.compute_grad);
+    else
+      r.loss_sum += cross_entropy_->forward_backward(lg, tgt + r0, rows, V, scale, opts.compute_grad);
     if (opts.compute_grad) {
       matmul_->backward(dlnf + r0 * H, dlm_head, lg, x, lm_head, rows, H, V, accumulate_dlm_head);
       accumulate_dlm_head = true;
       head_grad_zeroed_ = false;
     }
   }
+  if (opts.compute_grad) tp_sum(dlnf, N * H);  // vocab-parallel lm_head: the ranks' partial d(lnf)
   release_params(group_head);
   if (c.tie_word_embeddings) release_params(0);
   r.ce_loss = num_valid > 0 ? r.loss_sum / (double)num_valid : std::nan("");
@@ -126,6 +141,36 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   }
   grad_ready_ = opts.compute_grad;
   return r;
+}
+
+// Loss parallel over one head chunk of `rows` rows whose logits hold this rank's vocabulary columns: the
+// ranks' row statistics (max, sum of exp, target logit) combine into each row's logsumexp; returns the
+// chunk's loss sum (the same on every rank) and, with compute_grad, leaves the chunk's logit gradient.
+double Qwen3Model::vocab_parallel_cross_entropy(float* logits, int64_t r0, int64_t rows, float scale,
+                                                bool compute_grad) {
+  const int64_t V = config_.vocab_size, v0 = vocab_start();
+  const int32_t* targets = targets_.data<int32_t>() + r0;
+  float* stats = ensure(ce_stats_, 3 * rows).f32();
+  cross_entropy_vp_->shard_stats(stats, logits, targets, rows, V, v0);
+  ce_host_.resize(4 * rows);
+  float *s = ce_host_.data(), *m = s + 3 * rows;
+  dev_->copy_to_host(s, stats, 3 * rows * sizeof(float));
+  for (int64_t n = 0; n < rows; ++n) m[n] = s[3 * n];
+  tp_->max_host(m, rows);
+  for (int64_t n = 0; n < rows; ++n) s[3 * n + 1] *= std::exp(s[3 * n] - m[n]), s[3 * n] = 0.0f;
+  tp_->sum_host(s, 3 * rows);  // {-, sum of exp relative to the global max, target logit}
+  const int32_t* host_tgt = host_targets_.data() + r0;
+  double loss = 0;
+  for (int64_t n = 0; n < rows; ++n) {
+    const float lse = m[n] + std::log(s[3 * n + 1]);
+    if (host_tgt[n] >= 0) loss += (double)lse - s[3 * n + 2];
+    s[n] = lse;  // (rows already read)
+  }
+  if (compute_grad) {
+    dev_->copy_from_host(stats, s, rows * sizeof(float));
+    cross_entropy_vp_->shard_grad(logits, stats, targets, rows, V, v0, scale);
+  }
+  return loss;
 }
 
 void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats) {
