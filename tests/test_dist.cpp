@@ -503,14 +503,14 @@ TEST(DistExpertParallel, TrainMatchesOneRank) {
 
 // ---- tensor parallel through `titan train` ----
 
-// Same global batch and seed: tensor parallel 2 (world 2), TP 2 x FSDP 2 and TP 2 x DDP 2 (world 4), TP 2
-// with selective op checkpointing, and TP 2 on the debug MoE (experts replicated in the group) give the
-// 1-rank loss sequence over 10 steps, and the HF export gathers the slices into the 1-rank model's tensors.
+// Same global batch and seed: tensor parallel 2 (world 2; with sequence parallel, torchtitan's default, and
+// without), TP 2 x FSDP 2 and TP 2 x DDP 2 (world 4), TP 2 with selective op and with full checkpointing,
+// and TP 2 on the debug MoE (experts replicated in the group) give the 1-rank loss sequence over 10 steps,
+// and the HF export gathers the slices into the 1-rank model's tensors.
 TEST(DistTensorParallel, TrainMatchesOneRank) {
   testing::TempDir tmp;
   const std::string common = train_args(tmp, 10) + " --model.flavor=debug";
-  const std::string tp2 =
-      " --parallelism.tensor_parallel_degree=2 --parallelism.enable_sequence_parallel=false";
+  const std::string tp2 = " --parallelism.tensor_parallel_degree=2";
   for (auto [name, args] :
        {std::pair<std::string, std::string>{"one", ""}, {"one_moe", " --model.flavor=debug_moe"}}) {
     RunResult r = run_shell("timeout 300 " + kTitan + " train" + common + args +
@@ -522,11 +522,14 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
     int np, local_batch;
   };
   for (const Layout& l :
-       {Layout{"tp2", "one", "", 2, 4}, Layout{"tp2_fsdp2", "one", "", 4, 2},
+       {Layout{"tp2", "one", "", 2, 4},
+        Layout{"tp2_no_sp", "one", " --parallelism.enable_sequence_parallel=false", 2, 4},
+        Layout{"tp2_fsdp2", "one", "", 4, 2},
         Layout{"tp2_ddp2", "one", " --parallelism.data_parallel_replicate_degree=2", 4, 2},
         Layout{"tp2_op", "one",
                " --activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=op", 2,
                4},
+        Layout{"tp2_full_ac", "one", " --activation_checkpoint.mode=full", 2, 4},
         Layout{"tp2_moe", "one_moe", " --model.flavor=debug_moe", 2, 4}}) {
     RunResult r = run_shell("timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(l.np) +
                             " " + kTitan + " train" + common + tp2 + l.args +
@@ -534,6 +537,9 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
                             " --job.dump_folder=" + (tmp / l.name));
     ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.output;
     EXPECT_NE(r.output.find("tensor parallel: 2 ranks per group"), std::string::npos) << r.output;
+    const bool sp = l.args.find("enable_sequence_parallel=false") == std::string::npos;
+    EXPECT_NE(r.output.find(sp ? "sequence parallel on" : "sequence parallel off"), std::string::npos)
+        << r.output;
     expect_run_matches(tmp, l.ref, l.name);
   }
 }
@@ -546,10 +552,7 @@ TEST(DistTensorParallel, CheckpointsResumeOnAnyLayout) {
   const std::string common = train_args(tmp, 10) +
                              " --model.flavor=debug --checkpoint.enable=true --checkpoint.interval=5"
                              " --checkpoint.last_save_in_hf=false";
-  auto tp = [](int t) {
-    return " --parallelism.tensor_parallel_degree=" + std::to_string(t) +
-           " --parallelism.enable_sequence_parallel=false";
-  };
+  auto tp = [](int t) { return " --parallelism.tensor_parallel_degree=" + std::to_string(t); };
   auto mpi = [&](int np, const std::string& args, const std::string& dir, const std::string& env = "") {
     return run_shell(env + "timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(np) +
                      " " + kTitan + " train" + common + args + " --job.dump_folder=" + (tmp / dir));
@@ -623,9 +626,12 @@ TEST(DistTensorParallel, BadLayoutsNameTheKeysAndNumbers) {
   EXPECT_NE(out.find("parallelism.tensor_parallel_degree = 2 does not divide model vocab_size = 2049"),
             std::string::npos)
       << out;
-  // Sequence parallel (torchtitan's default) is refused by name.
-  EXPECT_NE(testing::run_titan("train --dry-run --parallelism.tensor_parallel_degree=2", &out), 0);
-  EXPECT_NE(out.find("parallelism.enable_sequence_parallel = true"), std::string::npos) << out;
+  // Sequence parallel (torchtitan's default) splits each micro-batch's tokens over the group.
+  EXPECT_NE(testing::run_titan("train --dry-run --parallelism.tensor_parallel_degree=2 "
+                               "--training.local_batch_size=1 --training.seq_len=255",
+                               &out),
+            0);
+  EXPECT_NE(out.find("training.local_batch_size x training.seq_len = 255 tokens"), std::string::npos) << out;
   // The plan reports the layout and the tensor-parallel traffic.
   EXPECT_EQ(testing::run_titan(
                 "plan --nproc 4 --model.flavor=debug --parallelism.tensor_parallel_degree=2 "

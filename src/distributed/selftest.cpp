@@ -565,7 +565,8 @@ void check_expert_parallel_model(Checker& c) {
 }
 
 // Tensor parallel on the tiny model (and a tiny MoE, experts replicated) for every degree t > 1 that
-// divides the world and the heads: groups of t consecutive ranks share a batch; against a full model on
+// divides the world and the heads, without and with sequence parallel: groups of t consecutive ranks share a
+// batch; against a full model on
 // that batch, (1) the slices reassemble the full parameters, (2) the loss, (3) every local gradient is the
 // slice of the full gradient (after the replicated q/k-norm sums), (4) the global norm, (5) activation
 // checkpointing (full and op) changes no bit, (6) five clipped AdamW steps follow the full model's losses.
@@ -577,84 +578,87 @@ void check_tensor_parallel_model(Checker& c) {
   moe.num_experts_per_tok = 2;
   moe.moe_intermediate_size = 16;
   moe.norm_topk_prob = true;
+  const int64_t B = 2, T = 8;
   for (const auto& [kind, cfg] : {std::pair<std::string, Qwen3Config>{"", tiny_config()}, {" moe", moe}})
-    for (int t = 2; t <= N; ++t) {
-      if (N % t || cfg.num_key_value_heads % t) continue;
-      const std::string tag = "tensor parallel " + std::to_string(t) + kind + ": ";
-      std::shared_ptr<ProcessGroup> group = w.split(me / t, me % t);
-      TensorParallel tp(group);
-      const int64_t B = 2, T = 8;
-      std::vector<int32_t> ids, labels;  // the group's batch
-      random_tokens(B * T, cfg.vocab_size, 4242 + uint64_t(me / t), ids, labels);
-      Qwen3Model full(cfg);
-      full.init_weights(11);
-      Qwen3Model local(tensor_parallel_config(cfg, t));
-      tp.scatter(full, local);
-      local.set_tensor_parallel(&tp);
-      double err = 0;
-      for (auto& [name, value] : tp.gather(local))
-        err = std::max(err, rel_err(value.f32(), full.param(name).value.f32(), value.numel()));
-      c.expect(tag + "slices reassemble the full model", err, 0);
-      {
-        Qwen3Model drawn(tensor_parallel_config(cfg, t));
-        tp.init_weights(drawn, cfg, 11);  // the slices drawn without the full model
-        double d = 0;
-        for (size_t g = 0; g < drawn.flat_params().size(); ++g)
-          d = std::max(d, rel_err(drawn.flat_params()[g].f32(), local.flat_params()[g].f32(),
-                                  local.flat_params()[g].numel()));
-        c.expect(tag + "init of the slices alone = slices of the full init", d, 0);
+    for (int t = 2; t <= N; ++t)
+      for (bool sp : {false, true}) {
+        if (N % t || cfg.num_key_value_heads % t || (sp && (B * T) % t)) continue;
+        const std::string tag =
+            "tensor parallel " + std::to_string(t) + kind + (sp ? " sequence parallel" : "") + ": ";
+        std::shared_ptr<ProcessGroup> group = w.split(me / t, me % t);
+        TensorParallel tp(group, sp);
+        std::vector<int32_t> ids, labels;  // the group's batch
+        random_tokens(B * T, cfg.vocab_size, 4242 + uint64_t(me / t), ids, labels);
+        Qwen3Model full(cfg);
+        full.init_weights(11);
+        Qwen3Model local(tensor_parallel_config(cfg, t));
+        tp.scatter(full, local);
+        local.set_tensor_parallel(&tp, sp);
+        double err = 0;
+        for (auto& [name, value] : tp.gather(local))
+          err = std::max(err, rel_err(value.f32(), full.param(name).value.f32(), value.numel()));
+        c.expect(tag + "slices reassemble the full model", err, 0);
+        {
+          Qwen3Model drawn(tensor_parallel_config(cfg, t));
+          tp.init_weights(drawn, cfg, 11);  // the slices drawn without the full model
+          double d = 0;
+          for (size_t g = 0; g < drawn.flat_params().size(); ++g)
+            d = std::max(d, rel_err(drawn.flat_params()[g].f32(), local.flat_params()[g].f32(),
+                                    local.flat_params()[g].numel()));
+          c.expect(tag + "init of the slices alone = slices of the full init", d, 0);
+        }
+        full.zero_grad();
+        const ForwardResult want = full.forward(ids.data(), labels.data(), B, T);
+        full.backward();
+        auto step = [&](Qwen3Model& m) {
+          m.zero_grad();
+          const double loss = m.forward(ids.data(), labels.data(), B, T).loss;
+          m.backward();
+          if (&m != &full) tp.reduce_replicated_grads(m);  // (the full model holds every head and row)
+          return loss;
+        };
+        const double got = step(local);
+        c.expect(tag + "loss", std::abs(got - want.loss) / want.loss, 1e-6);
+        err = 0;
+        for (auto& p : local.params()) {
+          Tensor full_grad = Tensor::empty(full.param(p.name).shape);
+          full.param(p.name).grad.copy_to_host(full_grad.f32());
+          const Tensor s = tp.slice(p.name, full_grad);
+          err = std::max(err, rel_err(p.grad.f32(), s.f32(), p.grad.numel()));
+        }
+        c.expect(tag + "gradients = slices of the full gradients", err, 1e-5);
+        const double norm = grad_sq_norm(full.flat_grads());
+        c.expect(tag + "global grad norm", std::abs(tp.grad_sq_norm(local) - norm) / norm, 1e-6);
+        for (bool ops : {false, true}) {
+          Qwen3Model ac(tensor_parallel_config(cfg, t));
+          tp.scatter(full, ac);
+          ac.set_tensor_parallel(&tp, sp);
+          ac.set_activation_checkpointing(!ops);
+          ac.set_activation_recompute_ops(ops);
+          step(ac);
+          double d = 0;
+          for (size_t g = 0; g < ac.flat_grads().size(); ++g)
+            d = std::max(d, rel_err(ac.flat_grads()[g].f32(), local.flat_grads()[g].f32(),
+                                    local.flat_grads()[g].numel()));
+          c.expect(tag + (ops ? "selective op checkpointing" : "activation checkpointing") +
+                       " gives the same gradients",
+                   d, 0);
+        }
+        // Training: clipped AdamW on both, the same losses step after step.
+        const AdamWConfig oc{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
+        AdamW opt_full(full.flat_params(), full.flat_grads(), oc),
+            opt_local(local.flat_params(), local.flat_grads(), oc);
+        double worst = 0;
+        for (int s = 0; s < 5; ++s) {
+          const double lf = step(full), ll = step(local);
+          worst = std::max(worst, std::abs(ll - lf) / lf);
+          const double nf = std::sqrt(grad_sq_norm(full.flat_grads())),
+                       nl = std::sqrt(tp.grad_sq_norm(local));
+          opt_full.step(1e-2f, float(std::min(1.0, 1.0 / (nf + 1e-6))));
+          opt_local.step(1e-2f, float(std::min(1.0, 1.0 / (nl + 1e-6))));
+        }
+        c.expect(tag + "5 clipped AdamW steps: losses", worst, 1e-5);
       }
-      full.zero_grad();
-      const ForwardResult want = full.forward(ids.data(), labels.data(), B, T);
-      full.backward();
-      auto step = [&](Qwen3Model& m) {
-        m.zero_grad();
-        const double loss = m.forward(ids.data(), labels.data(), B, T).loss;
-        m.backward();
-        tp.reduce_replicated_grads(m);
-        return loss;
-      };
-      const double got = step(local);
-      c.expect(tag + "loss", std::abs(got - want.loss) / want.loss, 1e-6);
-      err = 0;
-      for (auto& p : local.params()) {
-        Tensor full_grad = Tensor::empty(full.param(p.name).shape);
-        full.param(p.name).grad.copy_to_host(full_grad.f32());
-        const Tensor s = tp.slice(p.name, full_grad);
-        err = std::max(err, rel_err(p.grad.f32(), s.f32(), p.grad.numel()));
-      }
-      c.expect(tag + "gradients = slices of the full gradients", err, 1e-5);
-      const double norm = grad_sq_norm(full.flat_grads());
-      c.expect(tag + "global grad norm", std::abs(tp.grad_sq_norm(local) - norm) / norm, 1e-6);
-      for (bool ops : {false, true}) {
-        Qwen3Model ac(tensor_parallel_config(cfg, t));
-        tp.scatter(full, ac);
-        ac.set_tensor_parallel(&tp);
-        ac.set_activation_checkpointing(!ops);
-        ac.set_activation_recompute_ops(ops);
-        step(ac);
-        double d = 0;
-        for (size_t g = 0; g < ac.flat_grads().size(); ++g)
-          d = std::max(d, rel_err(ac.flat_grads()[g].f32(), local.flat_grads()[g].f32(),
-                                  local.flat_grads()[g].numel()));
-        c.expect(tag + (ops ? "selective op checkpointing" : "activation checkpointing") +
-                     " gives the same gradients",
-                 d, 0);
-      }
-      // Training: clipped AdamW on both, the same losses step after step.
-      const AdamWConfig oc{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
-      AdamW opt_full(full.flat_params(), full.flat_grads(), oc),
-          opt_local(local.flat_params(), local.flat_grads(), oc);
-      double worst = 0;
-      for (int s = 0; s < 5; ++s) {
-        const double lf = step(full), ll = step(local);
-        worst = std::max(worst, std::abs(ll - lf) / lf);
-        const double nf = std::sqrt(grad_sq_norm(full.flat_grads())), nl = std::sqrt(tp.grad_sq_norm(local));
-        opt_full.step(1e-2f, float(std::min(1.0, 1.0 / (nf + 1e-6))));
-        opt_local.step(1e-2f, float(std::min(1.0, 1.0 / (nl + 1e-6))));
-      }
-      c.expect(tag + "5 clipped AdamW steps: losses", worst, 1e-5);
-    }
 }
 
 [[noreturn]] void inject_failure(const std::string& mode) {

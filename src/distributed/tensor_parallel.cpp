@@ -58,7 +58,8 @@ Qwen3Config tensor_parallel_config(const Qwen3Config& full, int64_t tp) {
   return c;
 }
 
-TensorParallel::TensorParallel(std::shared_ptr<ProcessGroup> group) : group_(std::move(group)) {
+TensorParallel::TensorParallel(std::shared_ptr<ProcessGroup> group, bool sequence_parallel)
+    : group_(std::move(group)), sequence_parallel_(sequence_parallel) {
   TITAN_CHECK(group_, "tensor parallel: no group");
 }
 
@@ -72,6 +73,14 @@ void TensorParallel::sum_host(float* x, int64_t n) {
 
 void TensorParallel::max_host(float* x, int64_t n) {
   if (group_->size() > 1) group_->all_reduce(x, n, CommType::F32, ReduceOp::Max);
+}
+
+void TensorParallel::all_gather(const float* local, float* full, int64_t n) {
+  group_->all_gather(local, full, std::vector<int64_t>(size(), n), CommType::F32);
+}
+
+void TensorParallel::reduce_scatter(const float* full, float* local, int64_t n) {
+  group_->reduce_scatter(full, local, std::vector<int64_t>(size(), n), CommType::F32, ReduceOp::Sum);
 }
 
 std::vector<TensorParallel::Run> TensorParallel::runs(const std::string& name, const Shape& full) const {
@@ -178,12 +187,17 @@ bool per_head_norm(const std::string& name) {
   return ends_with(name, ".self_attn.q_norm.weight") || ends_with(name, ".self_attn.k_norm.weight");
 }
 
+bool residual_norm(const std::string& name) {
+  return ends_with(name, ".input_layernorm.weight") || ends_with(name, ".post_attention_layernorm.weight") ||
+         name == "model.norm.weight";
+}
+
 }  // namespace
 
 void TensorParallel::reduce_replicated_grads(const std::vector<Param>& params, const GradBuffers& b) const {
   if (size() == 1) return;
   for (const Param& p : params) {
-    if (!per_head_norm(p.name)) continue;
+    if (!per_head_norm(p.name) && !(sequence_parallel_ && residual_norm(p.name))) continue;
     const auto [lo, hi] = overlap(p, b);
     Tensor& buf = (*b.grads)[p.group];
     if (hi > lo && buf.defined())

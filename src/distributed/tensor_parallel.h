@@ -7,9 +7,11 @@
 //   embed_tokens, lm_head                        vocab-parallel: the rank's rows (1/tp of the vocabulary)
 //   everything else                              replicated (norms, MoE router/experts)
 // The model sums the row-parallel partial outputs (forward) and the column-parallel partial input gradients
-// (backward) over the group through TensorParallelComm; the replicated per-head norms (q_norm, k_norm) see
-// only the rank's heads, so their gradients are summed here after the backward. Every rank of a group sees
-// the same batch. No rank holds the full model: checkpoints and exports gather the slices.
+// (backward) over the group through TensorParallelComm -- with sequence parallel as reduce-scatters onto
+// each rank's rows of the residual stream, whose norms' outputs are all-gathered before the column-parallel
+// GEMMs; the replicated per-head norms (q_norm, k_norm) see only the rank's heads (and under sequence
+// parallel the RMSNorms only its rows), so their gradients are summed here after the backward. Every rank of
+// a group sees the same batch. No rank holds the full model: checkpoints and exports gather the slices.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -33,7 +35,10 @@ Qwen3Config tensor_parallel_config(const Qwen3Config& full, int64_t tp);
 class TensorParallel : public TensorParallelComm {
  public:
   // group: this rank's tensor-parallel group (the ranks holding the other slices of the same layers).
-  explicit TensorParallel(std::shared_ptr<ProcessGroup> group);
+  // sequence_parallel: the models run with Qwen3Model::set_tensor_parallel(this, true) (the RMSNorms see
+  // only the rank's rows, so their gradients are summed too).
+  explicit TensorParallel(std::shared_ptr<ProcessGroup> group, bool sequence_parallel = false);
+  bool sequence_parallel() const { return sequence_parallel_; }
   int size() const override { return group_->size(); }
   int rank() const override { return group_->rank(); }
   ProcessGroup& group() const { return *group_; }
@@ -41,6 +46,8 @@ class TensorParallel : public TensorParallelComm {
   void sum(float* x, int64_t n) override;
   void sum_host(float* x, int64_t n) override;
   void max_host(float* x, int64_t n) override;
+  void all_gather(const float* local, float* full, int64_t n) override;
+  void reduce_scatter(const float* full, float* local, int64_t n) override;
 
   // Where this rank's slice of a parameter lies in the full one, as runs of contiguous elements (offset in
   // the local parameter, offset in the full parameter, count): one run for a replicated or row-split
@@ -69,7 +76,8 @@ class TensorParallel : public TensorParallelComm {
   };
   static GradBuffers full_buffers(Qwen3Model& local);
   // After the backward (gradients accumulated over the step's micro-batches): sums the gradients of the
-  // replicated parameters that each rank computed over its own heads only (q_norm, k_norm). Collective.
+  // replicated parameters that each rank computed over its own heads only (q_norm, k_norm), and under
+  // sequence parallel over its own rows only (the input, post-attention and final RMSNorms). Collective.
   void reduce_replicated_grads(const std::vector<Param>& params, const GradBuffers& g) const;
   void reduce_replicated_grads(Qwen3Model& local) const {
     reduce_replicated_grads(local.params(), full_buffers(local));
@@ -81,6 +89,7 @@ class TensorParallel : public TensorParallelComm {
 
  private:
   std::shared_ptr<ProcessGroup> group_;
+  bool sequence_parallel_ = false;
 };
 
 }  // namespace titan::dist

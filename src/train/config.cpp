@@ -363,10 +363,13 @@ void TrainConfig::validate() const {
     auto refuse = [tp](bool bad, const std::string& what) {
       TITAN_CHECK(!bad, "parallelism.tensor_parallel_degree = ", tp, ": ", what);
     };
-    refuse(
-        parallelism.enable_sequence_parallel,
-        "sequence parallel (parallelism.enable_sequence_parallel = true, the default) is not available yet; "
-        "set it to false (the norms and residual stream are then replicated over the tensor-parallel group)");
+    const int64_t tokens = training.local_batch_size * training.seq_len;
+    refuse(parallelism.enable_sequence_parallel && tokens % tp != 0,
+           "sequence parallel (parallelism.enable_sequence_parallel = true) splits a micro-batch's "
+           "training.local_batch_size x training.seq_len = " +
+               std::to_string(tokens) +
+               " tokens over the tensor-parallel ranks, and they do not divide evenly (or set "
+               "enable_sequence_parallel = false)");
     refuse(parallelism.expert_parallel_degree > 1,
            "expert parallel with tensor parallel is not available yet");
     refuse(lora.enable, "LoRA with tensor parallel is not available yet");

@@ -89,7 +89,7 @@ struct ParallelismConfig {
   // Megatron tensor parallel over groups of this many consecutive ranks (innermost: world = data-parallel
   // degrees x tensor_parallel_degree); distributed/tensor_parallel.h.
   int64_t tensor_parallel_degree = 1;
-  bool enable_sequence_parallel = true;  // torchtitan's default; with tensor parallel, not available yet
+  bool enable_sequence_parallel = true;  // torchtitan's default: norms and residual stream split by rows
 };
 
 struct CheckpointConfig {

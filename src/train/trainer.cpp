@@ -67,7 +67,7 @@ void Trainer::build_process_group_and_plan() {
     // Groups of tp consecutive ranks (innermost); the ranks holding the same slice across groups.
     tp_group_ = pg_->split(rank_ / tp, rank_ % tp);
     dp_group_ = pg_->split(rank_ % tp, rank_ / tp);
-    tp_ = std::make_unique<dist::TensorParallel>(tp_group_);
+    tp_ = std::make_unique<dist::TensorParallel>(tp_group_, par.enable_sequence_parallel);
   }
   if (cfg_.lora.enable) {
     // LoRA: the frozen base (bf16 or f32) without gradients or optimizer state; the adapters train.
@@ -179,14 +179,16 @@ void Trainer::build_tensor_parallel_model() {
   } else {
     tp_->init_weights(*model_, mc_, cfg_.training.seed);
   }
-  model_->set_tensor_parallel(tp_.get());
+  model_->set_tensor_parallel(tp_.get(), tp_->sequence_parallel());
   model_->set_activation_checkpoint_every(cfg_.activation_checkpoint.every());
   model_->set_activation_recompute_ops(cfg_.activation_checkpoint.recompute_ops());
   if (lead_)
-    std::printf("tensor parallel: %d ranks per group (%lld heads, %lld KV heads, MLP %lld per rank)\n",
-                tp_->size(), (long long)model_->config().num_attention_heads,
-                (long long)model_->config().num_key_value_heads,
-                (long long)model_->config().intermediate_size);
+    std::printf(
+        "tensor parallel: %d ranks per group (%lld heads, %lld KV heads, MLP %lld, vocabulary %lld per rank; "
+        "sequence parallel %s)\n",
+        tp_->size(), (long long)model_->config().num_attention_heads,
+        (long long)model_->config().num_key_value_heads, (long long)model_->config().intermediate_size,
+        (long long)model_->config().vocab_size, tp_->sequence_parallel() ? "on" : "off");
 }
 
 // Data parallelism (DDP / FSDP / HSDP from the replicate x shard degrees; with one rank a no-op) and

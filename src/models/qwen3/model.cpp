@@ -281,8 +281,10 @@ bool Qwen3Model::frozen_scratch_grads(int g) const {
   return g >= 1 && g <= config_.num_hidden_layers && config_.is_moe_layer(g - 1);
 }
 
-void Qwen3Model::set_tensor_parallel(TensorParallelComm* comm) {
+void Qwen3Model::set_tensor_parallel(TensorParallelComm* comm, bool sequence_parallel) {
   tp_ = comm;
+  sp_ = sequence_parallel && comm && comm->size() > 1;
+  B_ = T_ = 0;  // the activation plan depends on it
   TITAN_CHECK(!vocab_parallel() || cross_entropy_vp_, "tensor parallel: op '",
               VocabParallelCrossEntropyKernels::kOp, "' has no implementation on ",
               device_type_name(device_.type));

@@ -114,6 +114,10 @@ class TensorParallelComm {
   virtual void sum(float* x, int64_t n) = 0;       // in place, over the group, x on the model's device
   virtual void sum_host(float* x, int64_t n) = 0;  // the same, x on the host
   virtual void max_host(float* x, int64_t n) = 0;  // elementwise max, x on the host
+  // Sequence parallel (device buffers): full := the ranks' n-float blocks in rank order; local := the sum
+  // over the ranks of their full[rank() * n, (rank() + 1) * n).
+  virtual void all_gather(const float* local, float* full, int64_t n) = 0;
+  virtual void reduce_scatter(const float* full, float* local, int64_t n) = 0;
 };
 
 // RoPE tables (T, head_dim/2) of cos and sin at positions 0..T-1, as HF computes them (fp32 inv_freq and
@@ -199,7 +203,11 @@ class Qwen3Model {
   // keep one as scratch for the expert kernels). nullptr detaches the adapters (the base stays frozen).
   void set_lora(LoraAdapters* lora);
   // Tensor parallel: this model holds one rank's slices (the local config), comm its group (nullptr: none).
-  void set_tensor_parallel(TensorParallelComm* comm);
+  // sequence_parallel: the residual stream and the RMSNorms between the parallel blocks run on this rank's
+  // 1/size of the batch's rows (rows [rank * N/size, (rank + 1) * N/size) of the B*T tokens), all-gathered
+  // before the column-parallel GEMMs and reduce-scattered after the row-parallel ones.
+  void set_tensor_parallel(TensorParallelComm* comm, bool sequence_parallel = false);
+  bool sequence_parallel() const { return sp_; }
   // Vocab parallel: the embedding / lm_head rows here are the full vocabulary's [vocab_start(),
   // vocab_start() + config().vocab_size) of full_vocab_size().
   bool vocab_parallel() const { return tp_ && tp_->size() > 1; }
@@ -295,7 +303,7 @@ class Qwen3Model {
   RopeTables rope_tables() const;
   const int32_t* doc_start() const { return packed_ ? doc_start_.data<int32_t>() : nullptr; }
   void recompute_layer_ops(int64_t l);
-  void moe_backward_layer(int64_t l, float* dresid, float aux_scale, bool accumulate_dw);
+  void moe_backward_layer(int64_t l, const float* dresid, float aux_scale, bool accumulate_dw);
   // Expert-parallel experts of sparse layer l: exchange, local experts, exchange back.
   void moe_experts_ep_forward(int64_t l, float* out);
   void moe_experts_ep_backward(int64_t l, const float* dresid, float* dln, float* dtw);
@@ -331,6 +339,19 @@ class Qwen3Model {
   std::vector<const float*> bf16_image_base_;      // the buffer each image was made from
   ParamStreamer* streamer_ = nullptr;
   TensorParallelComm* tp_ = nullptr;
+  bool sp_ = false;
+  Tensor sp_local_, sp_full_;  // sequence parallel scratch: (N/size, H) and (N, H)
+  int64_t local_rows() const { return sp_ ? B_ * T_ / tp_->size() : B_ * T_; }
+  // A layer norm's output for the column-parallel GEMMs: full (N,H) rows of rmsnorm(inp) (inp and rstd:
+  // this rank's rows under sequence parallel, gathered).
+  void norm_for_gemm(float* full, float* rstd, const float* inp, const float* w);
+  // After a row-parallel GEMM whose partial (N,H) output is `partial`: out (this rank's rows) := the sum
+  // over the group. Without sequence parallel partial is out, summed in place.
+  void sum_row_parallel(float* partial, float* out);
+  // d(residual) as the row-parallel GEMMs' backward reads it: all N rows (gathered under sequence parallel).
+  const float* full_rows(const float* local);
+  // d(norm output) from the column-parallel GEMMs' partial input gradients (N,H): this rank's rows, summed.
+  float* sum_column_parallel_grad(float* dfull);
   double vocab_parallel_cross_entropy(float* logits, int64_t r0, int64_t rows, float scale,
                                       bool compute_grad);
   void tp_sum(float* x, int64_t n) {

@@ -100,6 +100,11 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   const int64_t N = B * T, H = c.hidden_size, I = c.intermediate_size, nH = c.num_attention_heads,
                 nKV = c.num_key_value_heads, L = c.num_hidden_layers;
   const int64_t E = c.num_experts, k = c.num_experts_per_tok, Im = c.moe_intermediate_size;
+  // Sequence parallel: the residual stream (layer inputs, resid_mid, the norms' rstd, the final norm's
+  // input and its gradient) holds this rank's Nl rows.
+  TITAN_CHECK(!sp_ || N % tp_->size() == 0, "sequence parallel: batch ", B, " x seq_len ", T, " = ", N,
+              " tokens do not split evenly over the ", tp_->size(), " tensor-parallel ranks");
+  const int64_t Nl = sp_ ? N / tp_->size() : N;
   {
     // What the buffers below will take, in double (a sequence of 2^31 tokens overflows nothing here), before
     // any is allocated: more than this machine holds is one error naming the batch and the sequence.
@@ -128,7 +133,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   layer_acts_.assign(L, {});
   bool any_dense = false;
   // One float allocation per layer (plus one int32 for MoE routing), carved into named pointers.
-  const int64_t attn = N * H * 4 + N * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) +
+  const int64_t attn = N * H * 2 + Nl * H * 2 + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) +
                        attention_->saved_floats(B, T, nH);
   // Checkpointing: a checkpointed layer keeps only its input; the rest is one block shared by those layers
   // (a layer's activations are recomputed into it during backward).
@@ -183,13 +188,13 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
       return r;
     };
     LayerActs& a = layer_acts_[l];
-    a.resid_in = take(N * H);
+    a.resid_in = take(Nl * H);
     if (ck) {
-      acts_.push_back(Tensor::empty({N * H}, DType::F32, device_));  // the layer's own saved input
+      acts_.push_back(Tensor::empty({Nl * H}, DType::F32, device_));  // the layer's own saved input
       a.resid_in = acts_.back().f32();
     }
     a.ln1 = take_pointwise(N * H);
-    a.rstd1 = take(N);
+    a.rstd1 = take(Nl);
     a.q_raw = take(N * c.q_dim());
     a.k_raw = take(N * c.kv_dim());
     a.v = take(N * c.kv_dim());
@@ -199,9 +204,9 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     a.kr = take_pointwise(N * c.kv_dim());
     a.attn_saved = take(attention_->saved_floats(B, T, nH));
     a.att = take(N * c.q_dim());
-    a.resid_mid = take(N * H);
+    a.resid_mid = take(Nl * H);
     a.ln2 = take_pointwise(N * H);
-    a.rstd2 = take(N);
+    a.rstd2 = take(Nl);
     a.gu = a.act = nullptr;
     a.router_probs = a.topk_w = nullptr;
     a.topk_idx = nullptr;
@@ -231,9 +236,13 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   ids_ = alloc({N}, DType::I32);
   targets_ = alloc({N}, DType::I32);
   host_targets_.resize(N);
-  final_resid_ = alloc({N, H});
+  final_resid_ = alloc({Nl, H});
   lnf_ = alloc({N, H});
-  rstdf_ = alloc({N});
+  rstdf_ = alloc({Nl});
+  if (sp_) {
+    sp_local_ = alloc({Nl, H});
+    sp_full_ = alloc({N, H});
+  }
   // lm_head + cross-entropy run over row chunks (forward): only one (head_rows_, V) logits chunk exists.
   // Automatic: the fewest chunks of at most kHeadChunkBytes of logits, rows balanced between them. Every
   // chunk re-reads the whole lm_head (forward, d input) and re-writes its gradient, so fewer, larger chunks
@@ -246,7 +255,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     head_rows_ = (N + chunks - 1) / chunks;
   }
   logits_ = alloc({head_rows_, c.vocab_size});
-  dresid_ = alloc({N, H});
+  dresid_ = alloc({Nl, H});
   dln_ = alloc({N, H});
   dq_ = alloc({N, c.q_dim()});
   dk_ = alloc({N, c.kv_dim()});

@@ -52,11 +52,12 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   tgt = targets_.data<int32_t>();
 
   acquire_params(0);
-  embedding_->forward(layer_acts_[0].resid_in, ids_.data<int32_t>(), flat_params_[0].f32(), N, H);
-  tp_sum(layer_acts_[0].resid_in, N * H);  // vocab-parallel embedding: each token's row from its rank
+  // Vocab-parallel embedding: each token's row comes from the rank holding it (a sum over the group).
+  float* emb = sp_ ? sp_full_.f32() : layer_acts_[0].resid_in;
+  embedding_->forward(emb, ids_.data<int32_t>(), flat_params_[0].f32(), N, H);
+  sum_row_parallel(emb, layer_acts_[0].resid_in);
   release_params(0);
   auto bf16 = [this](float* x, int64_t n) { round_bf16_if(x, n); };
-  const float eps = static_cast<float>(c.rms_norm_eps);
   if (!moe_layers_.empty()) aux_stats_.zero_();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     float* out = l + 1 < c.num_hidden_layers ? layer_acts_[l + 1].resid_in : final_resid_.f32();
@@ -77,7 +78,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     if (c.tie_word_embeddings) acquire_grads(0);
     if (!frozen_) dlm_head = c.tie_word_embeddings ? flat_grads_[0].f32() : flat_grads_[group_head].f32() + H;
   }
-  rmsnorm_->forward(lnf_.f32(), rstdf_.f32(), final_resid_.f32(), norm_w, N, H, eps);
+  norm_for_gemm(lnf_.f32(), rstdf_.f32(), final_resid_.f32(), norm_w);
   bf16(lnf_.f32(), N * H);
   if (opts.keep_logits) {
     if (!logits_copy_.defined() || logits_copy_.numel() != N * V)
@@ -113,7 +114,12 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
       head_grad_zeroed_ = false;
     }
   }
-  if (opts.compute_grad) tp_sum(dlnf, N * H);  // vocab-parallel lm_head: the ranks' partial d(lnf)
+  // Vocab-parallel lm_head: the ranks' partial d(lnf), summed (this rank's rows under sequence parallel,
+  // moved to the front of dln_ for backward()).
+  if (opts.compute_grad) {
+    float* d = sum_column_parallel_grad(dlnf);
+    if (d != dlnf) dev_->copy(dlnf, d, local_rows() * H * sizeof(float));
+  }
   release_params(group_head);
   if (c.tie_word_embeddings) release_params(0);
   r.ce_loss = num_valid > 0 ? r.loss_sum / (double)num_valid : std::nan("");
@@ -175,13 +181,14 @@ double Qwen3Model::vocab_parallel_cross_entropy(float* logits, int64_t r0, int64
 
 void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats) {
   const auto& c = config_;
-  const int64_t B = B_, T = T_, N = B * T, H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim,
-                nH = c.num_attention_heads, nKV = c.num_key_value_heads;
-  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int64_t B = B_, T = T_, N = B * T, Nl = local_rows(), H = c.hidden_size, I = c.intermediate_size,
+                hd = c.head_dim, nH = c.num_attention_heads, nKV = c.num_key_value_heads;
   auto bf16 = [this](float* x, int64_t n) { round_bf16_if(x, n); };
   LayerActs& a = layer_acts_[l];
   LayerView w = layer_view(l);
-  rmsnorm_->forward(a.ln1, a.rstd1, a.resid_in, w.input_norm, N, H, eps);
+  // Under sequence parallel resid_in, resid_mid and out hold this rank's Nl rows; the GEMMs see all N.
+  float* partial = sp_ ? sp_full_.f32() : nullptr;  // a row-parallel GEMM's (N,H) output before the sum
+  norm_for_gemm(a.ln1, a.rstd1, a.resid_in, w.input_norm);
   matmul_->forward(a.q_raw, a.ln1, w.wq, N, H, c.q_dim());
   matmul_->forward(a.k_raw, a.ln1, w.wk, N, H, c.kv_dim());
   matmul_->forward(a.v, a.ln1, w.wv, N, H, c.kv_dim());
@@ -194,17 +201,21 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   qk_norm_rope(l);
   attention_->forward(a.att, a.attn_saved, a.qr, a.kr, a.v, B, T, nH, nKV, hd, doc_start());
   bf16(a.att, N * c.q_dim());
-  // resid_mid = resid_in + att @ wo^T
-  matmul_->forward(a.resid_mid, a.att, w.wo, N, c.q_dim(), H);
-  if (lora_) lora_->forward(l, LoraProj::O, a.att, N, a.resid_mid, H);
-  tp_sum(a.resid_mid, N * H);  // row-parallel o_proj: the ranks' partial outputs
+  // resid_mid = resid_in + att @ wo^T (row-parallel o_proj: the ranks' partial outputs summed)
+  float* o = sp_ ? partial : a.resid_mid;
+  matmul_->forward(o, a.att, w.wo, N, c.q_dim(), H);
+  if (lora_) lora_->forward(l, LoraProj::O, a.att, N, o, H);
+  sum_row_parallel(o, a.resid_mid);
   float* rm = a.resid_mid;
-  elementwise_->add(rm, a.resid_in, N * H);
-  bf16(rm, N * H);
-  rmsnorm_->forward(a.ln2, a.rstd2, a.resid_mid, w.post_norm, N, H, eps);
+  elementwise_->add(rm, a.resid_in, Nl * H);
+  bf16(rm, Nl * H);
+  norm_for_gemm(a.ln2, a.rstd2, a.resid_mid, w.post_norm);
+  float* mlp_out = sp_ ? partial : out;
   if (w.router) {
+    // Sparse layers run (replicated) on all N rows; under sequence parallel this rank keeps its own.
     bf16(a.ln2, N * H);
-    moe_forward_layer(l, out, count_tokens, accumulate_stats);
+    moe_forward_layer(l, mlp_out, count_tokens, accumulate_stats);
+    if (sp_) dev_->copy(out, mlp_out + tp_->rank() * Nl * H, Nl * H * sizeof(float));
   } else {
     matmul_->forward(a.gu, a.ln2, w.wgu, N, H, 2 * I);
     if (lora_) {  // gate rows [0,I), up rows [I,2I) of the fused output
@@ -214,12 +225,43 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
     bf16(a.ln2, N * H), bf16(a.gu, N * 2 * I);
     swiglu_->forward(a.act, a.gu, N, I);
     bf16(a.act, N * I);
-    matmul_->forward(out, a.act, w.wdown, N, I, H);
-    if (lora_) lora_->forward(l, LoraProj::Down, a.act, N, out, H);
-    tp_sum(out, N * H);  // row-parallel down_proj
+    matmul_->forward(mlp_out, a.act, w.wdown, N, I, H);
+    if (lora_) lora_->forward(l, LoraProj::Down, a.act, N, mlp_out, H);
+    sum_row_parallel(mlp_out, out);  // row-parallel down_proj
   }
-  elementwise_->add(out, rm, N * H);
-  bf16(out, N * H);
+  elementwise_->add(out, rm, Nl * H);
+  bf16(out, Nl * H);
+}
+
+void Qwen3Model::norm_for_gemm(float* full, float* rstd, const float* inp, const float* w) {
+  const int64_t H = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (!sp_) return rmsnorm_->forward(full, rstd, inp, w, B_ * T_, H, eps);
+  rmsnorm_->forward(sp_local_.f32(), rstd, inp, w, local_rows(), H, eps);
+  tp_->all_gather(sp_local_.f32(), full, local_rows() * H);
+}
+
+void Qwen3Model::sum_row_parallel(float* partial, float* out) {
+  if (!tp_) return;
+  if (sp_)
+    tp_->reduce_scatter(partial, out, local_rows() * config_.hidden_size);
+  else
+    tp_->sum(partial, B_ * T_ * config_.hidden_size);
+}
+
+const float* Qwen3Model::full_rows(const float* local) {
+  if (!sp_) return local;
+  tp_->all_gather(local, sp_full_.f32(), local_rows() * config_.hidden_size);
+  return sp_full_.f32();
+}
+
+float* Qwen3Model::sum_column_parallel_grad(float* dfull) {
+  if (!sp_) {
+    tp_sum(dfull, B_ * T_ * config_.hidden_size);
+    return dfull;
+  }
+  tp_->reduce_scatter(dfull, sp_local_.f32(), local_rows() * config_.hidden_size);
+  return sp_local_.f32();
 }
 
 // q_norm / k_norm per head (before RoPE) from q_raw / k_raw; qr/kr hold the normed values, then rotate in
@@ -249,13 +291,12 @@ void Qwen3Model::qk_norm_rope(int64_t l) {
 void Qwen3Model::recompute_layer_ops(int64_t l) {
   const auto& c = config_;
   const int64_t N = B_ * T_, H = c.hidden_size, I = c.intermediate_size;
-  const float eps = static_cast<float>(c.rms_norm_eps);
   LayerActs& a = layer_acts_[l];
   LayerView w = layer_view(l);
-  rmsnorm_->forward(a.ln1, a.rstd1, a.resid_in, w.input_norm, N, H, eps);
+  norm_for_gemm(a.ln1, a.rstd1, a.resid_in, w.input_norm);
   round_bf16_if(a.ln1, N * H);
   qk_norm_rope(l);
-  rmsnorm_->forward(a.ln2, a.rstd2, a.resid_mid, w.post_norm, N, H, eps);
+  norm_for_gemm(a.ln2, a.rstd2, a.resid_mid, w.post_norm);
   round_bf16_if(a.ln2, N * H);
   if (!w.router) {
     swiglu_->forward(a.act, a.gu, N, I);
@@ -267,7 +308,7 @@ void Qwen3Model::backward() {
   TITAN_CHECK(grad_ready_, "backward() needs a forward() with compute_grad");
   grad_ready_ = false;
   const auto& c = config_;
-  const int64_t B = B_, T = T_, N = B * T, H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim,
+  const int64_t B = B_, T = T_, N = B * T, Nl = local_rows(), H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim,
                 nH = c.num_attention_heads, nKV = c.num_key_value_heads, V = c.vocab_size;
   const int group_head = static_cast<int>(c.num_hidden_layers) + 1;
   // Streamed parameters: the head's parameters; its gradient buffers (and with tied embeddings the
@@ -283,11 +324,12 @@ void Qwen3Model::backward() {
   // The first backward after zero_grad() writes each layer's weight gradients (nothing to add to).
   const bool acc_dw = !(layer_grads_zeroed_ && !streamer_);
   layer_grads_zeroed_ = false;
-  // Head: forward() already accumulated the lm_head gradient and left d(final norm output) in dln_.
+  // Head: forward() already accumulated the lm_head gradient and left d(final norm output) in dln_ (this
+  // rank's rows under sequence parallel, as dresid and the residual stream's saved tensors).
   float* dresid = dresid_.f32();
   float* dln = dln_.f32();
-  zero(dresid, N * H);
-  rmsnorm_->backward(dresid, dnorm_w, dln, final_resid_.f32(), norm_w, rstdf_.f32(), N, H);
+  zero(dresid, Nl * H);
+  rmsnorm_->backward(dresid, dnorm_w, dln, final_resid_.f32(), norm_w, rstdf_.f32(), Nl, H);
   release_params(group_head);
   finish_grads(group_head);
 
@@ -304,15 +346,18 @@ void Qwen3Model::backward() {
     LayerView w = layer_view(l);
     LayerView g{};
     if (flat_grads_[l + 1].defined()) g = layer_view(l, flat_grads_[l + 1].f32());
+    const float* dln_rows = dln;  // d(ln2), then d(ln1): this rank's rows
     if (w.router) {
-      moe_backward_layer(l, dresid, aux_scale_, acc_dw);  // MoE branch, into dln
+      moe_backward_layer(l, full_rows(dresid), aux_scale_, acc_dw);  // MoE branch, into dln (all N rows)
+      if (sp_) dln_rows = dln + tp_->rank() * Nl * H;
     } else {
+      const float* dout = full_rows(dresid);
       // MLP branch: out = resid_mid + down(swiglu(gu(ln2)))
       float* dact = dact_.f32();
       float* dgu = dgu_.f32();
       zero(dact, N * I);
-      matmul_->backward(dact, g.wdown, dresid, a.act, w.wdown, N, I, H, acc_dw);
-      if (lora_) lora_->backward(l, LoraProj::Down, a.act, dresid, H, dact, N);
+      matmul_->backward(dact, g.wdown, dout, a.act, w.wdown, N, I, H, acc_dw);
+      if (lora_) lora_->backward(l, LoraProj::Down, a.act, dout, H, dact, N);
       zero(dgu, N * 2 * I);
       swiglu_->backward(dgu, dact, a.gu, N, I);
       zero(dln, N * H);
@@ -321,14 +366,15 @@ void Qwen3Model::backward() {
         lora_->backward(l, LoraProj::Gate, a.ln2, dgu, 2 * I, dln, N);
         lora_->backward(l, LoraProj::Up, a.ln2, dgu + I, 2 * I, dln, N);
       }
-      tp_sum(dln, N * H);  // column-parallel gate/up: the ranks' partial d(ln2)
+      dln_rows = sum_column_parallel_grad(dln);  // column-parallel gate/up: the ranks' partial d(ln2)
     }
-    rmsnorm_->backward(dresid, g.post_norm, dln, a.resid_mid, w.post_norm, a.rstd2, N, H);
+    rmsnorm_->backward(dresid, g.post_norm, dln_rows, a.resid_mid, w.post_norm, a.rstd2, Nl, H);
     // Attention branch: resid_mid = resid_in + o(attn(rope(norm(q,k)), v))
     float* datt = datt_.f32();
     zero(datt, N * c.q_dim());
-    matmul_->backward(datt, g.wo, dresid, a.att, w.wo, N, c.q_dim(), H, acc_dw);
-    if (lora_) lora_->backward(l, LoraProj::O, a.att, dresid, H, datt, N);
+    const float* dout = full_rows(dresid);
+    matmul_->backward(datt, g.wo, dout, a.att, w.wo, N, c.q_dim(), H, acc_dw);
+    if (lora_) lora_->backward(l, LoraProj::O, a.att, dout, H, datt, N);
     float *dqr = dqr_.f32(), *dkr = dkr_.f32(), *dq = dq_.f32(), *dk = dk_.f32(), *dv = dv_.f32();
     zero(dqr, N * c.q_dim());
     zero(dkr, N * c.kv_dim());
@@ -357,13 +403,13 @@ void Qwen3Model::backward() {
       lora_->backward(l, LoraProj::K, a.ln1, dkr, c.kv_dim(), dln, N);
       lora_->backward(l, LoraProj::V, a.ln1, dv, c.kv_dim(), dln, N);
     }
-    tp_sum(dln, N * H);  // column-parallel q/k/v: the ranks' partial d(ln1)
-    rmsnorm_->backward(dresid, g.input_norm, dln, a.resid_in, w.input_norm, a.rstd1, N, H);
+    dln_rows = sum_column_parallel_grad(dln);  // column-parallel q/k/v: the ranks' partial d(ln1)
+    rmsnorm_->backward(dresid, g.input_norm, dln_rows, a.resid_in, w.input_norm, a.rstd1, Nl, H);
     finish_grads(static_cast<int>(l) + 1);
     release_params(static_cast<int>(l) + 1);
   }
   if (!c.tie_word_embeddings) acquire_grads(0);
-  if (!frozen_) embedding_->backward(flat_grads_[0].f32(), dresid, ids_.data<int32_t>(), N, H, V);
+  if (!frozen_) embedding_->backward(flat_grads_[0].f32(), full_rows(dresid), ids_.data<int32_t>(), N, H, V);
   finish_grads(0);
 }
 
@@ -404,7 +450,7 @@ void Qwen3Model::moe_forward_layer(int64_t l, float* out, bool count_tokens, boo
 }
 
 // Backward of the sparse MLP of layer l: dresid (N,H) is d(layer output); writes d(ln2) into dln_.
-void Qwen3Model::moe_backward_layer(int64_t l, float* dresid, float aux_scale, bool acc_dw) {
+void Qwen3Model::moe_backward_layer(int64_t l, const float* dresid, float aux_scale, bool acc_dw) {
   const auto& c = config_;
   const int64_t N = B_ * T_, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok,
                 Im = c.moe_intermediate_size;
