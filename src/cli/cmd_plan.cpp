@@ -42,9 +42,10 @@ int plan_main(int argc, char** argv) {
   const int64_t shard = cfg.parallelism.data_parallel_shard_degree > 0
                             ? cfg.parallelism.data_parallel_shard_degree
                             : nproc / rep / tp;
-  auto plan = titan::make_plan(
-      mc, nproc, rep, shard, cfg.training.local_batch_size, cfg.training.global_batch_size,
-      cfg.training.seq_len, cfg.activation_checkpoint.policy(), cfg.parallelism.expert_parallel_degree, tp);
+  auto plan =
+      titan::make_plan(mc, nproc, rep, shard, cfg.training.local_batch_size, cfg.training.global_batch_size,
+                       cfg.training.seq_len, cfg.activation_checkpoint.policy(),
+                       cfg.parallelism.expert_parallel_degree, tp, cfg.parallelism.enable_sequence_parallel);
   std::printf("%s\n", plan.describe().c_str());
   return 0;
 }

@@ -29,8 +29,20 @@ Block block_of(TpSplit split, const Shape& full, int tp, int rank) {
 
 }  // namespace
 
+namespace {
+bool row_parallel_proj(const std::string& name) {
+  return name.find(".self_attn.o_proj.") != std::string::npos ||
+         name.find(".mlp.down_proj.") != std::string::npos;
+}
+}  // namespace
+
 TpSplit tensor_parallel_split(const std::string& name) {
-  if (name.find(".mlp.experts.") != std::string::npos) return TpSplit::Replicated;            // experts: EP's
+  if (name.find(".mlp.experts.") != std::string::npos) return TpSplit::Replicated;  // experts: EP's
+  // LoRA adapters (PEFT names) follow their base weight: a column-parallel projection's B (out, r) by rows
+  // and A replicated; a row-parallel one's A (r, in) by columns and B replicated.
+  if (ends_with(name, ".lora_A.weight"))
+    return row_parallel_proj(name) ? TpSplit::Columns : TpSplit::Replicated;
+  if (ends_with(name, ".lora_B.weight")) return row_parallel_proj(name) ? TpSplit::Replicated : TpSplit::Rows;
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return TpSplit::Rows;  // vocab
   for (const char* s : {".self_attn.q_proj.weight", ".self_attn.k_proj.weight", ".self_attn.v_proj.weight",
                         ".mlp.gate_proj.weight", ".mlp.up_proj.weight"})
@@ -133,10 +145,10 @@ void TensorParallel::init_weights(Qwen3Model& local, const Qwen3Config& full_con
   }
 }
 
-NamedTensors TensorParallel::gather(const Qwen3Model& local, bool keep) const {
+NamedTensors TensorParallel::gather(const std::vector<Param>& local, bool keep) const {
   NamedTensors out;
   const int tp = size();
-  for (const Param& p : local.params()) {
+  for (const Param& p : local) {
     const TpSplit split = tensor_parallel_split(p.name);
     Tensor mine = Tensor::empty(p.shape);
     p.value.copy_to_host(mine.f32());
@@ -187,6 +199,12 @@ bool per_head_norm(const std::string& name) {
   return ends_with(name, ".self_attn.q_norm.weight") || ends_with(name, ".self_attn.k_norm.weight");
 }
 
+// A LoRA adapter replicated over the group computes a partial gradient on each rank: A of a column-parallel
+// projection (from the rank's output rows), B of a row-parallel one (from the rank's input columns).
+bool replicated_adapter(const std::string& name) {
+  return name.find(".lora_") != std::string::npos && tensor_parallel_split(name) == TpSplit::Replicated;
+}
+
 bool residual_norm(const std::string& name) {
   return ends_with(name, ".input_layernorm.weight") || ends_with(name, ".post_attention_layernorm.weight") ||
          name == "model.norm.weight";
@@ -197,7 +215,9 @@ bool residual_norm(const std::string& name) {
 void TensorParallel::reduce_replicated_grads(const std::vector<Param>& params, const GradBuffers& b) const {
   if (size() == 1) return;
   for (const Param& p : params) {
-    if (!per_head_norm(p.name) && !(sequence_parallel_ && residual_norm(p.name))) continue;
+    if (!per_head_norm(p.name) && !replicated_adapter(p.name) &&
+        !(sequence_parallel_ && residual_norm(p.name)))
+      continue;
     const auto [lo, hi] = overlap(p, b);
     Tensor& buf = (*b.grads)[p.group];
     if (hi > lo && buf.defined())

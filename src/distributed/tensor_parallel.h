@@ -5,6 +5,9 @@
 //   q_proj, k_proj, v_proj, gate_proj, up_proj   column-parallel: the rank's rows (output features)
 //   o_proj, down_proj                            row-parallel: the rank's columns (input features)
 //   embed_tokens, lm_head                        vocab-parallel: the rank's rows (1/tp of the vocabulary)
+//   LoRA adapters (PEFT names)                   as their base weight: B of q/k/v/gate/up by rows, A of
+//   o/down
+//                                                by columns; the other factor replicated
 //   everything else                              replicated (norms, MoE router/experts)
 // The model sums the row-parallel partial outputs (forward) and the column-parallel partial input gradients
 // (backward) over the group through TensorParallelComm -- with sequence parallel as reduce-scatters onto
@@ -65,7 +68,10 @@ class TensorParallel : public TensorParallelComm {
   void init_weights(Qwen3Model& local, const Qwen3Config& full_config, uint64_t seed) const;
   // The full model's parameters, assembled from every rank's slices (collective; host tensors, HF names).
   // keep = false: this rank only contributes its slices (returns nothing; one full tensor at a time).
-  NamedTensors gather(const Qwen3Model& local, bool keep = true) const;
+  NamedTensors gather(const std::vector<Param>& local, bool keep = true) const;
+  NamedTensors gather(const Qwen3Model& local, bool keep = true) const {
+    return gather(local.params(), keep);
+  }
   // The gradients as the optimizer holds them: buffer g holds elements [offset[g], offset[g] + count[g]) of
   // the local model's group g (the full buffers, or this rank's FSDP shards, partitioned over
   // shard_group; the ranks of a tensor-parallel group hold the same ranges).
@@ -76,8 +82,9 @@ class TensorParallel : public TensorParallelComm {
   };
   static GradBuffers full_buffers(Qwen3Model& local);
   // After the backward (gradients accumulated over the step's micro-batches): sums the gradients of the
-  // replicated parameters that each rank computed over its own heads only (q_norm, k_norm), and under
-  // sequence parallel over its own rows only (the input, post-attention and final RMSNorms). Collective.
+  // replicated parameters that each rank computed over its own heads only (q_norm, k_norm; LoRA's A of a
+  // column-parallel projection and B of a row-parallel one), and under sequence parallel over its own rows
+  // only (the input, post-attention and final RMSNorms). Collective.
   void reduce_replicated_grads(const std::vector<Param>& params, const GradBuffers& g) const;
   void reduce_replicated_grads(Qwen3Model& local) const {
     reduce_replicated_grads(local.params(), full_buffers(local));

@@ -1,6 +1,8 @@
 #include "train/checkpointing.h"
 
 #include <algorithm>
+#include <array>
+#include <functional>
 #include <map>
 
 #include "core/error.h"
@@ -48,6 +50,35 @@ std::vector<Piece> group_pieces(const Qwen3Model& model, int g, const std::vecto
 
 }  // namespace
 
+void tensor_parallel_slices(const std::vector<Param>& local, const std::vector<Param>& full,
+                            const std::function<std::array<std::string, 3>(int group)>& group_keys,
+                            const std::function<int64_t(int group)>& full_numel, dist::DataParallelPlan& dp,
+                            AdamW& optimizer, bool for_save, const dist::TensorParallel& tp,
+                            std::vector<ckpt::Slice>& out) {
+  std::map<std::string, const Param*> full_params;
+  for (const Param& p : full) full_params[p.name] = &p;
+  for (const Param& p : local) {
+    const Param& f = *full_params.at(p.name);
+    const bool replicated = dist::tensor_parallel_split(p.name) == dist::TpSplit::Replicated;
+    if (for_save && (!dp.saves_state() || (replicated && tp.rank() != 0))) continue;
+    const std::array<std::string, 3> keys = group_keys(p.group);
+    const int64_t numel = full_numel(p.group);
+    // The optimizer's buffer of this group holds local elements [first, first + held) (FSDP: a shard).
+    const int64_t first = dp.optimizer_offset(p.group), held = dp.optimizer_count(p.group);
+    for (const dist::TensorParallel::Run& r : tp.runs(p.name, f.shape)) {
+      const int64_t lo = std::max(p.offset + r.local, first);
+      const int64_t hi = std::min(p.offset + r.local + r.count, first + held);
+      if (hi <= lo) continue;
+      const int64_t global = f.offset + r.global + (lo - p.offset - r.local), at = lo - first, n = hi - lo;
+      out.push_back({keys[0], numel, global, dp.optimizer_params()[p.group].view_at(at, {n})});
+      out.push_back({keys[1], numel, global, optimizer.exp_avg()[p.group].view_at(at, {n})});
+      out.push_back({keys[2], numel, global, optimizer.exp_avg_sq()[p.group].view_at(at, {n})});
+    }
+  }
+}
+
+namespace {
+
 // Tensor parallel: every parameter of the local model placed in the full model's groups (the full layout
 // is that of a model of full_config, built without buffers).
 std::vector<ckpt::Slice> tensor_parallel_slices(Qwen3Model& model, dist::DataParallelPlan& dp,
@@ -56,30 +87,19 @@ std::vector<ckpt::Slice> tensor_parallel_slices(Qwen3Model& model, dist::DataPar
                                                 const Qwen3Config& full_config) {
   std::vector<ckpt::Slice> out;
   const Qwen3Model full(full_config, {}, nullptr, /*allocate=*/false);
-  std::map<std::string, const Param*> full_params;
-  for (const Param& p : full.params()) full_params[p.name] = &p;
   const int64_t L = full_config.num_hidden_layers;
-  for (const Param& p : model.params()) {
-    const Param& f = *full_params.at(p.name);
-    const bool replicated = dist::tensor_parallel_split(p.name) == dist::TpSplit::Replicated;
-    if (for_save && (!dp.saves_state() || (replicated && tp.rank() != 0))) continue;
-    const std::string group = group_name(L, p.group);
-    const int64_t numel = full.group_numel(p.group);
-    // The optimizer's buffer of this group holds local elements [first, first + held) (FSDP: a shard).
-    const int64_t first = dp.optimizer_offset(p.group), held = dp.optimizer_count(p.group);
-    for (const dist::TensorParallel::Run& r : tp.runs(p.name, f.shape)) {
-      const int64_t lo = std::max(p.offset + r.local, first);
-      const int64_t hi = std::min(p.offset + r.local + r.count, first + held);
-      if (hi <= lo) continue;
-      const int64_t global = f.offset + r.global + (lo - p.offset - r.local), at = lo - first, n = hi - lo;
-      out.push_back({"model/" + group, numel, global, dp.optimizer_params()[p.group].view_at(at, {n})});
-      out.push_back({"exp_avg/" + group, numel, global, optimizer.exp_avg()[p.group].view_at(at, {n})});
-      out.push_back({"exp_avg_sq/" + group, numel, global, optimizer.exp_avg_sq()[p.group].view_at(at, {n})});
-    }
-  }
+  tensor_parallel_slices(
+      model.params(), full.params(),
+      [L](int g) {
+        const std::string group = group_name(L, g);
+        return std::array<std::string, 3>{"model/" + group, "exp_avg/" + group, "exp_avg_sq/" + group};
+      },
+      [&full](int g) { return full.group_numel(g); }, dp, optimizer, for_save, tp, out);
   if (!for_save || (dp.world_rank() == 0 && tp.rank() == 0)) add_buffers(model, out);
   return out;
 }
+
+}  // namespace
 
 std::vector<ckpt::Slice> training_slices(Qwen3Model& model, dist::DataParallelPlan& dp, AdamW& optimizer,
                                          bool for_save, const dist::TensorParallel* tp,

@@ -9,7 +9,9 @@
 // with <group> = embed | layers.N | final. Metadata: step, model config (HF config.json form), optimizer
 // step count and hyper-parameters, LR schedule, data-loader position, batch shape, seed.
 #pragma once
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -25,6 +27,15 @@ namespace titan {
 
 // "embed", "layers.N" or "final" for flat group g of a model with `num_layers` layers.
 std::string group_name(int64_t num_layers, int g);
+
+// Tensor parallel: checkpoint slices placing each of `local` (this rank's slices) at its place in the full
+// layout `full` (the same names): under the keys group_keys(group) (values, exp_avg, exp_avg_sq), each of
+// full_numel(group) elements; the values, moments and FSDP shard ranges are the optimizer's (dp's).
+void tensor_parallel_slices(const std::vector<Param>& local, const std::vector<Param>& full,
+                            const std::function<std::array<std::string, 3>(int group)>& group_keys,
+                            const std::function<int64_t(int group)>& full_numel, dist::DataParallelPlan& dp,
+                            AdamW& optimizer, bool for_save, const dist::TensorParallel& tp,
+                            std::vector<ckpt::Slice>& out);
 
 // This rank's slices of the training state: parameters and optimizer moments where dp puts them (full
 // buffers or FSDP shards; under expert parallel the non-expert part and this rank's experts, placed in

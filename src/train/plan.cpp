@@ -28,12 +28,13 @@ std::string human(double n) {
 
 RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int64_t dp_shard,
                   int64_t local_batch, int64_t global_batch, int64_t seq_len, CheckpointPolicy checkpointing,
-                  int64_t expert_parallel, int64_t tensor_parallel) {
+                  int64_t expert_parallel, int64_t tensor_parallel, bool sequence_parallel) {
   RunPlan p;
   p.world = world;
   p.dp_replicate = dp_replicate;
   p.dp_shard = dp_shard;
   const int64_t tp = p.tensor_parallel = tensor_parallel;
+  const bool sp = p.sequence_parallel = sequence_parallel && tp > 1;
   TITAN_CHECK(dp_replicate * dp_shard * tp == world, "parallelism: data_parallel_replicate_degree (",
               dp_replicate, ") x data_parallel_shard_degree (", dp_shard, ") x tensor_parallel_degree (", tp,
               ") must equal the world size (", world, ")");
@@ -85,15 +86,16 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   }
   // Saved activations per layer (f32), as Qwen3Model plans them (one rank's heads and MLP slice) with the
   // default tiled attention (one logsumexp per row and head, no [T, T] probabilities), plus the logits.
-  const int64_t N = local_batch * seq_len, H = c.hidden_size, I = lc.intermediate_size;
-  const int64_t per_layer = N * H * 4 + N * 2 + N * lc.q_dim() * 3 + N * lc.kv_dim() * 3 +
+  // Under sequence parallel the residual stream (layer inputs, resid_mid, the norms' rstd) holds N / tp rows.
+  const int64_t N = local_batch * seq_len, Nl = sp ? N / tp : N, H = c.hidden_size, I = lc.intermediate_size;
+  const int64_t per_layer = N * H * 2 + Nl * H * 2 + Nl * 2 + N * lc.q_dim() * 3 + N * lc.kv_dim() * 3 +
                             N * (lc.num_attention_heads + lc.num_key_value_heads) +
                             N * lc.num_attention_heads + N * 3 * I;
   const int64_t every = checkpointing.every;
   const int64_t checkpointed = every > 0 ? c.num_hidden_layers / every : 0;
   const int64_t layers_saved = c.num_hidden_layers - checkpointed + (checkpointed > 0 ? 1 : 0);
-  const int64_t checkpointed_inputs = checkpointed * N * H;
-  const int64_t scratch = N * (3 * H + 2 * lc.q_dim() + 3 * lc.kv_dim() + 3 * I);
+  const int64_t checkpointed_inputs = checkpointed * Nl * H;
+  const int64_t scratch = N * (3 * H + 2 * lc.q_dim() + 3 * lc.kv_dim() + 3 * I) + (sp ? Nl * H + N * H : 0);
   // Selective 'op': the saved layers keep ln1, ln2, q/k after norm + RoPE and act in one shared block.
   const int64_t pointwise = N * (2 * H + lc.q_dim() + lc.kv_dim() + I);
   const int64_t op_layers = checkpointing.recompute_ops ? c.num_hidden_layers - checkpointed : 0;
@@ -102,16 +104,18 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
       4 * (layers_saved * per_layer - recomputed + checkpointed_inputs + scratch +
            std::min<int64_t>(N * lc.vocab_size, Qwen3Model::kHeadChunkBytes / 4));  // one logits chunk
   if (tp > 1) {
-    // Sums of (N, H) f32 per micro-batch: per layer two in the forward (o_proj; down_proj of a dense layer),
-    // two in the backward (q/k/v; gate/up), the forward's again for a recomputed layer; the vocab-parallel
-    // embedding's output and lm_head's input gradient (the loss-parallel row statistics, 4 floats a row,
-    // are left out). A ring all-reduce sends 2 (tp - 1) / tp of the buffer from each rank.
-    double sums = 2;
+    // Collectives on (N, H) f32 per micro-batch, in units of (tp - 1) / tp of the buffer sent per rank (a
+    // ring all-gather or reduce-scatter; an all-reduce is two). Without sequence parallel: an all-reduce
+    // after o_proj and down_proj (forward) and q/k/v and gate/up (backward); with it an all-gather before
+    // and a reduce-scatter after each parallel block instead (the same traffic), plus the replicated sparse
+    // layers' gathers of ln2 and d(output). A recomputed layer repeats its forward's. The embedding and
+    // lm_head: 4 units either way (all-reduce or reduce-scatter + all-gather, forward and backward).
+    double units = 4;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      const int per_pass = c.is_moe_layer(l) ? 1 : 2;
-      sums += per_pass * (2 + (every > 0 && (l + 1) % every == 0 ? 1 : 0));
+      const int per_pass = c.is_moe_layer(l) ? (sp ? 3 : 2) : 4;
+      units += per_pass * (2 + (every > 0 && (l + 1) % every == 0 ? 1 : 0));
     }
-    p.tp_comm_bytes = sums * 4.0 * N * H * 2.0 * (tp - 1) / tp * p.grad_accum;
+    p.tp_comm_bytes = units * 4.0 * N * H * (tp - 1) / tp * p.grad_accum;
   }
   return p;
 }
@@ -126,7 +130,8 @@ std::string RunPlan::describe() const {
     os << " x tensor_parallel " << tensor_parallel
        << " (attention heads, MLP and vocabulary slices per rank; "
        << gib(static_cast<int64_t>(tp_comm_bytes))
-       << " sent per rank per step in tensor-parallel all-reduces)";
+       << " sent per rank per step in tensor-parallel collectives; sequence parallel "
+       << (sequence_parallel ? "on" : "off") << ")";
   if (expert_parallel > 1)
     os << ", experts split over " << expert_parallel
        << " ranks (expert_parallel_degree): " << human(expert_params / expert_parallel) << " of "

@@ -16,7 +16,8 @@ struct RunPlan {
   int64_t expert_parallel = 1;  // ranks the experts are split over
   int64_t expert_params = 0;    // routed-expert parameters (all sparse layers, all experts)
   int64_t tensor_parallel = 1;  // ranks per tensor-parallel group
-  double tp_comm_bytes = 0;     // per rank and step: bytes each rank sends in its tensor-parallel all-reduces
+  bool sequence_parallel = false;
+  double tp_comm_bytes = 0;  // per rank and step: bytes each rank sends in its tensor-parallel collectives
   int64_t local_batch = 1, global_batch = 1, seq_len = 1;
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;  // per rank
   int64_t total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + activation_bytes; }
@@ -36,6 +37,6 @@ struct CheckpointPolicy {
 // dp_shard x tensor_parallel). Errors name the parallelism field when one cannot.
 RunPlan make_plan(const Qwen3Config& model, int64_t world, int64_t dp_replicate, int64_t dp_shard,
                   int64_t local_batch, int64_t global_batch, int64_t seq_len, CheckpointPolicy checkpointing,
-                  int64_t expert_parallel = 1, int64_t tensor_parallel = 1);
+                  int64_t expert_parallel = 1, int64_t tensor_parallel = 1, bool sequence_parallel = false);
 
 }  // namespace titan

@@ -144,7 +144,9 @@ StepOutcome Trainer::train_step(int64_t step) {
     return s;
   }
   dp_->reduce_grads();
-  if (tp_) tp_->reduce_replicated_grads(model_->params(), tp_grads());  // q/k norms: each rank's own heads
+  // Tensor parallel: the replicated parameters' partial gradients (q/k norms: each rank's own heads).
+  const std::vector<Param>& trained = lora_ ? lora_->params() : model_->params();
+  if (tp_) tp_->reduce_replicated_grads(trained, tp_grads());
   if (mc_.num_experts > 0 && mc_.load_balance_coeff > 0) {
     // Aux-loss-free balancing: global routed-token counts, then the expert-bias update.
     if (dp_pg().size() > 1) dp_pg().all_reduce(model_->expert_token_counts(), dist::ReduceOp::Sum);
@@ -152,7 +154,7 @@ StepOutcome Trainer::train_step(int64_t step) {
   }
   // Clipping (torch's clip_grad_norm_) is applied inside the optimizer step: one pass fewer over the
   // gradients.
-  s.grad_norm = tp_ ? std::sqrt(tp_->grad_sq_norm(model_->params(), tp_grads())) : dp_->grad_norm();
+  s.grad_norm = tp_ ? std::sqrt(tp_->grad_sq_norm(trained, tp_grads())) : dp_->grad_norm();
   s.lr = cfg_.optimizer.lr * schedule_->factor(step - 1);
   optimizer_->step(static_cast<float>(s.lr), clip_coefficient(s.grad_norm, cfg_.training.max_norm));
   dp_->after_optimizer_step();
@@ -163,7 +165,7 @@ StepOutcome Trainer::train_step(int64_t step) {
 // The gradients the optimizer steps (full buffers, or FSDP shards) as the tensor-parallel layout sees them.
 dist::TensorParallel::GradBuffers Trainer::tp_grads() {
   dist::TensorParallel::GradBuffers b{&dp_->optimizer_grads(), {}, {}, dp_->grad_shard_group()};
-  for (int g = 0; g < model_->num_groups(); ++g) {
+  for (int g = 0; g < static_cast<int>(dp_->optimizer_grads().size()); ++g) {
     b.offset.push_back(dp_->optimizer_offset(g));
     b.count.push_back(dp_->optimizer_count(g));
   }

@@ -60,9 +60,10 @@ void Trainer::build_process_group_and_plan() {
                                ? par.data_parallel_shard_degree
                                : world_ / tp / par.data_parallel_replicate_degree;
   mc_ = resolve_model_config(cfg_);
-  plan_ = make_plan(mc_, world_, par.data_parallel_replicate_degree, dp_shard, cfg_.training.local_batch_size,
-                    cfg_.training.global_batch_size, cfg_.training.seq_len,
-                    cfg_.activation_checkpoint.policy(), par.expert_parallel_degree, tp);
+  plan_ =
+      make_plan(mc_, world_, par.data_parallel_replicate_degree, dp_shard, cfg_.training.local_batch_size,
+                cfg_.training.global_batch_size, cfg_.training.seq_len, cfg_.activation_checkpoint.policy(),
+                par.expert_parallel_degree, tp, par.enable_sequence_parallel);
   if (tp > 1) {
     // Groups of tp consecutive ranks (innermost); the ranks holding the same slice across groups.
     tp_group_ = pg_->split(rank_ / tp, rank_ % tp);
@@ -75,7 +76,7 @@ void Trainer::build_process_group_and_plan() {
     lc.rank = cfg_.lora.rank;
     lc.target_modules = cfg_.lora.target_modules;
     const int64_t adapters = lora_num_params(mc_, lc);
-    plan_.param_bytes = plan_.params * (cfg_.lora.base_dtype == "bfloat16" ? 2 : 4) + adapters * 4;
+    plan_.param_bytes = plan_.params / tp * (cfg_.lora.base_dtype == "bfloat16" ? 2 : 4) + adapters * 4;
     plan_.grad_bytes = adapters * 4;
     plan_.optimizer_bytes = adapters * 8;
   }

@@ -24,6 +24,7 @@
 #include "core/tensor.h"
 #include "distributed/tensor_parallel.h"
 #include "models/qwen3/config.h"
+#include "models/qwen3/lora.h"
 #include "train/config.h"
 #include "train/dataset.h"
 #include "train/evaluate.h"
@@ -127,6 +128,9 @@ class Trainer {
   void build_lora_model();
   void build_lora_parallelism();
   std::vector<ckpt::Slice> lora_slices(bool for_save);
+  LoraConfig lora_config_;  // the adapters' (r, alpha, targets: the adapter file's when one is loaded)
+  void gather_lora();       // tensor parallel: the full adapters into lora_full_ on rank 0 (collective)
+  std::unique_ptr<LoraAdapters> lora_full_;  // tensor parallel: the gathered adapters (rank 0's export)
   void export_lora(const std::string& dir);
   void export_hf(const std::string& dir);
   void write_sample();

@@ -73,6 +73,12 @@ void Trainer::resume() {
             : training_slices(*model_, *dp_, *optimizer_, /*for_save=*/false, tp_.get(), &mc_);
   reader.read(wanted, lead_);
   optimizer_->set_step_count(reader.meta()["optimizer"].at("step").get<int64_t>());
+  if (lora_ && reader.meta().contains("lora_dropout_passes")) {
+    const auto& passes = reader.meta()["lora_dropout_passes"];
+    TITAN_CHECK(passes.is_number_unsigned(), "checkpoint ", reader.dir(),
+                "/metadata.json: field 'lora_dropout_passes' must be a non-negative integer");
+    lora_->set_passes(passes.get<uint64_t>());
+  }
   dp_->after_optimizer_step();  // FSDP/HSDP: the loaded shards into the full parameter buffers
   refresh_bf16_model();
   try {
@@ -92,10 +98,12 @@ std::string Trainer::save(int64_t step, bool hf_export) {
   if (lead_) {
     req.meta = training_metadata(mc_, cfg_, *optimizer_, data_.train->state(), *dp_, plan_.global_batch);
     if (lora_) req.meta["lora"] = true;
+    if (lora_) req.meta["lora_dropout_passes"] = lora_->passes();
     if (hf_export) req.extra_files = [this](const std::string& dir) { export_hf(dir); };
     // LoRA: every checkpoint directory is also a PEFT adapter directory.
     if (lora_ && !hf_export) req.extra_files = [this](const std::string& dir) { export_lora(dir); };
   }
+  if (lora_) gather_lora();  // tensor parallel: the PEFT export writes the full adapters
   const std::string dir = ckpt::save(*pg_, req);
   if (lead_) ckpt::prune(ckpt_folder_, cfg_.checkpoint.keep_latest_k);
   return dir;

@@ -22,8 +22,10 @@ namespace fs = std::filesystem;
 void Trainer::gather_final_model() {
   if (finished_model_) return;
   finished_model_ = true;
-  // LoRA keeps its frozen base where it is (a bf16 base is never expanded to f32 in full).
-  if (model_->param_streamer() && !lora_) model_->set_param_streamer(nullptr);
+  // LoRA keeps its frozen base where it is (a bf16 base is never expanded to f32 in full); under tensor
+  // parallel the full adapters are gathered for the export.
+  if (lora_) return gather_lora();
+  if (model_->param_streamer()) model_->set_param_streamer(nullptr);
   const bool on_cpu = model_->device().type == DeviceType::CPU;
   // Tensor parallel: rank 0's group gathers the slices (collective over it); rank 0 keeps the full model.
   if (tp_ && dp_pg().rank() == 0 && (cfg_.checkpoint.last_save_in_hf || cfg_.training.sample_tokens > 0)) {
@@ -77,7 +79,15 @@ void Trainer::finish() {
   write_loss_svg(svg, result_.losses,
                  "titan train: " + mc_.to_hf_json().value("model_type", "qwen3") + " loss", val);
   std::printf("loss curve: %s\n", svg.c_str());
-  if (cfg_.training.sample_tokens > 0 && !data_.tokenizer_path.empty()) write_sample();
+  if (cfg_.training.sample_tokens > 0 && !data_.tokenizer_path.empty()) {
+    if (lora_ && tp_)
+      std::printf(
+          "sample: none under tensor parallel with LoRA (each rank holds a slice of the base); "
+          "titan generate --lora %s samples the adapter\n",
+          result_.export_dir.empty() ? "<checkpoint>" : result_.export_dir.c_str());
+    else
+      write_sample();
+  }
 }
 
 // A sample of the trained model after training.sample_prompt (sample.txt, and on the console).

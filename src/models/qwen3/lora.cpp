@@ -149,9 +149,29 @@ const float* LoraAdapters::dropped(const Slot& s, const float* x, int64_t N) {
   if (!training_ || cfg_.dropout <= 0) return x;
   const int64_t n = N * s.in;
   float* d = scratch(xdrop_, n, device_);
-  // One key space per (seed, pass, slot): the recompute under activation checkpointing draws the same mask.
-  dropout_->forward(d, x, n, mask_key(slot(s.layer, s.proj)), static_cast<float>(cfg_.dropout));
+  apply_dropout(s, slot(s.layer, s.proj), d, x, N, false);
   return d;
+}
+
+// One key space per (seed, pass, slot): the recompute under activation checkpointing draws the same mask.
+// Element i of the (N, in) input is kept by u(key + i); a row-parallel slot under tensor parallel holds
+// columns [rank in, (rank + 1) in) of an (N, size in) input, so row n starts at key + n size in + rank in.
+void LoraAdapters::apply_dropout(const Slot& s, int si, float* out, const float* x, int64_t N,
+                                 bool backward) {
+  const float p = static_cast<float>(cfg_.dropout);
+  const uint64_t key = mask_key(si);
+  const bool sliced = tp_size_ > 1 && (s.proj == LoraProj::O || s.proj == LoraProj::Down);
+  if (!sliced) {
+    backward ? dropout_->backward_add(out, x, N * s.in, key, p) : dropout_->forward(out, x, N * s.in, key, p);
+    return;
+  }
+  for (int64_t n = 0; n < N; ++n) {
+    const uint64_t k = key + static_cast<uint64_t>((n * tp_size_ + tp_rank_) * s.in);
+    if (backward)
+      dropout_->backward_add(out + n * s.in, x + n * s.in, s.in, k, p);
+    else
+      dropout_->forward(out + n * s.in, x + n * s.in, s.in, k, p);
+  }
 }
 
 void LoraAdapters::forward(int64_t layer, LoraProj p, const float* x, int64_t N, float* y, int64_t ldy) {
@@ -197,12 +217,14 @@ void LoraAdapters::backward(int64_t layer, LoraProj p, const float* x, const flo
   const int64_t n = N * s.in;
   float* g = scratch(dxg_, n, device_);
   gemm_->gemm(false, false, N, s.in, r, 1.0f, du, r, A, s.in, 0.0f, g, s.in);
-  dropout_->backward_add(dx, g, n, mask_key(si), static_cast<float>(cfg_.dropout));
+  apply_dropout(s, si, dx, g, N, true);
 }
 
 // ---- frozen bf16 base ----
 
-FrozenBf16Base::FrozenBf16Base(Qwen3Model& model, const std::string& hf_dir, uint64_t seed) : model_(model) {
+FrozenBf16Base::FrozenBf16Base(Qwen3Model& model, const std::string& hf_dir, uint64_t seed,
+                               const Slicer* slicer)
+    : model_(model) {
   const auto& params = model.params();
   std::unique_ptr<HFCheckpointReader> ckpt;
   if (!hf_dir.empty()) {
@@ -212,6 +234,10 @@ FrozenBf16Base::FrozenBf16Base(Qwen3Model& model, const std::string& hf_dir, uin
                   "' (a bf16 frozen base reads per-expert MoE checkpoints only; set [lora] bf16_base = false"
                   " for fused-expert files)");
   }
+  // Under tensor parallel: the full model's shapes (the draws and the checkpoint's tensors are full).
+  std::unique_ptr<Qwen3Model> layout;
+  if (slicer)
+    layout = std::make_unique<Qwen3Model>(slicer->full, KernelChoice{}, nullptr, /*allocate=*/false);
   groups_.resize(model.num_groups());
   const double std = model.config().initializer_range;
   for (int g = 0; g < model.num_groups(); ++g) {
@@ -220,18 +246,20 @@ FrozenBf16Base::FrozenBf16Base(Qwen3Model& model, const std::string& hf_dir, uin
     for (auto& p : params) {
       if (p.group != g) continue;
       Tensor view = tmp.view_at(p.offset, p.shape);
+      Tensor full = slicer ? Tensor::empty(layout->param(p.name).shape) : view;
       if (ckpt) {
-        ckpt->read_into(p.name, view);
-        continue;
+        ckpt->read_into(p.name, full);
+      } else {
+        float* w = full.f32();
+        const int64_t n = full.numel();
+        if (full.ndim() == 1) {
+          std::fill(w, w + n, 1.0f);
+        } else {
+          std::normal_distribution<float> normal(0.0f, static_cast<float>(std));
+          for (int64_t i = 0; i < n; ++i) w[i] = normal(rng);
+        }
       }
-      float* w = view.f32();
-      const int64_t n = view.numel();
-      if (p.shape.size() == 1) {
-        std::fill(w, w + n, 1.0f);
-        continue;
-      }
-      std::normal_distribution<float> normal(0.0f, static_cast<float>(std));
-      for (int64_t i = 0; i < n; ++i) w[i] = normal(rng);
+      if (slicer) view.copy_from(slicer->slice(p.name, full));
     }
     groups_[g] = Tensor::empty({tmp.numel()}, DType::BF16, model.device());
     groups_[g].copy_from(tmp);  // converted to bf16 on the model's device

@@ -20,6 +20,7 @@
 // (mlp_only_layers / decoder_sparse_step); routed experts (fused in transformers v5, not nn.Linear) get none.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -87,6 +88,11 @@ class LoraAdapters {
   // present with this model's shapes (errors name the file and the key).
   void load_peft(const std::string& dir);
 
+  // Tensor parallel (this rank `rank` of `size`, adapters of the local model's slices): the row-parallel
+  // projections (o_proj, down_proj) see the rank's columns of their input, so their dropout masks are the
+  // full input's mask at those columns (the same masks as on one rank).
+  void set_tensor_parallel(int rank, int size) { tp_rank_ = rank, tp_size_ = size; }
+
   // ---- hooks called by Qwen3Model (N rows) ----
   // Marks the start of a forward: training applies dropout (masks keyed by seed and pass number, so the
   // activation-checkpointing recompute draws the same ones).
@@ -94,6 +100,10 @@ class LoraAdapters {
     training_ = training;
     ++pass_;
   }
+  // Forwards so far (the dropout masks' pass number): checkpoints keep it, so a resumed run draws the masks
+  // the uninterrupted one would.
+  uint64_t passes() const { return pass_; }
+  void set_passes(uint64_t n) { pass_ = n; }
   // y (N,out; row stride ldy) += scale * dropout(x) A^T B^T, x (N,in). Saves u = dropout(x) A^T (N,r).
   void forward(int64_t layer, LoraProj p, const float* x, int64_t N, float* y, int64_t ldy);
   // dy (N,out; stride ldy): dB += scale dy^T u, du = scale dy B, dA += du^T dropout(x), dx (N,in) += mask(du
@@ -126,6 +136,10 @@ class LoraAdapters {
   const DropoutKernels* dropout_;
   // The slot's dropout mask key for this pass (the recompute under activation checkpointing redraws it).
   uint64_t mask_key(int slot) const;
+  // out := dropout(x) (backward = false) or dx += mask * g (true) over the slot's (N, in) input; under
+  // tensor parallel a row-parallel slot's masks are the full input's at this rank's columns.
+  void apply_dropout(const Slot& s, int si, float* out, const float* x, int64_t N, bool backward);
+  int tp_rank_ = 0, tp_size_ = 1;
   bool training_ = false;
   uint64_t pass_ = 0;
 };
@@ -141,9 +155,16 @@ void merge_lora_into(Qwen3Model& model, const std::string& adapter_dir);
 // built with Qwen3ModelOptions{.allocate = false} and set frozen (set_lora) — it never asks for gradients.
 class FrozenBf16Base : public ParamStreamer {
  public:
+  // Tensor parallel: the model holds slices of the model of config `full`; each parameter is read or drawn
+  // in full (one tensor at a time, the draws as for the full model) and `slice` keeps this rank's part.
+  struct Slicer {
+    Qwen3Config full;
+    std::function<Tensor(const std::string& name, const Tensor& full)> slice;
+  };
   // Reads the HF checkpoint in `hf_dir` group by group (dense models and per-expert MoE checkpoints), or
   // draws HF's normal init (std initializer_range, norms = 1) per group when hf_dir is empty.
-  FrozenBf16Base(Qwen3Model& model, const std::string& hf_dir, uint64_t seed = 0);
+  FrozenBf16Base(Qwen3Model& model, const std::string& hf_dir, uint64_t seed = 0,
+                 const Slicer* slicer = nullptr);
   ~FrozenBf16Base() override;
   Tensor gather_params(int group) override;
   void release_params(int group) override;
