@@ -595,6 +595,30 @@ TEST(DistTensorParallel, CheckpointsResumeOnAnyLayout) {
     for (size_t i = 0; i < got.size(); ++i)
       EXPECT_NEAR(got[i], ref[5 + i], 1e-5 * ref[5 + i]) << c.dir << " step " << 6 + i;
   }
+  // The TP 2 x FSDP 2 checkpoint as an HF model (titan convert): titan eval gives the 1-rank checkpoint's
+  // loss, and titan generate runs on it.
+  double evals[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string run = i == 0 ? "straight" : "one", hf = tmp / (run + "_hf");
+    ASSERT_EQ(testing::run_titan(
+                  "convert --input " + (tmp / (run + "/checkpoint/step-10")) + " --output " + hf, &r.output),
+              0)
+        << r.output;
+    fs::copy_file(testing::source_path("tests/golden/tokenizer/small/tokenizer.json"),
+                  hf + "/tokenizer.json");
+    ASSERT_EQ(
+        testing::run_titan("eval --model " + hf + " --data " + (tmp / "corpus.txt") + " --seq-len 32 --json",
+                           &r.output),
+        0)
+        << r.output;
+    evals[i] = nlohmann::json::parse(r.output.substr(r.output.find('{')))["loss"].get<double>();
+  }
+  EXPECT_NEAR(evals[0], evals[1], 1e-5 * evals[1]);
+  ASSERT_EQ(testing::run_titan("generate --model " + (tmp / "straight_hf") +
+                                   " --prompt 'the quick' --max-new-tokens 5 --greedy",
+                               &r.output),
+            0)
+      << r.output;
 }
 
 // LoRA under tensor parallel (adapters sliced like their base weights: B of q/k/v/gate/up by rows, A of
