@@ -308,6 +308,7 @@ TEST(Cuda, SwigluEmbeddingMatchReference) {
 
   std::vector<int32_t> ids(N);
   for (int64_t n = 0; n < N; ++n) ids[n] = int32_t((n * 7) % 11 + (n % 3) * 13);  // repeats
+  ids[N / 2] = -1;  // a row another rank holds (vocab parallel): zeros, no gradient
   auto table = randn(V * C, 62), demb = randn(N * C, 63);
   std::vector<float> e_r(N * C), de_r(V * C, 0.5f);
   cpu_ref<EmbeddingKernels>().forward(e_r.data(), ids.data(), table.data(), N, C);
@@ -337,6 +338,30 @@ TEST(Cuda, CrossEntropyMatchesReference) {
       EXPECT_LE(rel(g.read(), g_r), kTol) << "N=" << N << " V=" << V << " grad=" << grad;
     }
   }
+}
+
+// Loss parallel: each shard's statistics and gradient as the CPU reference computes them.
+TEST(Cuda, CrossEntropyVocabParallelMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const int64_t N = 37, V = 1001, v0 = 2002;  // the shard [2002, 3003) of a larger vocabulary
+  std::vector<int32_t> targets(N);
+  for (int64_t n = 0; n < N; ++n) targets[n] = n % 5 == 1 ? -1 : int32_t(1500 + (n * 7919) % 2000);
+  auto logits = randn(N * V, 71, 3.0f);
+  const auto& ref = cpu_ref<VocabParallelCrossEntropyKernels>();
+  const auto& op = cuda_op<VocabParallelCrossEntropyKernels>();
+  std::vector<float> st_r(3 * N);
+  ref.shard_stats(st_r.data(), logits.data(), targets.data(), N, V, v0);
+  Dev<int32_t> dt(targets);
+  DevF g(logits), st(3 * N);
+  op.shard_stats(st.p, g.p, dt.p, N, V, v0);
+  EXPECT_LE(rel(st.read(), st_r), kTol);
+  std::vector<float> lse(N);
+  for (int64_t n = 0; n < N; ++n) lse[n] = st_r[3 * n] + std::log(std::max(st_r[3 * n + 1], 1e-30f)) + 0.5f;
+  auto g_r = logits;
+  ref.shard_grad(g_r.data(), lse.data(), targets.data(), N, V, v0, 0.125f);
+  DevF dlse(lse);
+  op.shard_grad(g.p, dlse.p, dt.p, N, V, v0, 0.125f);
+  EXPECT_LE(rel(g.read(), g_r), kTol);
 }
 
 TEST(Cuda, AdamWAndSumSquaresMatchReference) {

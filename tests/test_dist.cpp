@@ -745,8 +745,9 @@ TEST(DistTensorParallel, BadLayoutsNameTheKeysAndNumbers) {
 
 // ---- several GPUs: the NCCL process group through `titan train` ----
 
-// DDP 2 and FSDP 2 (dense) and expert parallel 2 x DDP 2 (MoE) on two GPUs (rank r on cuda:r, the
-// collectives on NCCL) give the 1-rank CPU loss sequence over 6 steps. On the CUDA emulator
+// DDP 2 and FSDP 2 (dense), expert parallel 2 x DDP 2 (MoE) and tensor parallel 2 (dense with sequence
+// parallel, MoE without) on two GPUs (rank r on cuda:r, the collectives on NCCL) give the 1-rank CPU loss
+// sequence over 6 steps. On the CUDA emulator
 // (test_dist_sim, TITAN_CUDA_SIM_GPUS=2) each rank is a process emulating its GPU and NCCL rides on MPI.
 TEST(DistCuda, TrainOnTwoGpusMatchesOneRankOnCpu) {
   if (!testing::have_cuda_gpu() || device_interface(DeviceType::CUDA).device_count() < 2)
@@ -766,7 +767,11 @@ TEST(DistCuda, TrainOnTwoGpusMatchesOneRankOnCpu) {
        {Layout{"ddp2", "debug", " --parallelism.data_parallel_replicate_degree=2"},
         Layout{"fsdp2", "debug", " --parallelism.data_parallel_shard_degree=2"},
         Layout{"ep2", "debug_moe",
-               " --parallelism.data_parallel_replicate_degree=2 --parallelism.expert_parallel_degree=2"}}) {
+               " --parallelism.data_parallel_replicate_degree=2 --parallelism.expert_parallel_degree=2"},
+        Layout{"tp2", "debug", " --parallelism.tensor_parallel_degree=2 --training.local_batch_size=4"},
+        Layout{"tp2_no_sp_moe", "debug_moe",
+               " --parallelism.tensor_parallel_degree=2 --parallelism.enable_sequence_parallel=false"
+               " --training.local_batch_size=4"}}) {
     RunResult r = run_shell(
         "timeout 300 " + kTitan + " run --nproc-per-node 2 train" + common + " --model.flavor=" + l.flavor +
         " --training.local_batch_size=2 --job.device=cuda" + l.args + " --job.dump_folder=" + (tmp / l.name));

@@ -80,11 +80,11 @@ void TensorParallel::sum(float* x, int64_t n) {
 }
 
 void TensorParallel::sum_host(float* x, int64_t n) {
-  if (group_->size() > 1) group_->all_reduce(x, n, CommType::F32, ReduceOp::Sum);
+  if (group_->size() > 1) group_->host_group().all_reduce(x, n, CommType::F32, ReduceOp::Sum);
 }
 
 void TensorParallel::max_host(float* x, int64_t n) {
-  if (group_->size() > 1) group_->all_reduce(x, n, CommType::F32, ReduceOp::Max);
+  if (group_->size() > 1) group_->host_group().all_reduce(x, n, CommType::F32, ReduceOp::Max);
 }
 
 void TensorParallel::all_gather(const float* local, float* full, int64_t n) {
@@ -159,7 +159,7 @@ NamedTensors TensorParallel::gather(const std::vector<Param>& local, bool keep) 
     // Every rank's block, one after another, then placed into the full matrix.
     const int64_t n = mine.numel();
     std::vector<float> blocks(static_cast<size_t>(n * tp));
-    group_->all_gather(mine.f32(), blocks.data(), std::vector<int64_t>(tp, n), CommType::F32);
+    group_->host_group().all_gather(mine.f32(), blocks.data(), std::vector<int64_t>(tp, n), CommType::F32);
     if (!keep) continue;
     const Shape full_shape =
         split == TpSplit::Rows ? Shape{p.shape[0] * tp, p.shape[1]} : Shape{p.shape[0], p.shape[1] * tp};
@@ -236,8 +236,8 @@ double TensorParallel::grad_sq_norm(const std::vector<Param>& params, const Grad
         titan::grad_sq_norm({buf.view_at(lo - b.offset[p.group], {hi - lo})});
   }
   if (b.shard_group && b.shard_group->size() > 1)
-    b.shard_group->all_reduce(sums, 2, CommType::F64, ReduceOp::Sum);
-  if (size() > 1) group_->all_reduce(sums, 1, CommType::F64, ReduceOp::Sum);
+    b.shard_group->host_group().all_reduce(sums, 2, CommType::F64, ReduceOp::Sum);
+  if (size() > 1) group_->host_group().all_reduce(sums, 1, CommType::F64, ReduceOp::Sum);
   return sums[0] + sums[1];
 }
 

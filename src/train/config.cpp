@@ -372,8 +372,6 @@ void TrainConfig::validate() const {
                "enable_sequence_parallel = false)");
     refuse(parallelism.expert_parallel_degree > 1,
            "expert parallel with tensor parallel is not available yet");
-    refuse(parse_device(job.device, "job.device").type != DeviceType::CPU,
-           "tensor parallel runs on the CPU device only for now");
   }
   for (const auto& c : compile.components) check_choice("compile.components", c, {"model", "loss"});
   check_choice("compile.backend", compile.backend, {"inductor", "aot_eager", "eager", "cudagraphs"});

@@ -64,12 +64,6 @@ void Trainer::build_process_group_and_plan() {
       make_plan(mc_, world_, par.data_parallel_replicate_degree, dp_shard, cfg_.training.local_batch_size,
                 cfg_.training.global_batch_size, cfg_.training.seq_len, cfg_.activation_checkpoint.policy(),
                 par.expert_parallel_degree, tp, par.enable_sequence_parallel);
-  if (tp > 1) {
-    // Groups of tp consecutive ranks (innermost); the ranks holding the same slice across groups.
-    tp_group_ = pg_->split(rank_ / tp, rank_ % tp);
-    dp_group_ = pg_->split(rank_ % tp, rank_ / tp);
-    tp_ = std::make_unique<dist::TensorParallel>(tp_group_, par.enable_sequence_parallel);
-  }
   if (cfg_.lora.enable) {
     // LoRA: the frozen base (bf16 or f32) without gradients or optimizer state; the adapters train.
     LoraConfig lc;
@@ -81,6 +75,13 @@ void Trainer::build_process_group_and_plan() {
     plan_.optimizer_bytes = adapters * 8;
   }
   select_device();
+  if (tp > 1) {
+    // Groups of tp consecutive ranks (innermost); the ranks holding the same slice across groups. On a
+    // device the groups are the device group's (NCCL on GPUs), their host side that of the MPI group.
+    tp_group_ = tensor_pg().split(rank_ / tp, rank_ % tp);
+    dp_group_ = tensor_pg().split(rank_ % tp, rank_ / tp);
+    tp_ = std::make_unique<dist::TensorParallel>(tp_group_, par.enable_sequence_parallel);
+  }
   if (cfg_.job.print_config && lead_)
     std::printf("# titan train: resolved config\n%s", cfg_.to_toml().c_str());
   if (lead_) std::printf("# plan\n%s\n", plan_.describe().c_str());

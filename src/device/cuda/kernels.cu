@@ -231,6 +231,51 @@ double cross_entropy(float* logits, const int32_t* targets, int64_t N, int64_t V
   return total;
 }
 
+// Loss parallel (ops.h VocabParallelCrossEntropyKernels): grid N, block 512 per row of the shard.
+__global__ void cross_entropy_shard_stats_kernel(float* stats, const float* logits, const int32_t* targets,
+                                                 int64_t V, int64_t v0) {
+  __shared__ float redf[32];
+  __shared__ double redd[32];
+  const float* x = logits + blockIdx.x * V;
+  float* st = stats + 3 * blockIdx.x;
+  const int32_t t = targets[blockIdx.x];
+  if (t < 0) {
+    if (threadIdx.x == 0) st[0] = st[1] = st[2] = 0.0f;
+    return;
+  }
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, x[j]);
+  mx = block_max(mx, redf);
+  double sum = 0;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += exp((double)x[j] - mx);
+  sum = block_sum(sum, redd);
+  if (threadIdx.x == 0) {
+    const int64_t local = t - v0;
+    st[0] = mx, st[1] = (float)sum, st[2] = local >= 0 && local < V ? x[local] : 0.0f;
+  }
+}
+
+__global__ void cross_entropy_shard_grad_kernel(float* logits, const float* lse, const int32_t* targets,
+                                                int64_t V, int64_t v0, float grad_scale) {
+  float* x = logits + blockIdx.x * V;
+  const int32_t t = targets[blockIdx.x];
+  const double l = lse[blockIdx.x];
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
+    x[j] = t < 0 ? 0.0f : grad_scale * (expf((float)((double)x[j] - l)) - (j + v0 == t ? 1.0f : 0.0f));
+}
+
+void cross_entropy_shard_stats(float* stats, const float* logits, const int32_t* targets, int64_t N,
+                               int64_t V, int64_t v0) {
+  if (N == 0) return;
+  launch(cross_entropy_shard_stats_kernel, N, 512, 0, stats, logits, targets, V, v0);
+}
+
+void cross_entropy_shard_grad(float* logits, const float* lse, const int32_t* targets, int64_t N, int64_t V,
+                              int64_t v0, float grad_scale) {
+  if (N == 0) return;
+  launch(cross_entropy_shard_grad_kernel, N, 512, 0, logits, lse, targets, V, v0, grad_scale);
+}
+
 // ---- AdamW ---------------------------------------------------------------------------------------------
 // torch.optim.AdamW, the same f32 operations in the same order as the CPU reference; the bias corrections
 // are computed once on the host in double.
@@ -290,6 +335,8 @@ const RopeQKKernels kRopeQK{rope_qk_forward, rope_qk_backward};
 const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy};
+const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{cross_entropy_shard_stats,
+                                                                  cross_entropy_shard_grad};
 const AdamWKernels kAdamW{adamw_step};
 const SumSquaresKernels kSumSquares{sum_squares};
 
@@ -299,6 +346,7 @@ TITAN_REGISTER_KERNEL(RopeQKKernels, CUDA, "cuda", kRopeQK, 10);
 TITAN_REGISTER_KERNEL(SwigluKernels, CUDA, "cuda", kSwiglu, 10);
 TITAN_REGISTER_KERNEL(EmbeddingKernels, CUDA, "cuda", kEmbedding, 10);
 TITAN_REGISTER_KERNEL(CrossEntropyKernels, CUDA, "cuda", kCrossEntropy, 10);
+TITAN_REGISTER_KERNEL(VocabParallelCrossEntropyKernels, CUDA, "cuda", kVocabParallelCrossEntropy, 10);
 TITAN_REGISTER_KERNEL(AdamWKernels, CUDA, "cuda", kAdamW, 10);
 TITAN_REGISTER_KERNEL(SumSquaresKernels, CUDA, "cuda", kSumSquares, 10);
 
