@@ -505,8 +505,9 @@ TEST(DistExpertParallel, TrainMatchesOneRank) {
 
 // Same global batch and seed: tensor parallel 2 (world 2; with sequence parallel, torchtitan's default, and
 // without), TP 2 x FSDP 2 and TP 2 x DDP 2 (world 4), TP 2 with selective op and with full checkpointing,
-// and TP 2 on the debug MoE (experts replicated in the group) give the 1-rank loss sequence over 10 steps,
-// and the HF export gathers the slices into the 1-rank model's tensors.
+// TP 2 on the debug MoE (experts replicated in the group) and TP 2 x EP 2 x DDP 2 (the experts split over
+// the ranks holding the same slice) give the 1-rank loss sequence over 10 steps, and the HF export gathers
+// the slices (and experts) into the 1-rank model's tensors.
 TEST(DistTensorParallel, TrainMatchesOneRank) {
   testing::TempDir tmp;
   const std::string common = train_args(tmp, 10) + " --model.flavor=debug";
@@ -530,7 +531,11 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
                " --activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=op", 2,
                4},
         Layout{"tp2_full_ac", "one", " --activation_checkpoint.mode=full", 2, 4},
-        Layout{"tp2_moe", "one_moe", " --model.flavor=debug_moe", 2, 4}}) {
+        Layout{"tp2_moe", "one_moe", " --model.flavor=debug_moe", 2, 4},
+        Layout{"tp2_ep2_ddp2", "one_moe",
+               " --model.flavor=debug_moe --parallelism.data_parallel_replicate_degree=2"
+               " --parallelism.expert_parallel_degree=2",
+               4, 2}}) {
     RunResult r = run_shell("timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(l.np) +
                             " " + kTitan + " train" + common + tp2 + l.args +
                             " --training.local_batch_size=" + std::to_string(l.local_batch) +
@@ -717,6 +722,15 @@ TEST(DistTensorParallel, BadLayoutsNameTheKeysAndNumbers) {
                                &out),
             0);
   EXPECT_NE(out.find("parallelism.tensor_parallel_degree = 2 does not divide model vocab_size = 2049"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(
+      testing::run_titan("plan --nproc 4 --model.flavor=debug_moe --parallelism.tensor_parallel_degree=2 "
+                         "--parallelism.data_parallel_replicate_degree=2 "
+                         "--parallelism.expert_parallel_degree=4",
+                         &out),
+      0);
+  EXPECT_NE(out.find("parallelism.expert_parallel_degree = 4 does not divide the data-parallel degree 2"),
             std::string::npos)
       << out;
   // Sequence parallel (torchtitan's default) splits each micro-batch's tokens over the group.

@@ -138,10 +138,13 @@ void TensorParallel::scatter(const Qwen3Model& full, Qwen3Model& local) const {
 void TensorParallel::init_weights(Qwen3Model& local, const Qwen3Config& full_config, uint64_t seed) const {
   const Qwen3Model layout(full_config, {}, nullptr, /*allocate=*/false);  // names and shapes, no buffers
   std::mt19937_64 rng(seed);
+  std::map<std::string, Param*> held;  // under expert parallel: this rank's experts only
+  for (Param& p : local.params()) held[p.name] = &p;
   for (const Param& f : layout.params()) {
     Tensor host = Tensor::empty(f.shape);
     Qwen3Model::draw_init(rng, f.shape, full_config.initializer_range, host.f32());
-    local.param(f.name).value.copy_from_host(slice(f.name, host).f32());
+    const auto it = held.find(f.name);
+    if (it != held.end()) it->second->value.copy_from_host(slice(f.name, host).f32());
   }
 }
 
@@ -226,19 +229,25 @@ void TensorParallel::reduce_replicated_grads(const std::vector<Param>& params, c
 }
 
 double TensorParallel::grad_sq_norm(const std::vector<Param>& params, const GradBuffers& b) const {
-  double sums[2] = {0, 0};  // sliced (summed over the group), replicated (the same on every rank)
+  // sliced (summed over the group), replicated (the same on every rank), experts under expert parallel
+  // (replicated in the group, each expert group's rank holding others: summed over the expert group).
+  double sums[3] = {0, 0, 0};
+  const bool ep = b.expert_group && b.expert_group->size() > 1;
   for (const Param& p : params) {
     const auto [lo, hi] = overlap(p, b);
     Tensor& buf = (*b.grads)[p.group];
     if (hi <= lo || !buf.defined()) continue;
+    const int kind = tensor_parallel_split(p.name) != TpSplit::Replicated      ? 0
+                     : ep && p.name.find(".mlp.experts.") != std::string::npos ? 2
+                                                                               : 1;
     // The device's sum_squares kernel on the part in this buffer (no copy of the gradients).
-    sums[tensor_parallel_split(p.name) == TpSplit::Replicated ? 1 : 0] +=
-        titan::grad_sq_norm({buf.view_at(lo - b.offset[p.group], {hi - lo})});
+    sums[kind] += titan::grad_sq_norm({buf.view_at(lo - b.offset[p.group], {hi - lo})});
   }
   if (b.shard_group && b.shard_group->size() > 1)
-    b.shard_group->host_group().all_reduce(sums, 2, CommType::F64, ReduceOp::Sum);
+    b.shard_group->host_group().all_reduce(sums, 3, CommType::F64, ReduceOp::Sum);
   if (size() > 1) group_->host_group().all_reduce(sums, 1, CommType::F64, ReduceOp::Sum);
-  return sums[0] + sums[1];
+  if (ep) b.expert_group->host_group().all_reduce(sums + 2, 1, CommType::F64, ReduceOp::Sum);
+  return sums[0] + sums[1] + sums[2];
 }
 
 }  // namespace titan::dist

@@ -8,7 +8,8 @@
 //   LoRA adapters (PEFT names)                   as their base weight: B of q/k/v/gate/up by rows, A of
 //   o/down
 //                                                by columns; the other factor replicated
-//   everything else                              replicated (norms, MoE router/experts)
+//   everything else                              replicated (norms, MoE router and experts: with expert
+//                                                parallel each rank holds its expert group rank's experts)
 // The model sums the row-parallel partial outputs (forward) and the column-parallel partial input gradients
 // (backward) over the group through TensorParallelComm -- with sequence parallel as reduce-scatters onto
 // each rank's rows of the residual stream, whose norms' outputs are all-gathered before the column-parallel
@@ -79,6 +80,7 @@ class TensorParallel : public TensorParallelComm {
     std::vector<Tensor>* grads;
     std::vector<int64_t> offset, count;
     ProcessGroup* shard_group = nullptr;
+    ProcessGroup* expert_group = nullptr;  // expert parallel: the ranks holding the other experts
   };
   static GradBuffers full_buffers(Qwen3Model& local);
   // After the backward (gradients accumulated over the step's micro-batches): sums the gradients of the

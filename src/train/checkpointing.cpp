@@ -60,7 +60,10 @@ void tensor_parallel_slices(const std::vector<Param>& local, const std::vector<P
   for (const Param& p : local) {
     const Param& f = *full_params.at(p.name);
     const bool replicated = dist::tensor_parallel_split(p.name) == dist::TpSplit::Replicated;
-    if (for_save && (!dp.saves_state() || (replicated && tp.rank() != 0))) continue;
+    const bool expert = p.name.find(".mlp.experts.") != std::string::npos;  // (expert parallel: this rank's)
+    if (for_save &&
+        (!(expert ? dp.saves_expert_state() : dp.saves_state()) || (replicated && tp.rank() != 0)))
+      continue;
     const std::array<std::string, 3> keys = group_keys(p.group);
     const int64_t numel = full_numel(p.group);
     // The optimizer's buffer of this group holds local elements [first, first + held) (FSDP: a shard).

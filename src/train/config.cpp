@@ -370,8 +370,6 @@ void TrainConfig::validate() const {
                std::to_string(tokens) +
                " tokens over the tensor-parallel ranks, and they do not divide evenly (or set "
                "enable_sequence_parallel = false)");
-    refuse(parallelism.expert_parallel_degree > 1,
-           "expert parallel with tensor parallel is not available yet");
   }
   for (const auto& c : compile.components) check_choice("compile.components", c, {"model", "loss"});
   check_choice("compile.backend", compile.backend, {"inductor", "aot_eager", "eager", "cudagraphs"});

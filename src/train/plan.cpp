@@ -59,8 +59,12 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
                 ": the model is dense (num_experts = 0); expert parallel needs a MoE model");
     TITAN_CHECK(c.num_experts % e == 0, "parallelism.expert_parallel_degree = ", e,
                 " does not divide the model's num_experts = ", c.num_experts);
-    TITAN_CHECK(world % e == 0, "parallelism.expert_parallel_degree = ", e,
-                " does not divide the world size ", world);
+    TITAN_CHECK(dp % e == 0, "parallelism.expert_parallel_degree = ", e,
+                " does not divide the data-parallel degree ", dp,
+                tp > 1
+                    ? " (world size / tensor_parallel_degree: experts are split over the ranks holding the "
+                      "same tensor-parallel slice)"
+                    : "");
     TITAN_CHECK(dp_shard == 1, "parallelism.expert_parallel_degree = ", e,
                 " works with DDP only: set parallelism.data_parallel_replicate_degree = world size (", world,
                 ") so that data_parallel_shard_degree = 1 (got ", dp_shard,

@@ -164,7 +164,8 @@ StepOutcome Trainer::train_step(int64_t step) {
 
 // The gradients the optimizer steps (full buffers, or FSDP shards) as the tensor-parallel layout sees them.
 dist::TensorParallel::GradBuffers Trainer::tp_grads() {
-  dist::TensorParallel::GradBuffers b{&dp_->optimizer_grads(), {}, {}, dp_->grad_shard_group()};
+  dist::TensorParallel::GradBuffers b{
+      &dp_->optimizer_grads(), {}, {}, dp_->grad_shard_group(), ep_group_.get()};
   for (int g = 0; g < static_cast<int>(dp_->optimizer_grads().size()); ++g) {
     b.offset.push_back(dp_->optimizer_offset(g));
     b.count.push_back(dp_->optimizer_count(g));

@@ -152,8 +152,11 @@ void Trainer::build_model() {
 
 // Tensor parallel: this rank's slices of the full model (distributed/tensor_parallel.h).
 void Trainer::build_tensor_parallel_model() {
-  model_ = std::make_unique<Qwen3Model>(dist::tensor_parallel_config(mc_, tp_->size()), kernels_, nullptr,
-                                        true, device_);
+  // Expert parallel: groups of expert_parallel_degree consecutive ranks of the data-parallel group (the
+  // ranks holding the same tensor-parallel slice) split every sparse layer's experts.
+  ep_group_ = dist::make_expert_group(dp_pg(), static_cast<int>(plan_.expert_parallel));
+  model_ = std::make_unique<Qwen3Model>(dist::tensor_parallel_config(mc_, tp_->size()), kernels_,
+                                        ep_group_.get(), true, device_);
   find_resume_checkpoint();
   const auto& c = cfg_.checkpoint;
   // Weights from a model-only checkpoint or HF are read in full, then sliced; the seeded init draws the

@@ -27,17 +27,33 @@ void Trainer::gather_final_model() {
   if (lora_) return gather_lora();
   if (model_->param_streamer()) model_->set_param_streamer(nullptr);
   const bool on_cpu = model_->device().type == DeviceType::CPU;
-  // Tensor parallel: rank 0's group gathers the slices (collective over it); rank 0 keeps the full model.
-  if (tp_ && dp_pg().rank() == 0 && (cfg_.checkpoint.last_save_in_hf || cfg_.training.sample_tokens > 0)) {
-    gathered_state_ = tp_->gather(*model_, lead_);   // the HF export writes these tensors as they are
-    if (lead_ && cfg_.training.sample_tokens > 0) {  // the sample needs a model
+  const bool want = cfg_.checkpoint.last_save_in_hf || cfg_.training.sample_tokens > 0;
+  if (!want) return;
+  if (tp_) {
+    // Tensor parallel: rank 0's group gathers the slices (collective over it); with expert parallel rank
+    // 0's expert group gathers every expert (experts are replicated in the tensor-parallel group).
+    NamedTensors experts;
+    if (ep_group_ && tp_->rank() == 0 && dp_pg().rank() < ep_group_->size())
+      for (auto& [name, t] : model_->gathered_state_dict())
+        if (name.find(".mlp.experts.") != std::string::npos) experts.emplace_back(name, t);
+    if (dp_pg().rank() == 0) gathered_state_ = tp_->gather(*model_, lead_);
+    if (!lead_) return;
+    if (ep_group_) {  // rank 0's own experts replaced by all of them
+      NamedTensors merged;
+      for (auto& nt : gathered_state_)
+        if (nt.first.find(".mlp.experts.") == std::string::npos) merged.push_back(std::move(nt));
+      for (auto& nt : experts) merged.push_back(std::move(nt));
+      gathered_state_ = std::move(merged);
+    }
+    if (cfg_.training.sample_tokens > 0) {  // the sample needs a model
       gathered_ = std::make_unique<Qwen3Model>(mc_, on_cpu ? cfg_.kernels : KernelChoice{});
       gathered_->load_state_dict(gathered_state_);
       if (mc_.num_experts > 0) gathered_->expert_bias().copy_from(model_->expert_bias());
       export_model_ = gathered_.get();
     }
+    return;
   }
-  if (ep_group_ && (cfg_.checkpoint.last_save_in_hf || cfg_.training.sample_tokens > 0)) {
+  if (ep_group_) {
     NamedTensors all = model_->gathered_state_dict();  // collective over the expert group
     if (lead_) {
       gathered_ = std::make_unique<Qwen3Model>(mc_, on_cpu ? cfg_.kernels : KernelChoice{});
