@@ -504,10 +504,10 @@ TEST(DistExpertParallel, TrainMatchesOneRank) {
 // ---- tensor parallel through `titan train` ----
 
 // Same global batch and seed: tensor parallel 2 (world 2; with sequence parallel, torchtitan's default, and
-// without), TP 2 x FSDP 2 and TP 2 x DDP 2 (world 4), TP 2 with selective op and with full checkpointing,
-// TP 2 on the debug MoE (experts replicated in the group) and TP 2 x EP 2 x DDP 2 (the experts split over
-// the ranks holding the same slice) give the 1-rank loss sequence over 10 steps, and the HF export gathers
-// the slices (and experts) into the 1-rank model's tensors.
+// without; with 2 micro-batches of gradient accumulation), TP 2 x FSDP 2 and TP 2 x DDP 2 (world 4), TP 2
+// with selective op and with full checkpointing, TP 2 on the debug MoE (experts replicated in the group) and
+// TP 2 x EP 2 x DDP 2 (the experts split over the ranks holding the same slice) give the 1-rank loss sequence
+// over 10 steps, and the HF export gathers the slices (and experts) into the 1-rank model's tensors.
 TEST(DistTensorParallel, TrainMatchesOneRank) {
   testing::TempDir tmp;
   const std::string common = train_args(tmp, 10) + " --model.flavor=debug";
@@ -525,7 +525,7 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
   for (const Layout& l :
        {Layout{"tp2", "one", "", 2, 4},
         Layout{"tp2_no_sp", "one", " --parallelism.enable_sequence_parallel=false", 2, 4},
-        Layout{"tp2_fsdp2", "one", "", 4, 2},
+        Layout{"tp2_accum2", "one", "", 2, 2}, Layout{"tp2_fsdp2", "one", "", 4, 2},
         Layout{"tp2_ddp2", "one", " --parallelism.data_parallel_replicate_degree=2", 4, 2},
         Layout{"tp2_op", "one",
                " --activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=op", 2,
