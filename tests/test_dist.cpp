@@ -20,6 +20,7 @@
 #include "distributed/runtime.h"
 #include "distributed/selftest.h"
 #include "io/safetensors.h"
+#include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 #include "support/testing.h"
 
@@ -506,14 +507,24 @@ TEST(DistExpertParallel, TrainMatchesOneRank) {
 // Same global batch and seed: tensor parallel 2 (world 2; with sequence parallel, torchtitan's default, and
 // without; with 2 micro-batches of gradient accumulation), TP 2 x FSDP 2 and TP 2 x DDP 2 (world 4), TP 2
 // with selective op and with full checkpointing, TP 2 on the debug MoE (experts replicated in the group) and
-// TP 2 x EP 2 x DDP 2 (the experts split over the ranks holding the same slice) give the 1-rank loss sequence
-// over 10 steps, and the HF export gathers the slices (and experts) into the 1-rank model's tensors.
+// TP 2 x EP 2 x DDP 2 (the experts split over the ranks holding the same slice), and TP 2 from HF weights
+// give the 1-rank loss sequence over 10 steps, and the HF export gathers the slices (and experts) into the
+// 1-rank model's tensors.
 TEST(DistTensorParallel, TrainMatchesOneRank) {
   testing::TempDir tmp;
   const std::string common = train_args(tmp, 10) + " --model.flavor=debug";
   const std::string tp2 = " --parallelism.tensor_parallel_degree=2";
-  for (auto [name, args] :
-       {std::pair<std::string, std::string>{"one", ""}, {"one_moe", " --model.flavor=debug_moe"}}) {
+  {  // HF weights to start from (read one tensor at a time under TP, each rank keeping its slices)
+    Qwen3Config c = Qwen3Config::flavor("debug");
+    c.vocab_size = 1024;
+    Qwen3Model m(c);
+    m.init_weights(5);
+    m.save_hf(tmp / "hf", DType::F32);
+  }
+  const std::string hf = " --checkpoint.initial_load_path=" + (tmp / "hf");
+  for (auto [name, args] : {std::pair<std::string, std::string>{"one", ""},
+                            {"one_moe", " --model.flavor=debug_moe"},
+                            {"one_hf", hf}}) {
     RunResult r = run_shell("timeout 300 " + kTitan + " train" + common + args +
                             " --training.local_batch_size=4 --job.dump_folder=" + (tmp / name));
     ASSERT_EQ(r.rc, 0) << r.output;
@@ -525,7 +536,8 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
   for (const Layout& l :
        {Layout{"tp2", "one", "", 2, 4},
         Layout{"tp2_no_sp", "one", " --parallelism.enable_sequence_parallel=false", 2, 4},
-        Layout{"tp2_accum2", "one", "", 2, 2}, Layout{"tp2_fsdp2", "one", "", 4, 2},
+        Layout{"tp2_accum2", "one", "", 2, 2}, Layout{"tp2_hf", "one_hf", hf, 2, 4},
+        Layout{"tp2_fsdp2", "one", "", 4, 2},
         Layout{"tp2_ddp2", "one", " --parallelism.data_parallel_replicate_degree=2", 4, 2},
         Layout{"tp2_op", "one",
                " --activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=op", 2,

@@ -150,6 +150,10 @@ void Trainer::build_model() {
   load_initial_weights();
 }
 
+Qwen3Model::TensorSlicer Trainer::tp_slicer() const {
+  return [tp = tp_.get()](const std::string& name, const Tensor& full) { return tp->slice(name, full); };
+}
+
 // Tensor parallel: this rank's slices of the full model (distributed/tensor_parallel.h).
 void Trainer::build_tensor_parallel_model() {
   // Expert parallel: groups of expert_parallel_degree consecutive ranks of the data-parallel group (the
@@ -159,26 +163,24 @@ void Trainer::build_tensor_parallel_model() {
                                         ep_group_.get(), true, device_);
   find_resume_checkpoint();
   const auto& c = cfg_.checkpoint;
-  // Weights from a model-only checkpoint or HF are read in full, then sliced; the seeded init draws the
-  // full parameters one at a time and keeps the slices. A checkpoint with training state is resumed slice
+  // HF weights and the seeded init: the full parameters one at a time, of which the rank keeps its slices;
+  // a model-only checkpoint is read in full, then sliced. A checkpoint with training state is resumed slice
   // by slice once the optimizer exists (resume()).
   std::unique_ptr<ckpt::Reader> reader;
   if (!resume_dir_.empty()) reader = std::make_unique<ckpt::Reader>(resume_dir_);
   if (reader && has_training_state(*reader)) {
     resume_ = std::move(reader);
     tp_->init_weights(*model_, mc_, cfg_.training.seed);
+  } else if (!reader && c.initial_load_in_hf && !c.initial_load_path.empty()) {
+    if (lead_) std::printf("loading HF weights from %s\n", c.initial_load_path.c_str());
+    model_->load_hf(c.initial_load_path, tp_slicer());  // one full tensor at a time, sliced
   } else if (reader || !c.initial_load_path.empty()) {
     Qwen3Model full(mc_, kernels_);
     if (reader) {
       load_model_from_checkpoint(full, resume_dir_, lead_);
     } else {
-      if (lead_)
-        std::printf("loading %s weights from %s\n", c.initial_load_in_hf ? "HF" : "checkpoint",
-                    c.initial_load_path.c_str());
-      if (c.initial_load_in_hf)
-        full.load_hf(c.initial_load_path);
-      else
-        load_model_from_checkpoint(full, c.initial_load_path, lead_);
+      if (lead_) std::printf("loading checkpoint weights from %s\n", c.initial_load_path.c_str());
+      load_model_from_checkpoint(full, c.initial_load_path, lead_);
     }
     tp_->scatter(full, *model_);
   } else {

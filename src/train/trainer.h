@@ -25,6 +25,7 @@
 #include "distributed/tensor_parallel.h"
 #include "models/qwen3/config.h"
 #include "models/qwen3/lora.h"
+#include "models/qwen3/model.h"
 #include "train/config.h"
 #include "train/dataset.h"
 #include "train/evaluate.h"
@@ -129,7 +130,8 @@ class Trainer {
   void build_lora_parallelism();
   std::vector<ckpt::Slice> lora_slices(bool for_save);
   LoraConfig lora_config_;  // the adapters' (r, alpha, targets: the adapter file's when one is loaded)
-  void gather_lora();       // tensor parallel: the full adapters into lora_full_ on rank 0 (collective)
+  void gather_lora();
+  Qwen3Model::TensorSlicer tp_slicer() const;  // tensor parallel: this rank's slice of a full tensor       // tensor parallel: the full adapters into lora_full_ on rank 0 (collective)
   std::unique_ptr<LoraAdapters> lora_full_;  // tensor parallel: the gathered adapters (rank 0's export)
   void export_lora(const std::string& dir);
   void export_hf(const std::string& dir);

@@ -81,14 +81,13 @@ void Trainer::build_lora_model() {
         mc_, [this](const std::string& name, const Tensor& full) { return tp_->slice(name, full); }};
     frozen_base_ = std::make_unique<FrozenBf16Base>(*model_, hf, cfg_.training.seed, tp_ ? &slicer : nullptr);
   } else if (tp_) {  // the full f32 base (HF or a checkpoint) sliced, or the seeded init's slices
-    if (hf.empty() && c.initial_load_path.empty()) {
+    if (!hf.empty()) {
+      model_->load_hf(hf, tp_slicer());
+    } else if (c.initial_load_path.empty()) {
       tp_->init_weights(*model_, mc_, cfg_.training.seed);
     } else {
       Qwen3Model full(mc_, kernels_);
-      if (!hf.empty())
-        full.load_hf(hf);
-      else
-        load_model_from_checkpoint(full, c.initial_load_path, lead_);
+      load_model_from_checkpoint(full, c.initial_load_path, lead_);
       tp_->scatter(full, *model_);
     }
   } else {

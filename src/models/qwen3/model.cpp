@@ -480,7 +480,7 @@ static std::vector<std::pair<std::string, Tensor>> io_tensors(const Qwen3Config&
   return out;
 }
 
-void Qwen3Model::load_hf(const std::string& dir) {
+void Qwen3Model::load_hf(const std::string& dir, const TensorSlicer& slice) {
   TITAN_CHECK(!streamer_,
               "the parameters are streamed (FSDP); take them back with set_param_streamer(nullptr) first");
   HFCheckpointReader ckpt(dir);
@@ -529,7 +529,15 @@ void Qwen3Model::load_hf(const std::string& dir) {
       view.copy_from(all.view_at(first_expert_ * per, view.shape()));
       continue;
     }
-    if (device_.type == DeviceType::CPU) {
+    if (slice) {
+      const SafetensorsEntry& e = ckpt.file_of(name).entries().at(name);
+      Tensor full = Tensor::empty(e.shape);
+      ckpt.read_into(name, full);
+      const Tensor part = slice(name, full);
+      TITAN_CHECK(part.shape() == view.shape(), dir, ": tensor ", name, " does not slice into this model's ",
+                  "parameter (shape ", shape_str(e.shape), ")");
+      view.copy_from(part);
+    } else if (device_.type == DeviceType::CPU) {
       ckpt.read_into(name, view);
     } else {  // read in host memory, then copy
       Tensor host = Tensor::empty(view.shape());

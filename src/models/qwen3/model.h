@@ -24,6 +24,7 @@
 // collective over the group. HF names keep the global expert index.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -161,7 +162,10 @@ class Qwen3Model {
   // init_weights draws every parameter in order from one mt19937_64(seed).
   static void draw_init(std::mt19937_64& rng, const Shape& shape, double std, float* out);
   // Loads HF safetensors (single or sharded). Missing/unexpected keys and shape mismatches are errors.
-  void load_hf(const std::string& dir);
+  // slice (tensor parallel): this model holds slices of the checkpoint's tensors; each tensor is read in
+  // full, one at a time, and slice(name, full) gives this model's part.
+  using TensorSlicer = std::function<Tensor(const std::string& name, const Tensor& full)>;
+  void load_hf(const std::string& dir, const TensorSlicer& slice = nullptr);
   // Also accepts the transformers-v5 fused expert keys (mlp.experts.gate_up_proj / down_proj) per layer.
   // HF parameter names -> tensors, as save_pretrained writes them (tied lm_head omitted). MoE experts per
   // expert (the released layout) unless fused_experts (v5 save_original_format=False layout).
