@@ -507,8 +507,10 @@ TEST(DistExpertParallel, TrainMatchesOneRank) {
 // Same global batch and seed: tensor parallel 2 (world 2; with sequence parallel, torchtitan's default, and
 // without; with 2 micro-batches of gradient accumulation), TP 2 x FSDP 2 and TP 2 x DDP 2 (world 4), TP 2
 // with selective op and with full checkpointing, TP 2 on the debug MoE (experts replicated in the group) and
-// TP 2 x EP 2 x DDP 2 (the experts split over the ranks holding the same slice), and TP 2 from HF weights
-// give the 1-rank loss sequence over 10 steps, and the HF export gathers the slices (and experts) into the
+// TP 2 x EP 2 (with sequence parallel the experts split over the tensor-parallel group, each rank routing
+// its own rows; with and without the aux loss, and x DDP 2), TP 2 x EP 2 x DDP 2 without sequence parallel
+// (the experts split over the ranks holding the same slice), and TP 2 from HF weights give the 1-rank loss
+// sequence over 10 steps, and the HF export gathers the slices (and experts) into the
 // 1-rank model's tensors.
 TEST(DistTensorParallel, TrainMatchesOneRank) {
   testing::TempDir tmp;
@@ -522,9 +524,12 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
     m.save_hf(tmp / "hf", DType::F32);
   }
   const std::string hf = " --checkpoint.initial_load_path=" + (tmp / "hf");
+  const std::string aux = " --model.flavor=debug_moe --model.moe_aux_loss=on";
+  const std::string moe_ep2 = " --model.flavor=debug_moe --parallelism.expert_parallel_degree=2";
   for (auto [name, args] : {std::pair<std::string, std::string>{"one", ""},
                             {"one_moe", " --model.flavor=debug_moe"},
-                            {"one_hf", hf}}) {
+                            {"one_hf", hf},
+                            {"one_moe_aux", aux}}) {
     RunResult r = run_shell("timeout 300 " + kTitan + " train" + common + args +
                             " --training.local_batch_size=4 --job.dump_folder=" + (tmp / name));
     ASSERT_EQ(r.rc, 0) << r.output;
@@ -544,9 +549,12 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
                4},
         Layout{"tp2_full_ac", "one", " --activation_checkpoint.mode=full", 2, 4},
         Layout{"tp2_moe", "one_moe", " --model.flavor=debug_moe", 2, 4},
-        Layout{"tp2_ep2_ddp2", "one_moe",
-               " --model.flavor=debug_moe --parallelism.data_parallel_replicate_degree=2"
-               " --parallelism.expert_parallel_degree=2",
+        Layout{"tp2_ep2", "one_moe", moe_ep2, 2, 4},
+        Layout{"tp2_ep2_aux", "one_moe_aux", moe_ep2 + aux, 2, 4},
+        Layout{"tp2_ep2_ddp2", "one_moe", moe_ep2 + " --parallelism.data_parallel_replicate_degree=2", 4, 2},
+        Layout{"tp2_no_sp_ep2_ddp2", "one_moe",
+               moe_ep2 + " --parallelism.data_parallel_replicate_degree=2"
+                         " --parallelism.enable_sequence_parallel=false",
                4, 2}}) {
     RunResult r = run_shell("timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(l.np) +
                             " " + kTitan + " train" + common + tp2 + l.args +

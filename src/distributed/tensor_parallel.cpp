@@ -70,8 +70,11 @@ Qwen3Config tensor_parallel_config(const Qwen3Config& full, int64_t tp) {
   return c;
 }
 
-TensorParallel::TensorParallel(std::shared_ptr<ProcessGroup> group, bool sequence_parallel)
-    : group_(std::move(group)), sequence_parallel_(sequence_parallel) {
+TensorParallel::TensorParallel(std::shared_ptr<ProcessGroup> group, bool sequence_parallel,
+                               bool experts_over_group)
+    : group_(std::move(group)),
+      sequence_parallel_(sequence_parallel),
+      experts_over_group_(experts_over_group) {
   TITAN_CHECK(group_, "tensor parallel: no group");
 }
 
@@ -81,6 +84,10 @@ void TensorParallel::sum(float* x, int64_t n) {
 
 void TensorParallel::sum_host(float* x, int64_t n) {
   if (group_->size() > 1) group_->host_group().all_reduce(x, n, CommType::F32, ReduceOp::Sum);
+}
+
+void TensorParallel::sum_host(double* x, int64_t n) {
+  if (group_->size() > 1) group_->host_group().all_reduce(x, n, CommType::F64, ReduceOp::Sum);
 }
 
 void TensorParallel::max_host(float* x, int64_t n) {
@@ -218,7 +225,8 @@ bool residual_norm(const std::string& name) {
 void TensorParallel::reduce_replicated_grads(const std::vector<Param>& params, const GradBuffers& b) const {
   if (size() == 1) return;
   for (const Param& p : params) {
-    if (!per_head_norm(p.name) && !replicated_adapter(p.name) &&
+    const bool router = experts_over_group_ && ends_with(p.name, ".mlp.gate.weight");
+    if (!per_head_norm(p.name) && !replicated_adapter(p.name) && !router &&
         !(sequence_parallel_ && residual_norm(p.name)))
       continue;
     const auto [lo, hi] = overlap(p, b);

@@ -41,14 +41,20 @@ class TensorParallel : public TensorParallelComm {
   // group: this rank's tensor-parallel group (the ranks holding the other slices of the same layers).
   // sequence_parallel: the models run with Qwen3Model::set_tensor_parallel(this, true) (the RMSNorms see
   // only the rank's rows, so their gradients are summed too).
-  explicit TensorParallel(std::shared_ptr<ProcessGroup> group, bool sequence_parallel = false);
+  // experts_over_group: the models' experts are split over this group (expert parallel borrowing the
+  // tensor-parallel dimension, with sequence parallel): each rank holds other experts (all saved), the
+  // routers see only the rank's rows (their gradients summed).
+  explicit TensorParallel(std::shared_ptr<ProcessGroup> group, bool sequence_parallel = false,
+                          bool experts_over_group = false);
   bool sequence_parallel() const { return sequence_parallel_; }
+  bool experts_over_group() const { return experts_over_group_; }
   int size() const override { return group_->size(); }
   int rank() const override { return group_->rank(); }
   ProcessGroup& group() const { return *group_; }
 
   void sum(float* x, int64_t n) override;
   void sum_host(float* x, int64_t n) override;
+  void sum_host(double* x, int64_t n) override;
   void max_host(float* x, int64_t n) override;
   void all_gather(const float* local, float* full, int64_t n) override;
   void reduce_scatter(const float* full, float* local, int64_t n) override;
@@ -98,7 +104,7 @@ class TensorParallel : public TensorParallelComm {
 
  private:
   std::shared_ptr<ProcessGroup> group_;
-  bool sequence_parallel_ = false;
+  bool sequence_parallel_ = false, experts_over_group_ = false;
 };
 
 }  // namespace titan::dist

@@ -61,8 +61,9 @@ void tensor_parallel_slices(const std::vector<Param>& local, const std::vector<P
     const Param& f = *full_params.at(p.name);
     const bool replicated = dist::tensor_parallel_split(p.name) == dist::TpSplit::Replicated;
     const bool expert = p.name.find(".mlp.experts.") != std::string::npos;  // (expert parallel: this rank's)
+    const bool one_per_group = replicated && !(expert && tp.experts_over_group());
     if (for_save &&
-        (!(expert ? dp.saves_expert_state() : dp.saves_state()) || (replicated && tp.rank() != 0)))
+        (!(expert ? dp.saves_expert_state() : dp.saves_state()) || (one_per_group && tp.rank() != 0)))
       continue;
     const std::array<std::string, 3> keys = group_keys(p.group);
     const int64_t numel = full_numel(p.group);

@@ -59,12 +59,18 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
                 ": the model is dense (num_experts = 0); expert parallel needs a MoE model");
     TITAN_CHECK(c.num_experts % e == 0, "parallelism.expert_parallel_degree = ", e,
                 " does not divide the model's num_experts = ", c.num_experts);
-    TITAN_CHECK(dp % e == 0, "parallelism.expert_parallel_degree = ", e,
-                " does not divide the data-parallel degree ", dp,
-                tp > 1
-                    ? " (world size / tensor_parallel_degree: experts are split over the ranks holding the "
-                      "same tensor-parallel slice)"
-                    : "");
+    // With tensor and sequence parallel and e = tp the experts are split over the tensor-parallel group
+    // (each rank routing its own rows, torchtitan's dp_shard x tp = edp x ep); otherwise over the ranks
+    // holding the same tensor-parallel slice.
+    p.experts_over_tensor_parallel = sp && e == tp;
+    TITAN_CHECK(
+        p.experts_over_tensor_parallel || dp % e == 0, "parallelism.expert_parallel_degree = ", e,
+        " does not divide the data-parallel degree ", dp,
+        tp > 1 ? str_cat(" (world size / tensor_parallel_degree: experts are split over the ranks holding "
+                         "the same tensor-parallel slice, or, with sequence parallel and "
+                         "expert_parallel_degree = tensor_parallel_degree = ",
+                         tp, ", over the tensor-parallel group)")
+               : std::string());
     TITAN_CHECK(dp_shard == 1, "parallelism.expert_parallel_degree = ", e,
                 " works with DDP only: set parallelism.data_parallel_replicate_degree = world size (", world,
                 ") so that data_parallel_shard_degree = 1 (got ", dp_shard,
@@ -116,7 +122,7 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
     // lm_head: 4 units either way (all-reduce or reduce-scatter + all-gather, forward and backward).
     double units = 4;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      const int per_pass = c.is_moe_layer(l) ? (sp ? 3 : 2) : 4;
+      const int per_pass = c.is_moe_layer(l) ? (sp && !p.experts_over_tensor_parallel ? 3 : 2) : 4;
       units += per_pass * (2 + (every > 0 && (l + 1) % every == 0 ? 1 : 0));
     }
     p.tp_comm_bytes = units * 4.0 * N * H * (tp - 1) / tp * p.grad_accum;

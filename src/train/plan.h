@@ -13,9 +13,10 @@ struct RunPlan {
   int64_t non_embedding_params = 0;
   double flops_per_token = 0;  // training (forward + backward)
   int64_t world = 1, dp_replicate = 1, dp_shard = 1, grad_accum = 1;
-  int64_t expert_parallel = 1;  // ranks the experts are split over
-  int64_t expert_params = 0;    // routed-expert parameters (all sparse layers, all experts)
-  int64_t tensor_parallel = 1;  // ranks per tensor-parallel group
+  int64_t expert_parallel = 1;                // ranks the experts are split over
+  int64_t expert_params = 0;                  // routed-expert parameters (all sparse layers, all experts)
+  bool experts_over_tensor_parallel = false;  // the experts split over the tensor-parallel group
+  int64_t tensor_parallel = 1;                // ranks per tensor-parallel group
   bool sequence_parallel = false;
   double tp_comm_bytes = 0;  // per rank and step: bytes each rank sends in its tensor-parallel collectives
   int64_t local_batch = 1, global_batch = 1, seq_len = 1;

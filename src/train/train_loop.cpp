@@ -150,6 +150,8 @@ StepOutcome Trainer::train_step(int64_t step) {
   if (mc_.num_experts > 0 && mc_.load_balance_coeff > 0) {
     // Aux-loss-free balancing: global routed-token counts, then the expert-bias update.
     if (dp_pg().size() > 1) dp_pg().all_reduce(model_->expert_token_counts(), dist::ReduceOp::Sum);
+    if (tp_ && tp_->experts_over_group())  // each rank of the group routed its own rows
+      tp_->group().all_reduce(model_->expert_token_counts(), dist::ReduceOp::Sum);
     model_->update_expert_bias();
   }
   // Clipping (torch's clip_grad_norm_) is applied inside the optimizer step: one pass fewer over the

@@ -80,7 +80,8 @@ void Trainer::build_process_group_and_plan() {
     // device the groups are the device group's (NCCL on GPUs), their host side that of the MPI group.
     tp_group_ = tensor_pg().split(rank_ / tp, rank_ % tp);
     dp_group_ = tensor_pg().split(rank_ % tp, rank_ / tp);
-    tp_ = std::make_unique<dist::TensorParallel>(tp_group_, par.enable_sequence_parallel);
+    tp_ = std::make_unique<dist::TensorParallel>(tp_group_, par.enable_sequence_parallel,
+                                                 plan_.experts_over_tensor_parallel);
   }
   if (cfg_.job.print_config && lead_)
     std::printf("# titan train: resolved config\n%s", cfg_.to_toml().c_str());
@@ -156,9 +157,12 @@ Qwen3Model::TensorSlicer Trainer::tp_slicer() const {
 
 // Tensor parallel: this rank's slices of the full model (distributed/tensor_parallel.h).
 void Trainer::build_tensor_parallel_model() {
-  // Expert parallel: groups of expert_parallel_degree consecutive ranks of the data-parallel group (the
-  // ranks holding the same tensor-parallel slice) split every sparse layer's experts.
-  ep_group_ = dist::make_expert_group(dp_pg(), static_cast<int>(plan_.expert_parallel));
+  // Expert parallel: the tensor-parallel group (with sequence parallel and expert_parallel_degree = tp), or
+  // groups of expert_parallel_degree consecutive ranks of the data-parallel group (the ranks holding the
+  // same tensor-parallel slice) split every sparse layer's experts.
+  ep_group_ = tp_->experts_over_group()
+                  ? tp_group_
+                  : dist::make_expert_group(dp_pg(), static_cast<int>(plan_.expert_parallel));
   model_ = std::make_unique<Qwen3Model>(dist::tensor_parallel_config(mc_, tp_->size()), kernels_,
                                         ep_group_.get(), true, device_);
   find_resume_checkpoint();
@@ -186,7 +190,7 @@ void Trainer::build_tensor_parallel_model() {
   } else {
     tp_->init_weights(*model_, mc_, cfg_.training.seed);
   }
-  model_->set_tensor_parallel(tp_.get(), tp_->sequence_parallel());
+  model_->set_tensor_parallel(tp_.get(), tp_->sequence_parallel(), tp_->experts_over_group());
   model_->set_activation_checkpoint_every(cfg_.activation_checkpoint.every());
   model_->set_activation_recompute_ops(cfg_.activation_checkpoint.recompute_ops());
   if (lead_)
@@ -211,7 +215,9 @@ void Trainer::build_parallelism() {
   dp_ = std::make_unique<dist::DataParallelPlan>(
       dp_pg(), static_cast<int>(plan_.dp_replicate), static_cast<int>(plan_.dp_shard),
       master_.empty() ? model_->flat_params() : master_, model_->flat_grads(), int64_t(25) << 20, stream_,
-      dist::ExpertParallelLayout{ep_group_, model_->expert_offsets()});
+      // (experts over the tensor-parallel group: each rank's experts are averaged like its slices)
+      dist::ExpertParallelLayout{tp_ && tp_->experts_over_group() ? nullptr : ep_group_,
+                                 model_->expert_offsets()});
   streamer_ = std::make_unique<PlanStreamer>(*dp_);
   if (stream_) {
     model_->set_param_streamer(streamer_.get());  // drops the full buffers; the shards are f32 master weights

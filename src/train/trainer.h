@@ -131,7 +131,9 @@ class Trainer {
   std::vector<ckpt::Slice> lora_slices(bool for_save);
   LoraConfig lora_config_;  // the adapters' (r, alpha, targets: the adapter file's when one is loaded)
   void gather_lora();
-  Qwen3Model::TensorSlicer tp_slicer() const;  // tensor parallel: this rank's slice of a full tensor       // tensor parallel: the full adapters into lora_full_ on rank 0 (collective)
+  Qwen3Model::TensorSlicer tp_slicer()
+      const;  // tensor parallel: this rank's slice of a full tensor       // tensor parallel: the full
+              // adapters into lora_full_ on rank 0 (collective)
   std::unique_ptr<LoraAdapters> lora_full_;  // tensor parallel: the gathered adapters (rank 0's export)
   void export_lora(const std::string& dir);
   void export_hf(const std::string& dir);

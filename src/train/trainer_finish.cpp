@@ -31,9 +31,12 @@ void Trainer::gather_final_model() {
   if (!want) return;
   if (tp_) {
     // Tensor parallel: rank 0's group gathers the slices (collective over it); with expert parallel rank
-    // 0's expert group gathers every expert (experts are replicated in the tensor-parallel group).
+    // 0's expert group gathers every expert.
     NamedTensors experts;
-    if (ep_group_ && tp_->rank() == 0 && dp_pg().rank() < ep_group_->size())
+    const bool in_first_expert_group =
+        ep_group_ && (tp_->experts_over_group() ? dp_pg().rank() == 0
+                                                : tp_->rank() == 0 && dp_pg().rank() < ep_group_->size());
+    if (in_first_expert_group)
       for (auto& [name, t] : model_->gathered_state_dict())
         if (name.find(".mlp.experts.") != std::string::npos) experts.emplace_back(name, t);
     if (dp_pg().rank() == 0) gathered_state_ = tp_->gather(*model_, lead_);

@@ -114,6 +114,7 @@ class TensorParallelComm {
   virtual int rank() const = 0;
   virtual void sum(float* x, int64_t n) = 0;       // in place, over the group, x on the model's device
   virtual void sum_host(float* x, int64_t n) = 0;  // the same, x on the host
+  virtual void sum_host(double* x, int64_t n) = 0;
   virtual void max_host(float* x, int64_t n) = 0;  // elementwise max, x on the host
   // Sequence parallel (device buffers): full := the ranks' n-float blocks in rank order; local := the sum
   // over the ranks of their full[rank() * n, (rank() + 1) * n).
@@ -210,7 +211,11 @@ class Qwen3Model {
   // sequence_parallel: the residual stream and the RMSNorms between the parallel blocks run on this rank's
   // 1/size of the batch's rows (rows [rank * N/size, (rank + 1) * N/size) of the B*T tokens), all-gathered
   // before the column-parallel GEMMs and reduce-scattered after the row-parallel ones.
-  void set_tensor_parallel(TensorParallelComm* comm, bool sequence_parallel = false);
+  // experts_over_group (with sequence parallel, and this model's expert group being the tensor-parallel
+  // group): each rank's sparse layers route its own rows to the group's experts (torchtitan's expert
+  // parallel borrowing the tensor-parallel dimension) instead of running replicated on all rows.
+  void set_tensor_parallel(TensorParallelComm* comm, bool sequence_parallel = false,
+                           bool experts_over_group = false);
   bool sequence_parallel() const { return sp_; }
   // Vocab parallel: the embedding / lm_head rows here are the full vocabulary's [vocab_start(),
   // vocab_start() + config().vocab_size) of full_vocab_size().
@@ -346,6 +351,9 @@ class Qwen3Model {
   bool sp_ = false;
   Tensor sp_local_, sp_full_;  // sequence parallel scratch: (N/size, H) and (N, H)
   int64_t local_rows() const { return sp_ ? B_ * T_ / tp_->size() : B_ * T_; }
+  bool moe_local_ = false;  // sparse layers on this rank's rows, experts over the tensor-parallel group
+  int64_t moe_rows() const { return moe_local_ ? local_rows() : B_ * T_; }
+  void norm_for_mlp(int64_t layer);
   // A layer norm's output for the column-parallel GEMMs: full (N,H) rows of rmsnorm(inp) (inp and rstd:
   // this rank's rows under sequence parallel, gathered).
   void norm_for_gemm(float* full, float* rstd, const float* inp, const float* w);

@@ -133,8 +133,8 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   layer_acts_.assign(L, {});
   bool any_dense = false;
   // One float allocation per layer (plus one int32 for MoE routing), carved into named pointers.
-  const int64_t attn = N * H * 2 + Nl * H * 2 + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) +
-                       attention_->saved_floats(B, T, nH);
+  const int64_t attn = N * H * 2 + Nl * H * 2 + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 +
+                       N * (nH + nKV) + attention_->saved_floats(B, T, nH);
   // Checkpointing: a checkpointed layer keeps only its input; the rest is one block shared by those layers
   // (a layer's activations are recomputed into it during backward).
   float* shared = nullptr;

@@ -131,6 +131,8 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     const int64_t E = c.num_experts;
     const double R = (double)N * (double)moe_layers_.size();
     aux_stats_.copy_to_host(aux_host_.data());
+    // Sparse layers on this rank's rows (experts over the tensor-parallel group): the group's statistics.
+    if (moe_local_) tp_->sum_host(aux_host_.data(), static_cast<int64_t>(aux_host_.size()));
     const double* counts = aux_host_.data();
     const double* prob_sum = counts + E;
     double aux = 0;
@@ -209,9 +211,13 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   float* rm = a.resid_mid;
   elementwise_->add(rm, a.resid_in, Nl * H);
   bf16(rm, Nl * H);
-  norm_for_gemm(a.ln2, a.rstd2, a.resid_mid, w.post_norm);
+  norm_for_mlp(l);
   float* mlp_out = sp_ ? partial : out;
-  if (w.router) {
+  if (w.router && moe_local_) {
+    // Experts split over the tensor-parallel group: each rank routes its own rows (expert parallel).
+    bf16(a.ln2, Nl * H);
+    moe_forward_layer(l, out, count_tokens, accumulate_stats);
+  } else if (w.router) {
     // Sparse layers run (replicated) on all N rows; under sequence parallel this rank keeps its own.
     bf16(a.ln2, N * H);
     moe_forward_layer(l, mlp_out, count_tokens, accumulate_stats);
@@ -231,6 +237,18 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   }
   elementwise_->add(out, rm, Nl * H);
   bf16(out, Nl * H);
+}
+
+// ln2 of layer l: gathered for the dense MLP's column-parallel GEMMs and the replicated sparse layers; this
+// rank's rows only when its experts take its own rows (moe_local_).
+void Qwen3Model::norm_for_mlp(int64_t l) {
+  LayerActs& a = layer_acts_[l];
+  const LayerView w = layer_view(l);
+  if (moe_local_ && w.router)
+    rmsnorm_->forward(a.ln2, a.rstd2, a.resid_mid, w.post_norm, local_rows(), config_.hidden_size,
+                      static_cast<float>(config_.rms_norm_eps));
+  else
+    norm_for_gemm(a.ln2, a.rstd2, a.resid_mid, w.post_norm);
 }
 
 void Qwen3Model::norm_for_gemm(float* full, float* rstd, const float* inp, const float* w) {
@@ -296,8 +314,8 @@ void Qwen3Model::recompute_layer_ops(int64_t l) {
   norm_for_gemm(a.ln1, a.rstd1, a.resid_in, w.input_norm);
   round_bf16_if(a.ln1, N * H);
   qk_norm_rope(l);
-  norm_for_gemm(a.ln2, a.rstd2, a.resid_mid, w.post_norm);
-  round_bf16_if(a.ln2, N * H);
+  norm_for_mlp(l);
+  round_bf16_if(a.ln2, (moe_local_ && w.router ? local_rows() : N) * H);
   if (!w.router) {
     swiglu_->forward(a.act, a.gu, N, I);
     round_bf16_if(a.act, N * I);
@@ -308,8 +326,8 @@ void Qwen3Model::backward() {
   TITAN_CHECK(grad_ready_, "backward() needs a forward() with compute_grad");
   grad_ready_ = false;
   const auto& c = config_;
-  const int64_t B = B_, T = T_, N = B * T, Nl = local_rows(), H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim,
-                nH = c.num_attention_heads, nKV = c.num_key_value_heads, V = c.vocab_size;
+  const int64_t B = B_, T = T_, N = B * T, Nl = local_rows(), H = c.hidden_size, I = c.intermediate_size,
+                hd = c.head_dim, nH = c.num_attention_heads, nKV = c.num_key_value_heads, V = c.vocab_size;
   const int group_head = static_cast<int>(c.num_hidden_layers) + 1;
   // Streamed parameters: the head's parameters; its gradient buffers (and with tied embeddings the
   // embedding's, kept until the embedding backward at the end) were acquired by forward().
@@ -347,7 +365,9 @@ void Qwen3Model::backward() {
     LayerView g{};
     if (flat_grads_[l + 1].defined()) g = layer_view(l, flat_grads_[l + 1].f32());
     const float* dln_rows = dln;  // d(ln2), then d(ln1): this rank's rows
-    if (w.router) {
+    if (w.router && moe_local_) {
+      moe_backward_layer(l, dresid, aux_scale_, acc_dw);  // this rank's rows, into dln
+    } else if (w.router) {
       moe_backward_layer(l, full_rows(dresid), aux_scale_, acc_dw);  // MoE branch, into dln (all N rows)
       if (sp_) dln_rows = dln + tp_->rank() * Nl * H;
     } else {
@@ -417,7 +437,7 @@ void Qwen3Model::backward() {
 // adds the residual). Accumulates the aux-loss statistics and, when balancing, the expert token counts.
 void Qwen3Model::moe_forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats) {
   const auto& c = config_;
-  const int64_t N = B_ * T_, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok,
+  const int64_t N = moe_rows(), H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok,
                 Im = c.moe_intermediate_size;
   LayerActs& a = layer_acts_[l];
   LayerView w = layer_view(l);
@@ -452,7 +472,7 @@ void Qwen3Model::moe_forward_layer(int64_t l, float* out, bool count_tokens, boo
 // Backward of the sparse MLP of layer l: dresid (N,H) is d(layer output); writes d(ln2) into dln_.
 void Qwen3Model::moe_backward_layer(int64_t l, const float* dresid, float aux_scale, bool acc_dw) {
   const auto& c = config_;
-  const int64_t N = B_ * T_, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok,
+  const int64_t N = moe_rows(), H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok,
                 Im = c.moe_intermediate_size;
   LayerActs& a = layer_acts_[l];
   LayerView w = layer_view(l);
@@ -496,7 +516,7 @@ MoeExpertsBuffers Qwen3Model::ep_buffers(EpLayer& s) {
 // worked out on the host (the exchange's row counts are host data anyway); rows move by device ops.
 void Qwen3Model::moe_experts_ep_forward(int64_t l, float* out) {
   const auto& c = config_;
-  const int64_t N = B_ * T_, H = c.hidden_size, k = c.num_experts_per_tok, Im = c.moe_intermediate_size,
+  const int64_t N = moe_rows(), H = c.hidden_size, k = c.num_experts_per_tok, Im = c.moe_intermediate_size,
                 El = local_experts_, S = N * k, row = H + 2;
   LayerActs& a = layer_acts_[l];
   LayerView w = layer_view(l);
@@ -539,7 +559,7 @@ void Qwen3Model::moe_experts_ep_forward(int64_t l, float* out) {
 // dln[n] += sum_s dx rows, dtw[slot] += d weight.
 void Qwen3Model::moe_experts_ep_backward(int64_t l, const float* dresid, float* dln, float* dtw) {
   const auto& c = config_;
-  const int64_t N = B_ * T_, H = c.hidden_size, k = c.num_experts_per_tok, Im = c.moe_intermediate_size,
+  const int64_t N = moe_rows(), H = c.hidden_size, k = c.num_experts_per_tok, Im = c.moe_intermediate_size,
                 El = local_experts_, S = N * k;
   LayerView w = layer_view(l);
   LayerView g = layer_view(l, flat_grads_[l + 1].f32());
