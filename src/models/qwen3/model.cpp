@@ -281,20 +281,6 @@ bool Qwen3Model::frozen_scratch_grads(int g) const {
   return g >= 1 && g <= config_.num_hidden_layers && config_.is_moe_layer(g - 1);
 }
 
-void Qwen3Model::set_tensor_parallel(TensorParallelComm* comm, bool sequence_parallel,
-                                     bool experts_over_group) {
-  tp_ = comm;
-  sp_ = sequence_parallel && comm && comm->size() > 1;
-  moe_local_ = experts_over_group && sp_;
-  TITAN_CHECK(!experts_over_group || (sp_ && ep_ && ep_size_ == comm->size()),
-              "tensor parallel: experts over the tensor-parallel group need sequence parallel and an expert ",
-              "group of the tensor-parallel group's size");
-  B_ = T_ = 0;  // the activation plan depends on it
-  TITAN_CHECK(!vocab_parallel() || cross_entropy_vp_, "tensor parallel: op '",
-              VocabParallelCrossEntropyKernels::kOp, "' has no implementation on ",
-              device_type_name(device_.type));
-}
-
 void Qwen3Model::set_lora(LoraAdapters* lora) {
   lora_ = lora;
   if (!lora || frozen_) return;

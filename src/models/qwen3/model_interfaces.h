@@ -1,0 +1,90 @@
+// The interfaces between Qwen3Model and what drives it: the per-op kernel choice, the parameter list, the
+// forward options and result, and the hooks through which data-parallel (ParamStreamer) and tensor-parallel
+// (TensorParallelComm) layouts applied from outside the model reach into its step.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace titan {
+
+// Implementation chosen per op ("" = the device's default). Keys are op names: matmul, rmsnorm, attention,
+// swiglu, embedding, cross_entropy, moe_experts ("grouped" | "reference"), rope ("fused" | "reference" |
+// "fast"; q and k are rotated by one rope_qk call when the name exists for rope_qk), rope_qk.
+using KernelChoice = std::map<std::string, std::string>;
+
+struct Param {
+  std::string name;  // HF name, e.g. model.layers.0.self_attn.q_proj.weight
+  int group = 0;
+  int64_t offset = 0;  // elements into the group's flat buffer
+  Shape shape;
+  Tensor value, grad;  // views into the group's flat buffers
+};
+
+struct ForwardOptions {
+  // Also differentiate the loss head: the lm_head runs over row chunks and each chunk's gradient is taken at
+  // once (lm_head / tied embedding gradient accumulated here, d(final norm) kept for backward()), so the
+  // (N,V) logits never exist in full. backward() must follow for the rest of the gradients.
+  bool compute_grad = true;
+  bool keep_logits = false;  // copy the logits out before they are overwritten by their gradient
+  float grad_scale = 0.0f;   // d(loss_sum)/d(row loss); 0 = 1/(number of valid targets) (HF mean)
+  // false: HF semantics, labels[t + 1] is the target of position t (shifted inside, last ignored).
+  // true: torchtitan semantics, labels[t] is already the target of position t (packed windows).
+  bool labels_shifted = false;
+  // MoE: d(loss)/d(aux_loss) used by backward(); < 0 = router_aux_loss_coef when output_router_logits, else 0
+  // (HF). A trainer accumulating micro-batches passes e.g. router_aux_loss_coef / micro_batches.
+  float aux_loss_scale = -1.0f;
+  // Packed rows (B,T) or null: HF's position_ids of padding-free packing. Each row holds whole documents
+  // one after another, positions 0, 1, 2, ... restarting at 0 where a document begins; RoPE takes these
+  // positions and attention stays inside each document (the kernels' doc_start mask).
+  const int32_t* position_ids = nullptr;
+};
+
+struct ForwardResult {
+  double loss = 0;        // HF loss: CE mean over valid targets (+ router_aux_loss_coef * aux_loss for MoE
+                          // models with output_router_logits)
+  double loss_sum = 0;    // CE sum over valid targets (no aux term)
+  int64_t num_valid = 0;  // targets that are not ignore_index
+  double ce_loss = 0;     // CE mean alone
+  double aux_loss = 0;    // MoE: HF load_balancing_loss_func over all sparse layers (computed always)
+};
+
+// Parameter streaming (FSDP / ZeRO-3): the model keeps no full parameter or gradient buffers. Before a
+// group's forward or backward it asks for the group's gathered parameters and a gradient buffer, and
+// hands the gradient back as soon as the backward has finished it (to be reduce-scattered into shards).
+// Groups are the flat buffers: 0 = embed_tokens, 1..L = decoder layers, L+1 = final norm (+ lm_head).
+class ParamStreamer {
+ public:
+  virtual ~ParamStreamer() = default;
+  virtual Tensor gather_params(int group) = 0;  // the group's full parameters (collective)
+  virtual void release_params(int group) = 0;   // done with them until the next gather
+  virtual Tensor grad_buffer(int group) = 0;    // a zeroed full gradient buffer for the group
+  virtual void reduce_grads(int group) = 0;     // the group's gradient is complete (collective); drops it
+  virtual void zero_grads() = 0;                // a new gradient-accumulation window starts
+};
+
+// Tensor parallel (distributed/tensor_parallel.h): a model holding one rank's slices of the full model (whole
+// heads of q/k/v and o, a slice of the dense MLP's intermediate, a 1/size slice of the vocabulary's rows of
+// the embedding and lm_head) runs these collectives over its tensor-parallel group at Megatron's points:
+// sums after the row-parallel o_proj and down_proj and the vocab-parallel embedding in forward (the partial
+// outputs), after the column-parallel q/k/v, gate/up and lm_head in backward (the partial input gradients),
+// and the loss-parallel cross-entropy's row statistics. The layout that made the slices owns the group; the
+// model only calls it.
+class TensorParallelComm {
+ public:
+  virtual ~TensorParallelComm() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  virtual void sum(float* x, int64_t n) = 0;       // in place, over the group, x on the model's device
+  virtual void sum_host(float* x, int64_t n) = 0;  // the same, x on the host
+  virtual void sum_host(double* x, int64_t n) = 0;
+  virtual void max_host(float* x, int64_t n) = 0;  // elementwise max, x on the host
+  // Sequence parallel (device buffers): full := the ranks' n-float blocks in rank order; local := the sum
+  // over the ranks of their full[rank() * n, (rank() + 1) * n).
+  virtual void all_gather(const float* local, float* full, int64_t n) = 0;
+  virtual void reduce_scatter(const float* full, float* local, int64_t n) = 0;
+};
+
+}  // namespace titan

@@ -1,0 +1,98 @@
+// Qwen3Model's tensor-parallel hooks (the layout is distributed/tensor_parallel.h's): the sums, gathers and
+// reduce-scatters around the parallel blocks (sequence parallel), the rows the sparse layers run on, and
+// the loss-parallel cross-entropy of a vocab-parallel lm_head.
+#include <cmath>
+
+#include "core/error.h"
+#include "models/qwen3/model.h"
+
+namespace titan {
+
+void Qwen3Model::set_tensor_parallel(TensorParallelComm* comm, bool sequence_parallel,
+                                     bool experts_over_group) {
+  tp_ = comm;
+  sp_ = sequence_parallel && comm && comm->size() > 1;
+  moe_local_ = experts_over_group && sp_;
+  TITAN_CHECK(!experts_over_group || (sp_ && ep_ && ep_size_ == comm->size()),
+              "tensor parallel: experts over the tensor-parallel group need sequence parallel and an expert ",
+              "group of the tensor-parallel group's size");
+  B_ = T_ = 0;  // the activation plan depends on it
+  TITAN_CHECK(!vocab_parallel() || cross_entropy_vp_, "tensor parallel: op '",
+              VocabParallelCrossEntropyKernels::kOp, "' has no implementation on ",
+              device_type_name(device_.type));
+}
+
+// Loss parallel over one head chunk of `rows` rows whose logits hold this rank's vocabulary columns: the
+// ranks' row statistics (max, sum of exp, target logit) combine into each row's logsumexp; returns the
+// chunk's loss sum (the same on every rank) and, with compute_grad, leaves the chunk's logit gradient.
+double Qwen3Model::vocab_parallel_cross_entropy(float* logits, int64_t r0, int64_t rows, float scale,
+                                                bool compute_grad) {
+  const int64_t V = config_.vocab_size, v0 = vocab_start();
+  const int32_t* targets = targets_.data<int32_t>() + r0;
+  float* stats = ensure(ce_stats_, 3 * rows).f32();
+  cross_entropy_vp_->shard_stats(stats, logits, targets, rows, V, v0);
+  ce_host_.resize(4 * rows);
+  float *s = ce_host_.data(), *m = s + 3 * rows;
+  dev_->copy_to_host(s, stats, 3 * rows * sizeof(float));
+  for (int64_t n = 0; n < rows; ++n) m[n] = s[3 * n];
+  tp_->max_host(m, rows);
+  for (int64_t n = 0; n < rows; ++n) s[3 * n + 1] *= std::exp(s[3 * n] - m[n]), s[3 * n] = 0.0f;
+  tp_->sum_host(s, 3 * rows);  // {-, sum of exp relative to the global max, target logit}
+  const int32_t* host_tgt = host_targets_.data() + r0;
+  double loss = 0;
+  for (int64_t n = 0; n < rows; ++n) {
+    const float lse = m[n] + std::log(s[3 * n + 1]);
+    if (host_tgt[n] >= 0) loss += (double)lse - s[3 * n + 2];
+    s[n] = lse;  // (rows already read)
+  }
+  if (compute_grad) {
+    dev_->copy_from_host(stats, s, rows * sizeof(float));
+    cross_entropy_vp_->shard_grad(logits, stats, targets, rows, V, v0, scale);
+  }
+  return loss;
+}
+
+// ln2 of layer l: gathered for the dense MLP's column-parallel GEMMs and the replicated sparse layers; this
+// rank's rows only when its experts take its own rows (moe_local_).
+void Qwen3Model::norm_for_mlp(int64_t l) {
+  LayerActs& a = layer_acts_[l];
+  const LayerView w = layer_view(l);
+  if (moe_local_ && w.router)
+    rmsnorm_->forward(a.ln2, a.rstd2, a.resid_mid, w.post_norm, local_rows(), config_.hidden_size,
+                      static_cast<float>(config_.rms_norm_eps));
+  else
+    norm_for_gemm(a.ln2, a.rstd2, a.resid_mid, w.post_norm);
+}
+
+void Qwen3Model::norm_for_gemm(float* full, float* rstd, const float* inp, const float* w) {
+  const int64_t H = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (!sp_) return rmsnorm_->forward(full, rstd, inp, w, B_ * T_, H, eps);
+  rmsnorm_->forward(sp_local_.f32(), rstd, inp, w, local_rows(), H, eps);
+  tp_->all_gather(sp_local_.f32(), full, local_rows() * H);
+}
+
+void Qwen3Model::sum_row_parallel(float* partial, float* out) {
+  if (!tp_) return;
+  if (sp_)
+    tp_->reduce_scatter(partial, out, local_rows() * config_.hidden_size);
+  else
+    tp_->sum(partial, B_ * T_ * config_.hidden_size);
+}
+
+const float* Qwen3Model::full_rows(const float* local) {
+  if (!sp_) return local;
+  tp_->all_gather(local, sp_full_.f32(), local_rows() * config_.hidden_size);
+  return sp_full_.f32();
+}
+
+float* Qwen3Model::sum_column_parallel_grad(float* dfull) {
+  if (!sp_) {
+    tp_sum(dfull, B_ * T_ * config_.hidden_size);
+    return dfull;
+  }
+  tp_->reduce_scatter(dfull, sp_local_.f32(), local_rows() * config_.hidden_size);
+  return sp_local_.f32();
+}
+
+}  // namespace titan
