@@ -646,6 +646,44 @@ TEST(DistTensorParallel, CheckpointsResumeOnAnyLayout) {
       << r.output;
 }
 
+// bf16 compute: a tensor-parallel run sums the row-parallel partial outputs in another order than one rank
+// before their bf16 rounding, so its losses are not those of the 1-rank bf16 run to f32 precision; they must
+// stay closer to them than bf16 itself is to f32 (the 1-rank bf16 run against the 1-rank f32 run), over 10
+// steps, for TP 2 (sequence parallel) and TP 2 x FSDP 2.
+TEST(DistTensorParallel, Bf16StaysWithinTheBf16Error) {
+  testing::TempDir tmp;
+  const std::string common = train_args(tmp, 10) + " --model.flavor=debug";
+  const std::string bf16 = " --training.mixed_precision_param=bfloat16";
+  for (auto [name, args] : {std::pair<std::string, std::string>{"f32", ""}, {"bf16", bf16}}) {
+    RunResult r = run_shell("timeout 300 " + kTitan + " train" + common + args +
+                            " --training.local_batch_size=4 --job.dump_folder=" + (tmp / name));
+    ASSERT_EQ(r.rc, 0) << r.output;
+  }
+  auto max_rel = [](const std::vector<double>& a, const std::vector<double>& b) {
+    double m = 0;
+    for (size_t i = 0; i < b.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]) / b[i]);
+    return m;
+  };
+  const auto f32 = jsonl_losses(tmp / "f32/metrics.jsonl"), one = jsonl_losses(tmp / "bf16/metrics.jsonl");
+  ASSERT_EQ(f32.size(), 10u);
+  ASSERT_EQ(one.size(), 10u);
+  const double bf16_error = max_rel(one, f32);
+  for (auto [name, np] : {std::pair<std::string, int>{"tp2", 2}, {"tp2_fsdp2", 4}}) {
+    RunResult r = run_shell(
+        "timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(np) + " " + kTitan +
+        " train" + common + bf16 + " --parallelism.tensor_parallel_degree=2" +
+        " --training.local_batch_size=" + std::to_string(8 / np) + " --job.dump_folder=" + (tmp / name));
+    ASSERT_EQ(r.rc, 0) << name << "\n" << r.output;
+    const auto got = jsonl_losses(tmp / (name + "/metrics.jsonl"));
+    ASSERT_EQ(got.size(), 10u) << name;
+    const double d = max_rel(got, one);
+    std::printf(
+        "%s bf16: max relative loss difference to the 1-rank bf16 run %.3g (bf16 vs f32 on 1 rank: %.3g)\n",
+        name.c_str(), d, bf16_error);
+    EXPECT_LT(d, bf16_error) << name;
+  }
+}
+
 // LoRA under tensor parallel (adapters sliced like their base weights: B of q/k/v/gate/up by rows, A of
 // o/down by columns): TP 2 with sequence parallel and dropout (the masks as on one rank), and TP 2 x FSDP 2
 // and TP 2 with selective op checkpointing on a bf16 frozen base give the 1-rank losses over 10 steps and the
