@@ -508,10 +508,10 @@ TEST(DistExpertParallel, TrainMatchesOneRank) {
 // without; with 2 micro-batches of gradient accumulation), TP 2 x FSDP 2 and TP 2 x DDP 2 (world 4), TP 2
 // with selective op and with full checkpointing, TP 2 on the debug MoE (experts replicated in the group) and
 // TP 2 x EP 2 (with sequence parallel the experts split over the tensor-parallel group, each rank routing
-// its own rows; with and without the aux loss, and x DDP 2), TP 2 x EP 2 x DDP 2 without sequence parallel
-// (the experts split over the ranks holding the same slice), and TP 2 from HF weights give the 1-rank loss
-// sequence over 10 steps, and the HF export gathers the slices (and experts) into the
-// 1-rank model's tensors.
+// its own rows; with and without the aux loss, x DDP 2 and x FSDP 2), TP 2 x FSDP 2 on the MoE, TP 2 x EP 2 x
+// DDP 2 without sequence parallel (the experts split over the ranks holding the same slice), and TP 2 from HF
+// weights give the 1-rank loss sequence over 10 steps, and the HF export gathers the slices (and experts)
+// into the 1-rank model's tensors.
 TEST(DistTensorParallel, TrainMatchesOneRank) {
   testing::TempDir tmp;
   const std::string common = train_args(tmp, 10) + " --model.flavor=debug";
@@ -552,6 +552,8 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
         Layout{"tp2_ep2", "one_moe", moe_ep2, 2, 4},
         Layout{"tp2_ep2_aux", "one_moe_aux", moe_ep2 + aux, 2, 4},
         Layout{"tp2_ep2_ddp2", "one_moe", moe_ep2 + " --parallelism.data_parallel_replicate_degree=2", 4, 2},
+        Layout{"tp2_ep2_fsdp2", "one_moe", moe_ep2, 4, 2},
+        Layout{"tp2_moe_fsdp2", "one_moe", " --model.flavor=debug_moe", 4, 2},
         Layout{"tp2_no_sp_ep2_ddp2", "one_moe",
                moe_ep2 + " --parallelism.data_parallel_replicate_degree=2"
                          " --parallelism.enable_sequence_parallel=false",

@@ -71,10 +71,14 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
                          "expert_parallel_degree = tensor_parallel_degree = ",
                          tp, ", over the tensor-parallel group)")
                : std::string());
-    TITAN_CHECK(dp_shard == 1, "parallelism.expert_parallel_degree = ", e,
-                " works with DDP only: set parallelism.data_parallel_replicate_degree = world size (", world,
-                ") so that data_parallel_shard_degree = 1 (got ", dp_shard,
-                "; FSDP/HSDP with expert parallel is not supported yet)");
+    // (Experts over the tensor-parallel group are the rank's own parameters to the data-parallel plan, which
+    // then shards them like the rest.)
+    TITAN_CHECK(
+        dp_shard == 1 || p.experts_over_tensor_parallel, "parallelism.expert_parallel_degree = ", e,
+        " works with DDP only: set parallelism.data_parallel_replicate_degree = world size (", world,
+        ") so that data_parallel_shard_degree = 1 (got ", dp_shard,
+        "; FSDP/HSDP with expert parallel is supported only with the experts over the tensor-parallel "
+        "group: tensor_parallel_degree = expert_parallel_degree with sequence parallel)");
   }
   // Parameters held per rank: every non-expert parameter, 1/expert_parallel of the experts, 1/tp of the
   // tensor-parallel weights (q/k/v/o, the dense MLPs, the embedding and an untied lm_head).
