@@ -36,6 +36,7 @@
 #include "kernels/ops.h"
 #include "models/qwen3/config.h"
 #include "models/qwen3/model_interfaces.h"
+#include "models/qwen3/model_layers.h"
 
 namespace titan {
 
@@ -184,38 +185,9 @@ class Qwen3Model {
   NamedTensors buffers() const;
 
  private:
-  // Pointers into one decoder layer's flat buffer. q/k/v rows are contiguous (fused wqkv), so are
-  // gate/up rows (fused wgu).
-  // Dense layer: wgu (2I,H), wdown (H,I). MoE layer: router (E,H), wgu (E,2I_moe,H), wdown (E,H,I_moe).
-  struct LayerView {
-    float *input_norm, *wq, *wk, *wv, *q_norm, *k_norm, *wo, *post_norm, *router, *wgu, *wdown;
-  };
-
-  // Saved activations of one decoder layer; N = B*T.
-  struct LayerActs {
-    float* resid_in;    // (N,H) layer input
-    float* ln1;         // (N,H)
-    float* rstd1;       // (N)
-    float* q_raw;       // (N,nH,hd) before q_norm
-    float* k_raw;       // (N,nKV,hd)
-    float* v;           // (N,nKV,hd)
-    float* q_rstd;      // (N*nH)
-    float* k_rstd;      // (N*nKV)
-    float* qr;          // (N,nH,hd) normed + rotated
-    float* kr;          // (N,nKV,hd)
-    float* attn_saved;  // attention_->saved_floats(B,T,nH): probabilities or row logsumexp
-    float* att;         // (N,nH*hd)
-    float* resid_mid;   // (N,H) after the attention residual
-    float* ln2;         // (N,H)
-    float* rstd2;       // (N)
-    float* gu;          // (N,2I)    dense layers
-    float* act;         // (N,I)     dense layers
-    // MoE layers
-    float* router_probs;    // (N,E) router softmax
-    float* topk_w;          // (N,k) routing weights
-    int32_t* topk_idx;      // (N,k)
-    MoeExpertsBuffers moe;  // saved expert activations and routing tables
-  };
+  using LayerView = qwen3_detail::LayerView;
+  using LayerActs = qwen3_detail::LayerActs;
+  using EpLayer = qwen3_detail::EpLayer;
 
   LayerView layer_view(int64_t layer) const { return layer_view(layer, flat_params_[layer + 1].f32()); }
   LayerView layer_view(int64_t layer, float* base) const;
@@ -358,13 +330,6 @@ class Qwen3Model {
   int ep_size_ = 1, ep_rank_ = 0;
   int64_t local_experts_ = 0, first_expert_ = 0;
   std::vector<int64_t> init_skip_;  // per param: random draws of non-local experts before it (init)
-  struct EpLayer {                  // one sparse layer's exchange and saved expert-side activations
-    std::unique_ptr<dist::AllToAllExchange> exchange;  // rows out: (token, expert) pairs by owner rank
-    Tensor pos_of_slot;                                // i64 (S): token slot n*k+s -> row in the send order
-    Tensor send_order;                                 // i64 (S): send row i -> token slot
-    Tensor x, w, gu, act;                              // received rows (R,H), weights (R), saved acts
-    Tensor idx, order, row_of, offsets;                // i32: local expert of each row, kernel tables
-  };
   std::vector<EpLayer> ep_layers_;
   MoeExpertsBuffers ep_buffers(EpLayer& s);                          // per sparse layer
   Tensor ep_send_, ep_recv_, ep_rows_, ep_scratch_, ep_dx_, ep_dw_;  // shared scratch (device)
