@@ -571,9 +571,10 @@ TEST(ChatData, ResumesExactlyFromItsState) {
         const size_t L = cfg.seq_len;
         EXPECT_TRUE(std::equal(b.input_ids.begin(), b.input_ids.end(), want[s].input_ids.begin() + rank * L));
         EXPECT_TRUE(std::equal(b.labels.begin(), b.labels.end(), want[s].labels.begin() + rank * L));
-        if (packing)
+        if (packing) {
           EXPECT_TRUE(std::equal(b.position_ids.begin(), b.position_ids.end(),
                                  want[s].position_ids.begin() + rank * L));
+        }
       }
     }
   }
