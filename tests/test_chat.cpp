@@ -863,5 +863,27 @@ TEST(ChatTrain, TwoDataParallelRanksMatchOneRank) {
   for (const auto& [step, loss] : ref) EXPECT_NEAR(got.at(step), loss, 1e-5 * loss) << "step " << step;
 }
 
+TEST(ChatTrain, PackedTensorParallelMatchesOneRank) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
+  // Packed chat SFT under tensor parallel 2 with sequence parallel: the document mask and per-conversation
+  // positions over the gathered rows, the assistant-only loss through the vocab-parallel head.
+  TempDir tmp;
+  std::string common;
+  for (const auto& a : small_chat_args(tmp, 3))
+    if (!a.starts_with("--job.dump_folder")) common += " " + a;
+  common += " --training.packing=true --training.seq_len=160";
+  auto one = testing::run_shell_command(std::string(TITAN_BINARY) + " train" + common +
+                                        " --job.dump_folder=" + (tmp / "one"));
+  ASSERT_EQ(one.rc, 0) << one.output;
+  auto tp = testing::run_shell_command(
+      "timeout 300 mpirun --oversubscribe --bind-to none -np 2 " + std::string(TITAN_BINARY) + " train" +
+      common + " --parallelism.tensor_parallel_degree=2 --job.dump_folder=" + (tmp / "tp2"));
+  ASSERT_EQ(tp.rc, 0) << tp.output;
+  const auto ref = step_losses(tmp / "one/metrics.jsonl"), got = step_losses(tmp / "tp2/metrics.jsonl");
+  ASSERT_EQ(ref.size(), 3u);
+  ASSERT_EQ(got.size(), 3u);
+  for (const auto& [step, loss] : ref) EXPECT_NEAR(got.at(step), loss, 1e-5 * loss) << "step " << step;
+}
+
 }  // namespace
 }  // namespace titan

@@ -100,18 +100,20 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   }
   // Saved activations per layer (f32), as Qwen3Model plans them (one rank's heads and MLP slice) with the
   // default tiled attention (one logsumexp per row and head, no [T, T] probabilities), plus the logits.
-  // Under sequence parallel the residual stream (layer inputs, resid_mid, the norms' rstd) holds N / tp rows.
+  // Under sequence parallel the residual stream (layer inputs, resid_mid, the norms' rstd) and the saved norm
+  // outputs ln1, ln2 (re-gathered in backward) hold N / tp rows.
   const int64_t N = local_batch * seq_len, Nl = sp ? N / tp : N, H = c.hidden_size, I = lc.intermediate_size;
-  const int64_t per_layer = N * H * 2 + Nl * H * 2 + Nl * 2 + N * lc.q_dim() * 3 + N * lc.kv_dim() * 3 +
+  const int64_t per_layer = Nl * H * 4 + Nl * 2 + N * lc.q_dim() * 3 + N * lc.kv_dim() * 3 +
                             N * (lc.num_attention_heads + lc.num_key_value_heads) +
                             N * lc.num_attention_heads + N * 3 * I;
   const int64_t every = checkpointing.every;
   const int64_t checkpointed = every > 0 ? c.num_hidden_layers / every : 0;
   const int64_t layers_saved = c.num_hidden_layers - checkpointed + (checkpointed > 0 ? 1 : 0);
   const int64_t checkpointed_inputs = checkpointed * Nl * H;
-  const int64_t scratch = N * (3 * H + 2 * lc.q_dim() + 3 * lc.kv_dim() + 3 * I) + (sp ? Nl * H + N * H : 0);
+  const int64_t scratch =
+      N * (3 * H + 2 * lc.q_dim() + 3 * lc.kv_dim() + 3 * I) + (sp ? Nl * H + 2 * N * H : 0);
   // Selective 'op': the saved layers keep ln1, ln2, q/k after norm + RoPE and act in one shared block.
-  const int64_t pointwise = N * (2 * H + lc.q_dim() + lc.kv_dim() + I);
+  const int64_t pointwise = 2 * Nl * H + N * (lc.q_dim() + lc.kv_dim() + I);
   const int64_t op_layers = checkpointing.recompute_ops ? c.num_hidden_layers - checkpointed : 0;
   const int64_t recomputed = op_layers > 0 ? (op_layers - 1) * pointwise : 0;
   p.activation_bytes =
@@ -120,14 +122,17 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   if (tp > 1) {
     // Collectives on (N, H) f32 per micro-batch, in units of (tp - 1) / tp of the buffer sent per rank (a
     // ring all-gather or reduce-scatter; an all-reduce is two). Without sequence parallel: an all-reduce
-    // after o_proj and down_proj (forward) and q/k/v and gate/up (backward); with it an all-gather before
-    // and a reduce-scatter after each parallel block instead (the same traffic), plus the replicated sparse
-    // layers' gathers of ln2 and d(output). A recomputed layer repeats its forward's. The embedding and
-    // lm_head: 4 units either way (all-reduce or reduce-scatter + all-gather, forward and backward).
+    // after o_proj and down_proj (forward) and q/k/v and gate/up (backward). With it, an all-gather before
+    // and a reduce-scatter after each parallel block instead, and in backward the saved norm outputs
+    // re-gathered and d(output) gathered for the row-parallel GEMMs; sparse layers run replicated gather ln2
+    // and d(output), those with the experts over the group neither. A recomputed layer repeats its
+    // forward's. The embedding and lm_head: 4 units either way.
     double units = 4;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      const int per_pass = c.is_moe_layer(l) ? (sp && !p.experts_over_tensor_parallel ? 3 : 2) : 4;
-      units += per_pass * (2 + (every > 0 && (l + 1) % every == 0 ? 1 : 0));
+      const bool moe = c.is_moe_layer(l), local = p.experts_over_tensor_parallel;
+      const int fwd = !sp ? (moe ? 2 : 4) : moe ? (local ? 2 : 3) : 4;
+      const int bwd = !sp ? (moe ? 2 : 4) : moe ? (local ? 3 : 4) : 6;
+      units += fwd * (1 + (every > 0 && (l + 1) % every == 0 ? 1 : 0)) + bwd;
     }
     p.tp_comm_bytes = units * 4.0 * N * H * (tp - 1) / tp * p.grad_accum;
   }

@@ -246,6 +246,10 @@ class Qwen3Model {
   TensorParallelComm* tp_ = nullptr;
   bool sp_ = false;
   Tensor sp_local_, sp_full_;  // sequence parallel scratch: (N/size, H) and (N, H)
+  Tensor ln_full_;             // sequence parallel: a layer's ln1 or ln2 gathered for its GEMMs (N, H)
+  // A layer norm output saved as this rank's rows, gathered for the column-parallel GEMMs (forward, and
+  // again in backward): ln_full_ under sequence parallel, else `rows` itself.
+  const float* gathered_ln(const float* rows);
   int64_t local_rows() const { return sp_ ? B_ * T_ / tp_->size() : B_ * T_; }
   bool moe_local_ = false;  // sparse layers on this rank's rows, experts over the tensor-parallel group
   int64_t moe_rows() const { return moe_local_ ? local_rows() : B_ * T_; }

@@ -133,8 +133,11 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   layer_acts_.assign(L, {});
   bool any_dense = false;
   // One float allocation per layer (plus one int32 for MoE routing), carved into named pointers.
-  const int64_t attn = N * H * 2 + Nl * H * 2 + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 +
-                       N * (nH + nKV) + attention_->saved_floats(B, T, nH);
+  // ln1 and ln2 are saved as this rank's rows too (re-gathered for the backward's GEMMs), except ln2 of a
+  // sparse layer run replicated on the gathered rows.
+  auto ln2_rows = [&](int64_t l) { return sp_ && (!c.is_moe_layer(l) || moe_local_) ? Nl : N; };
+  const int64_t attn = N * H + Nl * H * 3 + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) +
+                       attention_->saved_floats(B, T, nH);
   // Checkpointing: a checkpointed layer keeps only its input; the rest is one block shared by those layers
   // (a layer's activations are recomputed into it during backward).
   float* shared = nullptr;
@@ -156,7 +159,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   // Op-selective layers: their pointwise outputs (ln1, qr, kr, ln2, a dense layer's act) live in one block
   // shared by those layers, recomputed before each layer's backward.
   auto pointwise_floats = [&](int64_t l) {
-    return N * (2 * H + c.q_dim() + c.kv_dim()) + (c.is_moe_layer(l) ? 0 : N * I);
+    return (Nl + ln2_rows(l)) * H + N * (c.q_dim() + c.kv_dim()) + (c.is_moe_layer(l) ? 0 : N * I);
   };
   float* ops_shared = nullptr;
   int64_t ops_max = 0;
@@ -193,7 +196,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
       acts_.push_back(Tensor::empty({Nl * H}, DType::F32, device_));  // the layer's own saved input
       a.resid_in = acts_.back().f32();
     }
-    a.ln1 = take_pointwise(N * H);
+    a.ln1 = take_pointwise(Nl * H);
     a.rstd1 = take(Nl);
     a.q_raw = take(N * c.q_dim());
     a.k_raw = take(N * c.kv_dim());
@@ -205,7 +208,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     a.attn_saved = take(attention_->saved_floats(B, T, nH));
     a.att = take(N * c.q_dim());
     a.resid_mid = take(Nl * H);
-    a.ln2 = take_pointwise(N * H);
+    a.ln2 = take_pointwise(ln2_rows(l) * H);
     a.rstd2 = take(Nl);
     a.gu = a.act = nullptr;
     a.router_probs = a.topk_w = nullptr;
@@ -242,6 +245,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   if (sp_) {
     sp_local_ = alloc({Nl, H});
     sp_full_ = alloc({N, H});
+    ln_full_ = alloc({N, H});
   }
   // lm_head + cross-entropy run over row chunks (forward): only one (head_rows_, V) logits chunk exists.
   // Automatic: the fewest chunks of at most kHeadChunkBytes of logits, rows balanced between them. Every

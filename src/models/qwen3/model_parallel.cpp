@@ -52,16 +52,23 @@ double Qwen3Model::vocab_parallel_cross_entropy(float* logits, int64_t r0, int64
   return loss;
 }
 
-// ln2 of layer l: gathered for the dense MLP's column-parallel GEMMs and the replicated sparse layers; this
-// rank's rows only when its experts take its own rows (moe_local_).
+// ln2 of layer l: this rank's rows under sequence parallel (a dense layer's gathered for its GEMMs by
+// gathered_ln; a sparse layer's kept so when its experts take the rank's rows), the gathered rows for a
+// sparse layer run replicated.
 void Qwen3Model::norm_for_mlp(int64_t l) {
   LayerActs& a = layer_acts_[l];
   const LayerView w = layer_view(l);
-  if (moe_local_ && w.router)
+  if (sp_ && (!w.router || moe_local_))
     rmsnorm_->forward(a.ln2, a.rstd2, a.resid_mid, w.post_norm, local_rows(), config_.hidden_size,
                       static_cast<float>(config_.rms_norm_eps));
   else
     norm_for_gemm(a.ln2, a.rstd2, a.resid_mid, w.post_norm);
+}
+
+const float* Qwen3Model::gathered_ln(const float* rows) {
+  if (!sp_) return rows;
+  tp_->all_gather(rows, ln_full_.f32(), local_rows() * config_.hidden_size);
+  return ln_full_.f32();
 }
 
 void Qwen3Model::norm_for_gemm(float* full, float* rstd, const float* inp, const float* w) {

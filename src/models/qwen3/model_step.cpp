@@ -160,16 +160,17 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   LayerView w = layer_view(l);
   // Under sequence parallel resid_in, resid_mid and out hold this rank's Nl rows; the GEMMs see all N.
   float* partial = sp_ ? sp_full_.f32() : nullptr;  // a row-parallel GEMM's (N,H) output before the sum
-  norm_for_gemm(a.ln1, a.rstd1, a.resid_in, w.input_norm);
-  matmul_->forward(a.q_raw, a.ln1, w.wq, N, H, c.q_dim());
-  matmul_->forward(a.k_raw, a.ln1, w.wk, N, H, c.kv_dim());
-  matmul_->forward(a.v, a.ln1, w.wv, N, H, c.kv_dim());
+  rmsnorm_->forward(a.ln1, a.rstd1, a.resid_in, w.input_norm, Nl, H, static_cast<float>(c.rms_norm_eps));
+  const float* ln1 = gathered_ln(a.ln1);
+  matmul_->forward(a.q_raw, ln1, w.wq, N, H, c.q_dim());
+  matmul_->forward(a.k_raw, ln1, w.wk, N, H, c.kv_dim());
+  matmul_->forward(a.v, ln1, w.wv, N, H, c.kv_dim());
   if (lora_) {
-    lora_->forward(l, LoraProj::Q, a.ln1, N, a.q_raw, c.q_dim());
-    lora_->forward(l, LoraProj::K, a.ln1, N, a.k_raw, c.kv_dim());
-    lora_->forward(l, LoraProj::V, a.ln1, N, a.v, c.kv_dim());
+    lora_->forward(l, LoraProj::Q, ln1, N, a.q_raw, c.q_dim());
+    lora_->forward(l, LoraProj::K, ln1, N, a.k_raw, c.kv_dim());
+    lora_->forward(l, LoraProj::V, ln1, N, a.v, c.kv_dim());
   }
-  bf16(a.ln1, N * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim()), bf16(a.v, N * c.kv_dim());
+  bf16(a.ln1, Nl * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim()), bf16(a.v, N * c.kv_dim());
   qk_norm_rope(l);
   attention_->forward(a.att, a.attn_saved, a.qr, a.kr, a.v, B, T, nH, nKV, hd, doc_start());
   bf16(a.att, N * c.q_dim());
@@ -193,12 +194,13 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
     moe_forward_layer(l, mlp_out, count_tokens, accumulate_stats);
     if (sp_) dev_->copy(out, mlp_out + tp_->rank() * Nl * H, Nl * H * sizeof(float));
   } else {
-    matmul_->forward(a.gu, a.ln2, w.wgu, N, H, 2 * I);
+    const float* ln2 = gathered_ln(a.ln2);
+    matmul_->forward(a.gu, ln2, w.wgu, N, H, 2 * I);
     if (lora_) {  // gate rows [0,I), up rows [I,2I) of the fused output
-      lora_->forward(l, LoraProj::Gate, a.ln2, N, a.gu, 2 * I);
-      lora_->forward(l, LoraProj::Up, a.ln2, N, a.gu + I, 2 * I);
+      lora_->forward(l, LoraProj::Gate, ln2, N, a.gu, 2 * I);
+      lora_->forward(l, LoraProj::Up, ln2, N, a.gu + I, 2 * I);
     }
-    bf16(a.ln2, N * H), bf16(a.gu, N * 2 * I);
+    bf16(a.ln2, Nl * H), bf16(a.gu, N * 2 * I);
     swiglu_->forward(a.act, a.gu, N, I);
     bf16(a.act, N * I);
     matmul_->forward(mlp_out, a.act, w.wdown, N, I, H);
@@ -238,11 +240,12 @@ void Qwen3Model::recompute_layer_ops(int64_t l) {
   const int64_t N = B_ * T_, H = c.hidden_size, I = c.intermediate_size;
   LayerActs& a = layer_acts_[l];
   LayerView w = layer_view(l);
-  norm_for_gemm(a.ln1, a.rstd1, a.resid_in, w.input_norm);
-  round_bf16_if(a.ln1, N * H);
+  const int64_t Nl = local_rows();
+  rmsnorm_->forward(a.ln1, a.rstd1, a.resid_in, w.input_norm, Nl, H, static_cast<float>(c.rms_norm_eps));
+  round_bf16_if(a.ln1, Nl * H);
   qk_norm_rope(l);
   norm_for_mlp(l);
-  round_bf16_if(a.ln2, (moe_local_ && w.router ? local_rows() : N) * H);
+  round_bf16_if(a.ln2, (sp_ && (!w.router || moe_local_) ? Nl : N) * H);
   if (!w.router) {
     swiglu_->forward(a.act, a.gu, N, I);
     round_bf16_if(a.act, N * I);
@@ -308,10 +311,11 @@ void Qwen3Model::backward() {
       zero(dgu, N * 2 * I);
       swiglu_->backward(dgu, dact, a.gu, N, I);
       zero(dln, N * H);
-      matmul_->backward(dln, g.wgu, dgu, a.ln2, w.wgu, N, H, 2 * I, acc_dw);
+      const float* ln2 = gathered_ln(a.ln2);
+      matmul_->backward(dln, g.wgu, dgu, ln2, w.wgu, N, H, 2 * I, acc_dw);
       if (lora_) {
-        lora_->backward(l, LoraProj::Gate, a.ln2, dgu, 2 * I, dln, N);
-        lora_->backward(l, LoraProj::Up, a.ln2, dgu + I, 2 * I, dln, N);
+        lora_->backward(l, LoraProj::Gate, ln2, dgu, 2 * I, dln, N);
+        lora_->backward(l, LoraProj::Up, ln2, dgu + I, 2 * I, dln, N);
       }
       dln_rows = sum_column_parallel_grad(dln);  // column-parallel gate/up: the ranks' partial d(ln2)
     }
@@ -342,13 +346,14 @@ void Qwen3Model::backward() {
     rmsnorm_->backward(dqr, g.q_norm, dq, a.q_raw, w.q_norm, a.q_rstd, N * nH, hd);
     rmsnorm_->backward(dkr, g.k_norm, dk, a.k_raw, w.k_norm, a.k_rstd, N * nKV, hd);
     zero(dln, N * H);
-    matmul_->backward(dln, g.wq, dqr, a.ln1, w.wq, N, H, c.q_dim(), acc_dw);
-    matmul_->backward(dln, g.wk, dkr, a.ln1, w.wk, N, H, c.kv_dim(), acc_dw);
-    matmul_->backward(dln, g.wv, dv, a.ln1, w.wv, N, H, c.kv_dim(), acc_dw);
+    const float* ln1 = gathered_ln(a.ln1);
+    matmul_->backward(dln, g.wq, dqr, ln1, w.wq, N, H, c.q_dim(), acc_dw);
+    matmul_->backward(dln, g.wk, dkr, ln1, w.wk, N, H, c.kv_dim(), acc_dw);
+    matmul_->backward(dln, g.wv, dv, ln1, w.wv, N, H, c.kv_dim(), acc_dw);
     if (lora_) {
-      lora_->backward(l, LoraProj::Q, a.ln1, dqr, c.q_dim(), dln, N);
-      lora_->backward(l, LoraProj::K, a.ln1, dkr, c.kv_dim(), dln, N);
-      lora_->backward(l, LoraProj::V, a.ln1, dv, c.kv_dim(), dln, N);
+      lora_->backward(l, LoraProj::Q, ln1, dqr, c.q_dim(), dln, N);
+      lora_->backward(l, LoraProj::K, ln1, dkr, c.kv_dim(), dln, N);
+      lora_->backward(l, LoraProj::V, ln1, dv, c.kv_dim(), dln, N);
     }
     dln_rows = sum_column_parallel_grad(dln);  // column-parallel q/k/v: the ranks' partial d(ln1)
     rmsnorm_->backward(dresid, g.input_norm, dln_rows, a.resid_in, w.input_norm, a.rstd1, Nl, H);
