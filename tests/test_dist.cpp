@@ -524,6 +524,13 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
     m.save_hf(tmp / "hf", DType::F32);
   }
   const std::string hf = " --checkpoint.initial_load_path=" + (tmp / "hf");
+  {  // the same weights as a model-only checkpoint (read slice by slice under TP)
+    std::string out;
+    ASSERT_EQ(testing::run_titan("convert --input " + (tmp / "hf") + " --output " + (tmp / "ckpt"), &out), 0)
+        << out;
+  }
+  const std::string from_ckpt =
+      " --checkpoint.initial_load_path=" + (tmp / "ckpt/step-0") + " --checkpoint.initial_load_in_hf=false";
   const std::string aux = " --model.flavor=debug_moe --model.moe_aux_loss=on";
   const std::string moe_ep2 = " --model.flavor=debug_moe --parallelism.expert_parallel_degree=2";
   for (auto [name, args] : {std::pair<std::string, std::string>{"one", ""},
@@ -542,7 +549,7 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
        {Layout{"tp2", "one", "", 2, 4},
         Layout{"tp2_no_sp", "one", " --parallelism.enable_sequence_parallel=false", 2, 4},
         Layout{"tp2_accum2", "one", "", 2, 2}, Layout{"tp2_hf", "one_hf", hf, 2, 4},
-        Layout{"tp2_fsdp2", "one", "", 4, 2},
+        Layout{"tp2_from_checkpoint", "one_hf", from_ckpt, 2, 4}, Layout{"tp2_fsdp2", "one", "", 4, 2},
         Layout{"tp2_ddp2", "one", " --parallelism.data_parallel_replicate_degree=2", 4, 2},
         Layout{"tp2_op", "one",
                " --activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=op", 2,

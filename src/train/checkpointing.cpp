@@ -281,4 +281,23 @@ void load_model_from_checkpoint(Qwen3Model& model, const std::string& dir, bool 
   reader.read(wanted, log);
 }
 
+void load_model_from_checkpoint(Qwen3Model& local, const std::string& dir, bool log,
+                                const dist::TensorParallel& tp, const Qwen3Config& full_config) {
+  ckpt::Reader reader(dir);
+  check_same_model(reader, full_config);
+  const Qwen3Model full(full_config, {}, nullptr, /*allocate=*/false);  // the checkpoint's layout
+  std::map<std::string, const Param*> full_params;
+  for (const Param& p : full.params()) full_params[p.name] = &p;
+  const int64_t L = full_config.num_hidden_layers;
+  std::vector<ckpt::Slice> wanted;
+  for (const Param& p : local.params()) {
+    const Param& f = *full_params.at(p.name);
+    for (const dist::TensorParallel::Run& r : tp.runs(p.name, f.shape))
+      wanted.push_back({"model/" + group_name(L, p.group), full.group_numel(p.group), f.offset + r.global,
+                        local.flat_params()[p.group].view_at(p.offset + r.local, {r.count})});
+  }
+  add_buffers(local, wanted);
+  reader.read(wanted, log);
+}
+
 }  // namespace titan

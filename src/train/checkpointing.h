@@ -77,5 +77,9 @@ std::string save_model_checkpoint(Qwen3Model& model, const std::string& folder, 
 
 // Loads a model's parameters and buffers from a training checkpoint (the optimizer state is ignored).
 void load_model_from_checkpoint(Qwen3Model& model, const std::string& dir, bool log);
+// Tensor parallel: this rank's slices of a checkpoint of the full model (config full_config), read slice
+// by slice (no rank reads the full model).
+void load_model_from_checkpoint(Qwen3Model& local, const std::string& dir, bool log,
+                                const dist::TensorParallel& tp, const Qwen3Config& full_config);
 
 }  // namespace titan

@@ -168,8 +168,8 @@ void Trainer::build_tensor_parallel_model() {
   find_resume_checkpoint();
   const auto& c = cfg_.checkpoint;
   // HF weights and the seeded init: the full parameters one at a time, of which the rank keeps its slices;
-  // a model-only checkpoint is read in full, then sliced. A checkpoint with training state is resumed slice
-  // by slice once the optimizer exists (resume()).
+  // a model-only checkpoint: the rank's slices read from it. A checkpoint with training state is resumed
+  // slice by slice once the optimizer exists (resume()).
   std::unique_ptr<ckpt::Reader> reader;
   if (!resume_dir_.empty()) reader = std::make_unique<ckpt::Reader>(resume_dir_);
   if (reader && has_training_state(*reader)) {
@@ -178,15 +178,9 @@ void Trainer::build_tensor_parallel_model() {
   } else if (!reader && c.initial_load_in_hf && !c.initial_load_path.empty()) {
     if (lead_) std::printf("loading HF weights from %s\n", c.initial_load_path.c_str());
     model_->load_hf(c.initial_load_path, tp_slicer());  // one full tensor at a time, sliced
-  } else if (reader || !c.initial_load_path.empty()) {
-    Qwen3Model full(mc_, kernels_);
-    if (reader) {
-      load_model_from_checkpoint(full, resume_dir_, lead_);
-    } else {
-      if (lead_) std::printf("loading checkpoint weights from %s\n", c.initial_load_path.c_str());
-      load_model_from_checkpoint(full, c.initial_load_path, lead_);
-    }
-    tp_->scatter(full, *model_);
+  } else if (reader || !c.initial_load_path.empty()) {  // a model-only checkpoint: the rank's slices
+    if (!reader && lead_) std::printf("loading checkpoint weights from %s\n", c.initial_load_path.c_str());
+    load_model_from_checkpoint(*model_, reader ? resume_dir_ : c.initial_load_path, lead_, *tp_, mc_);
   } else {
     tp_->init_weights(*model_, mc_, cfg_.training.seed);
   }

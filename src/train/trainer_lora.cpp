@@ -86,9 +86,7 @@ void Trainer::build_lora_model() {
     } else if (c.initial_load_path.empty()) {
       tp_->init_weights(*model_, mc_, cfg_.training.seed);
     } else {
-      Qwen3Model full(mc_, kernels_);
-      load_model_from_checkpoint(full, c.initial_load_path, lead_);
-      tp_->scatter(full, *model_);
+      load_model_from_checkpoint(*model_, c.initial_load_path, lead_, *tp_, mc_);
     }
   } else {
     model_->init_weights(cfg_.training.seed);
