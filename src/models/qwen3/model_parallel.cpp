@@ -52,9 +52,9 @@ double Qwen3Model::vocab_parallel_cross_entropy(float* logits, int64_t r0, int64
   return loss;
 }
 
-// ln2 of layer l: this rank's rows under sequence parallel (a dense layer's gathered for its GEMMs by
-// gathered_ln; a sparse layer's kept so when its experts take the rank's rows), the gathered rows for a
-// sparse layer run replicated.
+// ln2 of layer l into a.ln2. Under sequence parallel: this rank's rows for a dense layer (gathered for its
+// GEMMs by gathered_ln) and for a sparse layer whose experts take the rank's rows; all N rows, gathered, for
+// a sparse layer run replicated. Without: all N rows.
 void Qwen3Model::norm_for_mlp(int64_t l) {
   LayerActs& a = layer_acts_[l];
   const LayerView w = layer_view(l);
