@@ -264,13 +264,17 @@ struct GemmKernels {
                const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 };
 
-// Inverted dropout with a counter-based mask (no RNG state): element i is kept when
-// u(key + i) >= p, u = the top 24 bits of splitmix64(key + i) / 2^24, and scaled by 1 / (1 - p).
+// Inverted dropout with a counter-based mask (no RNG state) over a contiguous (rows, cols) buffer: element
+// (r, c) is kept when u(key + r * key_stride + c) >= p, u = the top 24 bits of splitmix64(.) / 2^24, and
+// scaled by 1 / (1 - p). key_stride = cols numbers the elements in order; a larger one gives a column slice
+// the masks of the full matrix's columns (tensor parallel: key + rank * cols, key_stride = size * cols).
 // forward: out = mask * x / (1-p);   backward_add: dx += mask * g / (1-p)  (the same key redraws the mask).
 struct DropoutKernels {
   static constexpr const char* kOp = "dropout";
-  void (*forward)(float* out, const float* x, int64_t n, uint64_t key, float p);
-  void (*backward_add)(float* dx, const float* g, int64_t n, uint64_t key, float p);
+  void (*forward)(float* out, const float* x, int64_t rows, int64_t cols, uint64_t key, uint64_t key_stride,
+                  float p);
+  void (*backward_add)(float* dx, const float* g, int64_t rows, int64_t cols, uint64_t key,
+                       uint64_t key_stride, float p);
 };
 
 }  // namespace titan

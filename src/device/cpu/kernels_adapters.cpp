@@ -27,17 +27,25 @@ void gemm_blas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
               A, lda, B, ldb, beta, C, ldc);
 }
 
-void dropout_forward(float* out, const float* x, int64_t n, uint64_t key, float p) {
-  const float keep = 1.0f / (1.0f - p);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = counter_uniform(key + i) >= p ? x[i] * keep : 0.0f;
+// The counter of element i of a (rows, cols) buffer.
+inline uint64_t dropout_counter(int64_t i, int64_t cols, uint64_t key, uint64_t key_stride) {
+  return key + static_cast<uint64_t>(i / cols) * key_stride + static_cast<uint64_t>(i % cols);
 }
 
-void dropout_backward_add(float* dx, const float* g, int64_t n, uint64_t key, float p) {
+void dropout_forward(float* out, const float* x, int64_t rows, int64_t cols, uint64_t key,
+                     uint64_t key_stride, float p) {
   const float keep = 1.0f / (1.0f - p);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    if (counter_uniform(key + i) >= p) dx[i] += g[i] * keep;
+  for (int64_t i = 0; i < rows * cols; ++i)
+    out[i] = counter_uniform(dropout_counter(i, cols, key, key_stride)) >= p ? x[i] * keep : 0.0f;
+}
+
+void dropout_backward_add(float* dx, const float* g, int64_t rows, int64_t cols, uint64_t key,
+                          uint64_t key_stride, float p) {
+  const float keep = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows * cols; ++i)
+    if (counter_uniform(dropout_counter(i, cols, key, key_stride)) >= p) dx[i] += g[i] * keep;
 }
 
 const GemmKernels kGemmReference{gemm_reference};

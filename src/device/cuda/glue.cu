@@ -382,21 +382,32 @@ void ep_combine(float* out, float* dtw, const float* rows, const int64_t* pos, i
 }
 
 // ---- dropout (counter-based mask, kernels/counter_hash.h: the CPU's bits) -------------------------------
-__global__ void dropout_forward_kernel(float* out, const float* x, int64_t n, uint64_t key, float p,
-                                       float keep) {
-  TITAN_GRID_STRIDE(i, n) out[i] = counter_uniform(key + static_cast<uint64_t>(i)) >= p ? x[i] * keep : 0.0f;
+__device__ inline uint64_t dropout_counter(int64_t i, int64_t cols, uint64_t key, uint64_t key_stride) {
+  return key + static_cast<uint64_t>(i / cols) * key_stride + static_cast<uint64_t>(i % cols);
 }
-__global__ void dropout_backward_kernel(float* dx, const float* g, int64_t n, uint64_t key, float p,
-                                        float keep) {
-  TITAN_GRID_STRIDE(i, n) if (counter_uniform(key + static_cast<uint64_t>(i)) >= p) dx[i] += g[i] * keep;
+__global__ void dropout_forward_kernel(float* out, const float* x, int64_t n, int64_t cols, uint64_t key,
+                                       uint64_t key_stride, float p, float keep) {
+  TITAN_GRID_STRIDE(i, n)
+  out[i] = counter_uniform(dropout_counter(i, cols, key, key_stride)) >= p ? x[i] * keep : 0.0f;
 }
-void dropout_forward(float* out, const float* x, int64_t n, uint64_t key, float p) {
+__global__ void dropout_backward_kernel(float* dx, const float* g, int64_t n, int64_t cols, uint64_t key,
+                                        uint64_t key_stride, float p, float keep) {
+  TITAN_GRID_STRIDE(i, n)
+  if (counter_uniform(dropout_counter(i, cols, key, key_stride)) >= p) dx[i] += g[i] * keep;
+}
+void dropout_forward(float* out, const float* x, int64_t rows, int64_t cols, uint64_t key,
+                     uint64_t key_stride, float p) {
+  const int64_t n = rows * cols;
   if (n <= 0) return;
-  launch(dropout_forward_kernel, blocks_for(n, kThreads), kThreads, 0, out, x, n, key, p, 1.0f / (1.0f - p));
+  launch(dropout_forward_kernel, blocks_for(n, kThreads), kThreads, 0, out, x, n, cols, key, key_stride, p,
+         1.0f / (1.0f - p));
 }
-void dropout_backward_add(float* dx, const float* g, int64_t n, uint64_t key, float p) {
+void dropout_backward_add(float* dx, const float* g, int64_t rows, int64_t cols, uint64_t key,
+                          uint64_t key_stride, float p) {
+  const int64_t n = rows * cols;
   if (n <= 0) return;
-  launch(dropout_backward_kernel, blocks_for(n, kThreads), kThreads, 0, dx, g, n, key, p, 1.0f / (1.0f - p));
+  launch(dropout_backward_kernel, blocks_for(n, kThreads), kThreads, 0, dx, g, n, cols, key, key_stride, p,
+         1.0f / (1.0f - p));
 }
 
 #undef TITAN_GRID_STRIDE

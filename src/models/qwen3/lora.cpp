@@ -154,24 +154,18 @@ const float* LoraAdapters::dropped(const Slot& s, const float* x, int64_t N) {
 }
 
 // One key space per (seed, pass, slot): the recompute under activation checkpointing draws the same mask.
-// Element i of the (N, in) input is kept by u(key + i); a row-parallel slot under tensor parallel holds
-// columns [rank in, (rank + 1) in) of an (N, size in) input, so row n starts at key + n size in + rank in.
+// A row-parallel slot under tensor parallel holds columns [rank in, (rank + 1) in) of an (N, size in) input:
+// its masks are those columns of the full input's.
 void LoraAdapters::apply_dropout(const Slot& s, int si, float* out, const float* x, int64_t N,
                                  bool backward) {
   const float p = static_cast<float>(cfg_.dropout);
-  const uint64_t key = mask_key(si);
   const bool sliced = tp_size_ > 1 && (s.proj == LoraProj::O || s.proj == LoraProj::Down);
-  if (!sliced) {
-    backward ? dropout_->backward_add(out, x, N * s.in, key, p) : dropout_->forward(out, x, N * s.in, key, p);
-    return;
-  }
-  for (int64_t n = 0; n < N; ++n) {
-    const uint64_t k = key + static_cast<uint64_t>((n * tp_size_ + tp_rank_) * s.in);
-    if (backward)
-      dropout_->backward_add(out + n * s.in, x + n * s.in, s.in, k, p);
-    else
-      dropout_->forward(out + n * s.in, x + n * s.in, s.in, k, p);
-  }
+  const uint64_t key = mask_key(si) + (sliced ? static_cast<uint64_t>(tp_rank_ * s.in) : 0);
+  const uint64_t stride = static_cast<uint64_t>((sliced ? tp_size_ : 1) * s.in);
+  if (backward)
+    dropout_->backward_add(out, x, N, s.in, key, stride, p);
+  else
+    dropout_->forward(out, x, N, s.in, key, stride, p);
 }
 
 void LoraAdapters::forward(int64_t layer, LoraProj p, const float* x, int64_t N, float* y, int64_t ldy) {
