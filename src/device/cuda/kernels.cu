@@ -189,6 +189,17 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* ids, in
 }
 
 // ---- Cross-entropy -------------------------------------------------------------------------------------
+// The block's row x (V): its max, and *sum = sum_j exp(x[j] - max) in double (every thread gets both).
+__device__ float row_max_sum_exp(const float* x, int64_t V, float* redf, double* redd, double* sum) {
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, x[j]);
+  mx = block_max(mx, redf);
+  double s = 0;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += exp((double)x[j] - mx);
+  *sum = block_sum(s, redd);
+  return mx;
+}
+
 // grid N, block 512: max, then the sum of exp in double, lse; the row's loss to loss[n]; the row overwritten
 // with grad_scale (softmax - onehot) when compute_grad.
 __global__ void cross_entropy_kernel(double* loss, float* logits, const int32_t* targets, int64_t V,
@@ -203,12 +214,8 @@ __global__ void cross_entropy_kernel(double* loss, float* logits, const int32_t*
     if (threadIdx.x == 0) loss[blockIdx.x] = 0.0;
     return;
   }
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, x[j]);
-  mx = block_max(mx, redf);
-  double sum = 0;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += exp((double)x[j] - mx);
-  sum = block_sum(sum, redd);
+  double sum;
+  const float mx = row_max_sum_exp(x, V, redf, redd, &sum);
   const double lse = mx + log(sum);
   if (threadIdx.x == 0) loss[blockIdx.x] = lse - x[t];
   __syncthreads();  // x[t] is read above before any thread overwrites it
@@ -243,12 +250,8 @@ __global__ void cross_entropy_shard_stats_kernel(float* stats, const float* logi
     if (threadIdx.x == 0) st[0] = st[1] = st[2] = 0.0f;
     return;
   }
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, x[j]);
-  mx = block_max(mx, redf);
-  double sum = 0;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += exp((double)x[j] - mx);
-  sum = block_sum(sum, redd);
+  double sum;
+  const float mx = row_max_sum_exp(x, V, redf, redd, &sum);
   if (threadIdx.x == 0) {
     const int64_t local = t - v0;
     st[0] = mx, st[1] = (float)sum, st[2] = local >= 0 && local < V ? x[local] : 0.0f;
