@@ -256,12 +256,12 @@ TEST(ChatTemplate, Qwen3MatchesApplyChatTemplate) {
 }
 
 TEST(ChatTemplate, QwenFamiliesMatchApplyChatTemplate) {
-  // Qwen2.5, Qwen3 (revised), Qwen3-Instruct-2507, QwQ and Qwen3-Coder (macros, XML tool calls), each on
-  // its conversations (tools/golden/make_chat_family_golden.py).
+  // Qwen2.5, Qwen3 (revised), Qwen3-Instruct-2507, Qwen3-Thinking-2507 (the prompt opens <think>), QwQ and
+  // Qwen3-Coder (macros, XML tool calls), each on its conversations (tools/golden/make_chat_family_golden.py).
   SKIP_WITHOUT_QWEN3_TOKENIZER();
   std::map<std::string, std::vector<ojson>> by_template;
   for (ojson& c : read_jsonl(kGolden + "/families.jsonl")) by_template[c["template"]].push_back(std::move(c));
-  ASSERT_EQ(by_template.size(), 5u);
+  ASSERT_EQ(by_template.size(), 6u);
   for (const auto& [name, cases] : by_template) {
     const ChatTemplate tmpl =
         ChatTemplate::from_string(slurp(kGolden + "/templates/" + name + ".jinja"), name + ".jinja",

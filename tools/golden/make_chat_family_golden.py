@@ -2,8 +2,9 @@
 """Fixtures for the chat templates of the Qwen families (tests/golden/chat/families.jsonl).
 
 The templates in tests/golden/chat/templates/ are the published ones: Qwen2.5-Instruct, Qwen3 as
-revised later (content may be a non-string), Qwen3-Instruct-2507, QwQ-32B and Qwen3-Coder (tool
-calls in XML, written with {% macro %}); the first Qwen3 revision is the tokenizer_config.json of
+revised later (content may be a non-string), Qwen3-Instruct-2507, Qwen3-Thinking-2507 (the
+revised Qwen3 template whose generation prompt opens the think block; no enable_thinking), QwQ-32B
+and Qwen3-Coder (tool calls in XML, written with {% macro %}); the first Qwen3 revision is the tokenizer_config.json of
 ../shared/assets/qwen3-tokenizer (qwen3.jsonl, make_chat_golden.py). Every template renders the
 conversations of make_chat_golden.py (system, multi-turn, reasoning, tool calls and results,
 unicode) plus tool-schema cases with HF `tokenizer.apply_chat_template` and the real Qwen3
@@ -22,7 +23,7 @@ from transformers import AutoTokenizer
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_chat_golden import ASSETS, CONVERSATIONS, OPTIONS, OUT, chatml_mask, kwargs_of, record  # noqa: E402
 
-TEMPLATES = ["qwen2_5", "qwen3_revised", "qwen3_instruct_2507", "qwq", "qwen3_coder"]
+TEMPLATES = ["qwen2_5", "qwen3_revised", "qwen3_instruct_2507", "qwen3_thinking_2507", "qwq", "qwen3_coder"]
 
 # Tool schemas with what the templates treat specially: descriptions with surrounding spaces, enums,
 # required lists, nested objects, keys with '-', '$' and spaces, a return schema.
