@@ -11,6 +11,7 @@
 #include "generate/eval.h"
 #include "generate/generator.h"
 #include "io/json_file.h"
+#include "models/qwen3/lora.h"
 #include "support/testing.h"
 
 namespace titan {
@@ -83,6 +84,58 @@ TEST(Generate, KVCacheForwardEqualsFullForwardMoE) {
 TEST(Generate, KVCacheForwardEqualsFullForwardBf16) {
   check_kv_against_full("dense", true, {}, 1e-2);
   check_kv_against_full("moe", true, {}, 1e-2);
+}
+
+// `--dtype bf16` on the CPU holds the weights once, as bf16: no f32 parameter buffer, 2 bytes a parameter,
+// and the KV-cache logits equal those of an f32-held model under bf16 compute (the rounded weights' images)
+// bit for bit, on every bf16 GEMM engine (the fallbacks read the bf16 weights through their images too).
+// A full forward (eval) streams the bf16 groups and equals that model's forward as well.
+TEST(Generate, Bf16WeightsAreHeldOnceAsBf16) {
+  for (const std::string c : {"dense", "moe"})
+    for (const std::string engine : {"", "sgemm", "reference"}) {
+      SCOPED_TRACE(c + " " + (engine.empty() ? "default engine" : engine));
+      KernelChoice kernels;
+      if (!engine.empty()) kernels = {{"matmul_bf16", engine}, {"moe_experts_bf16", engine}};
+      auto held = load_model_dir(kGolden + c, true, kernels);
+      for (const Tensor& t : held->flat_params()) EXPECT_FALSE(t.defined());
+      const auto* weights = dynamic_cast<const FrozenBf16Base*>(held->param_streamer());
+      ASSERT_NE(weights, nullptr);
+      EXPECT_EQ(weights->bytes(), 2 * held->num_params());
+      Qwen3Model f32(held->config(), kernels);
+      f32.load_hf(kGolden + c);
+      f32.set_bf16_compute(true);
+      EXPECT_EQ(held->kernel_names(), f32.kernel_names());
+
+      auto ids = ids_of(expected(c)["greedy"][2]["prompt_ids"]);
+      ids.resize(12);
+      const int64_t T = 12, V = held->config().vocab_size;
+      KVCacheModel a(*held, T), b(f32, T);
+      for (auto [p, n] : {std::pair<int64_t, int64_t>{0, 9}, {9, 1}, {10, 2}}) {
+        const float* la = a.forward(ids.data() + p, n, true);
+        const std::vector<float> first(la, la + n * V);
+        const float* lb = b.forward(ids.data() + p, n, true);
+        for (int64_t i = 0; i < n * V; ++i) ASSERT_EQ(first[i], lb[i]) << "position " << p + i / V;
+      }
+      std::vector<int32_t> labels(ids.begin() + 1, ids.end());
+      labels.push_back(-100);
+      ForwardOptions fo;
+      fo.compute_grad = false;
+      EXPECT_EQ(held->forward(ids.data(), labels.data(), 1, T, fo).loss,
+                f32.forward(ids.data(), labels.data(), 1, T, fo).loss);
+    }
+  // An adapter is merged into f32 weights first, then they are held as bf16.
+  const std::string lora = kGolden + "dense/lora";
+  auto held = load_model_dir(kGolden + "dense", true, {}, lora);
+  auto f32 = load_model_dir(kGolden + "dense", false, {}, lora);
+  f32->set_bf16_compute(true);
+  ASSERT_NE(held->param_streamer(), nullptr);
+  const auto ids = ids_of(expected("dense")["greedy"][2]["prompt_ids"]);
+  const int64_t n = static_cast<int64_t>(ids.size()), V = held->config().vocab_size;
+  KVCacheModel a(*held, n), b(*f32, n);
+  const float* la = a.forward(ids.data(), n);
+  const std::vector<float> first(la, la + V);
+  const float* lb = b.forward(ids.data(), n);
+  EXPECT_EQ(first, std::vector<float>(lb, lb + V));
 }
 
 void check_greedy(const std::string& c, Device device = Device::cpu()) {

@@ -1,9 +1,12 @@
 #include "generate/generator.h"
 
 #include <filesystem>
+#include <set>
 
 #include "core/error.h"
+#include "io/hf_checkpoint.h"
 #include "io/json_file.h"
+#include "models/qwen3/lora.h"
 #include "train/model_setup.h"
 
 namespace titan {
@@ -82,8 +85,35 @@ std::unique_ptr<Qwen3Model> load_model_dir(const std::string& dir, bool bf16, co
   TITAN_CHECK(fs::exists(cfg), dir, ": no config.json (not an HF model directory)");
   const Qwen3Config config = Qwen3Config::from_hf_file(cfg);
   if (device.type != DeviceType::CPU) device_interface(device.type).set_current(device.index);
-  auto model =
-      std::make_unique<Qwen3Model>(config, kernels_for_device(kernels, device.type), nullptr, true, device);
+  const KernelChoice chosen = kernels_for_device(kernels, device.type);
+  if (bf16 && device.type == DeviceType::CPU) {
+    // The weights held once, as bf16 (2 bytes a parameter): read tensor by tensor from a per-tensor
+    // checkpoint; a fused-expert checkpoint or a merged adapter goes through an f32 model first.
+    auto model = std::make_unique<Qwen3Model>(config, chosen, nullptr, /*allocate=*/false, device);
+    bool per_tensor = lora_dir.empty();
+    if (per_tensor) {  // exactly the model's tensors (else load_hf below says what does not match)
+      const HFCheckpointReader ckpt(dir);
+      std::set<std::string> names;
+      for (const auto& p : model->params())
+        names.insert(p.name), per_tensor = per_tensor && ckpt.contains(p.name);
+      for (const auto& key : ckpt.keys())
+        per_tensor = per_tensor && (names.count(key) || key.ends_with("rotary_emb.inv_freq") ||
+                                    (config.tie_word_embeddings && key == "lm_head.weight"));
+    }
+    std::unique_ptr<FrozenBf16Base> weights;
+    if (per_tensor) {
+      weights = std::make_unique<FrozenBf16Base>(*model, dir);
+    } else {
+      Qwen3Model host(config);
+      host.load_hf(dir);
+      if (!lora_dir.empty()) apply_lora_dir(host, lora_dir);
+      weights = std::make_unique<FrozenBf16Base>(*model, host);
+    }
+    model->own_param_streamer(std::move(weights));
+    model->set_bf16_compute(true);
+    return model;
+  }
+  auto model = std::make_unique<Qwen3Model>(config, chosen, nullptr, true, device);
   if (lora_dir.empty() || device.type == DeviceType::CPU) {
     model->load_hf(dir);
     if (!lora_dir.empty()) apply_lora_dir(*model, lora_dir);

@@ -37,7 +37,9 @@ struct GenerationDefaults {
 GenerationDefaults read_generation_defaults(const std::string& model_dir);
 
 // A model directory (config.json + safetensors) loaded for inference; bf16: weights rounded to bf16 and
-// the bf16 GEMM engines (Qwen3Model::set_bf16_compute). Inference only: the gradient buffers are dropped
+// the bf16 GEMM engines (Qwen3Model::set_bf16_compute); on the CPU the weights are then held only as bf16
+// (a FrozenBf16Base the model owns: 2 bytes a parameter, read one tensor at a time), which the KV-cache
+// model reads in place and a full forward streams group by group. Inference only: no gradient buffers
 // (forward with compute_grad = false; no backward). lora_dir: a PEFT adapter merged into the f32 weights
 // first (before any bf16 rounding). Errors name the directory.
 // device: where the model lives and runs (the kernel choices give way to its defaults where they name

@@ -2,12 +2,15 @@
 // those of Qwen3Model::forward_layer (model_step.cpp), applied to n new rows at positions [p, p + n).
 #include "generate/kv_model.h"
 
+#include <sys/mman.h>
+
 #include <cmath>
 #include <cstring>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/registry.h"
+#include "models/qwen3/lora.h"
 
 namespace titan {
 
@@ -22,10 +25,12 @@ KVCacheModel::KVCacheModel(Qwen3Model& model, int64_t max_seq, const KernelChoic
     : model_(model), cfg_(model.config()), max_seq_(max_seq), bf16_(model.bf16_compute()) {
   const auto& c = cfg_;
   TITAN_CHECK(max_seq > 0, "KV cache: capacity must be > 0, got ", max_seq);
-  TITAN_CHECK(!model.param_streamer(),
-              "KV cache: the model's parameters are streamed (FSDP); gather them first");
-  TITAN_CHECK(model.expert_parallel_degree() == 1, "KV cache: expert-parallel models are not supported");
   const DeviceType dev = model.device().type;
+  const auto* held = dynamic_cast<const FrozenBf16Base*>(model.param_streamer());
+  TITAN_CHECK(!model.param_streamer() || (held && bf16_ && dev == DeviceType::CPU),
+              "KV cache: the model's parameters are streamed (FSDP); gather them first");
+  TITAN_CHECK(!model.lora(), "KV cache: LoRA adapters must be merged into the weights first");
+  TITAN_CHECK(model.expert_parallel_degree() == 1, "KV cache: expert-parallel models are not supported");
   const auto names = model.kernel_names();
   matmul_ = &model.matmul_kernels();
   rmsnorm_ = &get_kernel<RmsNormKernels>(dev, name_of(names, "rmsnorm"));
@@ -49,23 +54,44 @@ KVCacheModel::KVCacheModel(Qwen3Model& model, int64_t max_seq, const KernelChoic
 
   // Weights, read in place. The fused GEMMs below rely on the model's layout (q|k|v, gate|up rows
   // contiguous; experts' blocks contiguous), checked here.
-  auto w = [&](const std::string& name) -> const float* { return model.param(name).value.f32(); };
+  if (held)
+    for (int g = 0; g < model.num_groups(); ++g) {
+      ReservedRange r{nullptr, static_cast<size_t>(model.group_numel(g)) * sizeof(float)};
+      r.p = mmap(nullptr, r.bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      TITAN_CHECK(r.p != MAP_FAILED, "KV cache: cannot reserve ", r.bytes, " bytes of address space");
+      keys_.push_back(r);
+      register_bf16_image(static_cast<const float*>(r.p), model.group_numel(g),
+                          held->group(g).data<uint16_t>());
+    }
+  auto w = [&](const std::string& name) -> const float* {  // a GEMM operand (or its key)
+    const Param& p = model.param(name);
+    return held ? static_cast<const float*>(keys_[p.group].p) + p.offset : p.value.f32();
+  };
+  auto f32w = [&](const std::string& name) -> const float* {  // read as f32 by a kernel
+    if (!held) return model.param(name).value.f32();
+    const Param& p = model.param(name);
+    const uint16_t* src = held->group(p.group).data<uint16_t>() + p.offset;
+    auto& v = norms_.emplace_back(static_cast<size_t>(shape_numel(p.shape)));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_to_f32(src[i]);
+    return v.data();
+  };
   const int64_t H = c.hidden_size, Im = c.moe_intermediate_size;
   embed_ = w("model.embed_tokens.weight");
-  final_norm_ = w("model.norm.weight");
+  if (held) embed_bf16_ = held->group(0).data<uint16_t>() + model.param("model.embed_tokens.weight").offset;
+  final_norm_ = f32w("model.norm.weight");
   lm_head_ = c.tie_word_embeddings ? embed_ : w("lm_head.weight");
   int moe_row = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     Layer L;
-    L.input_norm = w(p + "input_layernorm.weight");
+    L.input_norm = f32w(p + "input_layernorm.weight");
     L.wq = w(p + "self_attn.q_proj.weight");
     L.wk = w(p + "self_attn.k_proj.weight");
     L.wv = w(p + "self_attn.v_proj.weight");
-    L.q_norm = w(p + "self_attn.q_norm.weight");
-    L.k_norm = w(p + "self_attn.k_norm.weight");
+    L.q_norm = f32w(p + "self_attn.q_norm.weight");
+    L.k_norm = f32w(p + "self_attn.k_norm.weight");
     L.wo = w(p + "self_attn.o_proj.weight");
-    L.post_norm = w(p + "post_attention_layernorm.weight");
+    L.post_norm = f32w(p + "post_attention_layernorm.weight");
     if (c.is_moe_layer(l)) {
       L.router = w(p + "mlp.gate.weight");
       L.wgu = w(p + "mlp.experts.0.gate_proj.weight");
@@ -96,7 +122,7 @@ KVCacheModel::KVCacheModel(Qwen3Model& model, int64_t max_seq, const KernelChoic
   }
   make_rope_tables(c, max_seq, device, rope_cos_, rope_sin_);  // the training model's tables
   // bf16: images of every parameter buffer for the CPU's bf16 GEMM engine (the model rounded the weights).
-  if (bf16_ && device.type == DeviceType::CPU) {
+  if (bf16_ && device.type == DeviceType::CPU && !held) {
     for (auto& t : model.flat_params()) {
       if (!t.defined()) continue;
       std::vector<uint16_t> img(static_cast<size_t>(t.numel()));
@@ -111,6 +137,10 @@ KVCacheModel::KVCacheModel(Qwen3Model& model, int64_t max_seq, const KernelChoic
 
 KVCacheModel::~KVCacheModel() {
   for (const float* b : bf16_bases_) unregister_bf16_image(b);
+  for (const ReservedRange& r : keys_) {
+    unregister_bf16_image(static_cast<const float*>(r.p));
+    munmap(r.p, r.bytes);
+  }
 }
 
 void KVCacheModel::truncate(int64_t p) {
@@ -171,7 +201,13 @@ const float* KVCacheModel::forward(const int32_t* ids, int64_t n, bool all_logit
     TITAN_CHECK(ids[i] >= 0 && ids[i] < V, "token id ", ids[i], " is outside the vocabulary [0, ", V, ")");
   plan(n);
   ids_.view_at(0, {n}).copy_from_host(ids);
-  embedding_->forward(x_.f32(), ids_.data<int32_t>(), embed_, n, H);
+  if (embed_bf16_) {  // rows of the bf16 embedding (host memory)
+    float* x = x_.f32();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < H; ++j) x[i * H + j] = bf16_to_f32(embed_bf16_[ids[i] * H + j]);
+  } else {
+    embedding_->forward(x_.f32(), ids_.data<int32_t>(), embed_, n, H);
+  }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) layer_forward(l, n);
   // Final norm and lm_head over the rows wanted.
   const int64_t r0 = all_logits ? 0 : n - 1, rows = n - r0;

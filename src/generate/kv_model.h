@@ -5,8 +5,12 @@
 // model's own choices for the shared ones, and attention_kv for attention against the cache.
 //
 // bf16: when the model is under bf16 compute (Qwen3Model::set_bf16_compute), the GEMMs run on the bf16
-// engine with bf16 images of the weights made here once, and every op output is rounded to bf16 at the
-// same points as the model's forward (a bf16 model in PyTorch).
+// engine, and every op output is rounded to bf16 at the same points as the model's forward (a bf16 model in
+// PyTorch). A model holding f32 weights gets bf16 images of them made here once; a model whose weights are
+// held only as bf16 (load_model_dir's bf16 CPU model, a FrozenBf16Base) is read in place: its bf16 groups
+// are registered as the images of reserved address ranges (no memory behind them) that stand for the f32
+// weights the GEMM engines look images up by, the norm weights are converted to f32 once and the
+// embedding rows as they are looked up. No f32 copy of the weights exists then.
 //
 //   Qwen3Model m(Qwen3Config::from_hf_file(dir + "/config.json"));  m.load_hf(dir);
 //   KVCacheModel kv(m, 4096);
@@ -79,6 +83,15 @@ class KVCacheModel {
   MoeExpertsBuffers moe_buf_{};
   std::vector<std::vector<uint16_t>> bf16_images_;
   std::vector<const float*> bf16_bases_;
+  // Weights held only as bf16: per parameter group, a reserved inaccessible range of group_numel floats (a
+  // stray f32 read faults at once); the f32 norm weights; the embedding's bf16 rows.
+  struct ReservedRange {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  std::vector<ReservedRange> keys_;
+  std::vector<std::vector<float>> norms_;
+  const uint16_t* embed_bf16_ = nullptr;
 };
 
 }  // namespace titan

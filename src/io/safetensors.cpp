@@ -159,6 +159,12 @@ void SafetensorsFile::read_into(const std::string& name, Tensor& dst) const {
   } else {
     fail(path_, ": tensor '", name, "': cannot convert ", e.dtype, " to ", dtype_name(dst.dtype()));
   }
+  // The tensor's file pages leave this process's memory (they stay in the page cache): loading a model
+  // does not hold the whole file mapped besides the weights. Pages shared with a neighbour fault back in.
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(src) & ~(page - 1);
+  const uintptr_t hi = reinterpret_cast<uintptr_t>(src) + (e.end - e.begin);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
 }
 
 void atomic_rename(const std::string& tmp_path, const std::string& path) {

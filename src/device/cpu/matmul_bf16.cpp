@@ -28,7 +28,10 @@ double rb(float x) {
   return round_to_bf16(x);
 }
 
-void ref_forward(float* out, const float* inp, const float* w, int64_t N, int64_t C, int64_t OC) {
+// The references read a weight through cpu::bf16_rounded too (its registered image when there is one).
+void ref_forward(float* out, const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC) {
+  std::vector<float> wbuf;
+  const float* w = cpu::bf16_rounded(wbuf, weight, OC * C);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t o = 0; o < OC; ++o) {
       double acc = 0;
@@ -37,8 +40,10 @@ void ref_forward(float* out, const float* inp, const float* w, int64_t N, int64_
     }
 }
 
-void ref_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t N,
+void ref_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* weight, int64_t N,
                   int64_t C, int64_t OC, bool accumulate_dw) {
+  std::vector<float> wbuf;
+  const float* w = dinp ? cpu::bf16_rounded(wbuf, weight, OC * C) : nullptr;
   if (dinp)
     for (int64_t n = 0; n < N; ++n)
       for (int64_t c = 0; c < C; ++c) {

@@ -45,10 +45,14 @@ struct F32Gemm {
   }
 };
 
-// bf16 oracle: operands rounded to bf16, double accumulation.
+// bf16 oracle: operands rounded to bf16, double accumulation (B, the weight in the forward, read through
+// cpu::bf16_rounded: a weight's registered image when there is one).
 struct Bf16ReferenceGemm {
   void operator()(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) const {
+                  const float* b_in, int64_t ldb, float beta, float* C, int64_t ldc) const {
+    TITAN_CHECK(ldb == (tb ? K : N), "moe_experts_bf16: operands must be dense");
+    std::vector<float> b_buf;
+    const float* B = cpu::bf16_rounded(b_buf, b_in, K * N);
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) {
         double acc = 0;

@@ -12,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/ops.h"
 
 #ifdef TITAN_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
@@ -32,12 +33,20 @@ inline void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
 #endif
 }
 
-// The bf16 GEMM engines of CPUs without bf16 dot products ("sgemm" of matmul_bf16 / moe_experts_bf16): an
-// operand rounded to bf16 (nearest even) into `buf`, kept in f32, so that sgemm's products are exact and only
-// its accumulation is f32, as on the bf16 instructions. Parallel unless called inside a parallel region.
+// The bf16 GEMM engines of CPUs without bf16 dot products ("sgemm" of matmul_bf16 / moe_experts_bf16, and
+// the references): an operand rounded to bf16 (nearest even) into `buf`, kept in f32, so that sgemm's
+// products are exact and only its accumulation is f32, as on the bf16 instructions. A weight with a
+// registered bf16 image (kernels/ops.h) is read from the image (the same values), so a weight held only in
+// bf16 (an inference model's, generate/kv_model.h) needs no f32 copy. Parallel unless called inside a
+// parallel region.
 inline const float* bf16_rounded(std::vector<float>& buf, const float* x, int64_t n) {
   if ((int64_t)buf.size() < n) buf.resize(n);
   float* d = buf.data();
+  if (const uint16_t* image = find_bf16_image(x, n)) {
+#pragma omp parallel for simd schedule(static) if (n >= (int64_t(1) << 16) && !omp_in_parallel())
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(image[i]);
+    return d;
+  }
 #pragma omp parallel for simd schedule(static) if (n >= (int64_t(1) << 16) && !omp_in_parallel())
   for (int64_t i = 0; i < n; ++i) d[i] = round_to_bf16(x[i]);
   return d;

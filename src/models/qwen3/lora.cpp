@@ -235,6 +235,21 @@ FrozenBf16Base::FrozenBf16Base(Qwen3Model& model, const std::string& hf_dir, uin
   groups_.resize(model.num_groups());
   const double std = model.config().initializer_range;
   for (int g = 0; g < model.num_groups(); ++g) {
+    if (ckpt && !slicer && model.device().type == DeviceType::CPU) {  // straight into the bf16 group
+      groups_[g] = Tensor::empty({model.group_numel(g)}, DType::BF16);
+      for (auto& p : params) {
+        if (p.group != g) continue;
+        Tensor view = groups_[g].view_at(p.offset, p.shape);
+        if (ckpt->file_of(p.name).entries().at(p.name).dtype == "F16") {  // no direct f16 -> bf16
+          Tensor f32 = Tensor::empty(p.shape);
+          ckpt->read_into(p.name, f32);
+          view.copy_from(f32);
+        } else {
+          ckpt->read_into(p.name, view);
+        }
+      }
+      continue;
+    }
     Tensor tmp = Tensor::empty({model.group_numel(g)});
     std::mt19937_64 rng(seed * 1000003 + g);
     for (auto& p : params) {
@@ -257,6 +272,20 @@ FrozenBf16Base::FrozenBf16Base(Qwen3Model& model, const std::string& hf_dir, uin
     }
     groups_[g] = Tensor::empty({tmp.numel()}, DType::BF16, model.device());
     groups_[g].copy_from(tmp);  // converted to bf16 on the model's device
+  }
+  model.set_param_streamer(this);
+}
+
+FrozenBf16Base::FrozenBf16Base(Qwen3Model& model, Qwen3Model& source) : model_(model) {
+  TITAN_CHECK(source.num_groups() == model.num_groups() && !source.param_streamer(),
+              "bf16 weights: the source model must have the model's layout and hold its parameters");
+  groups_.resize(model.num_groups());
+  for (int g = 0; g < model.num_groups(); ++g) {
+    const Tensor& src = source.flat_params()[g];
+    TITAN_CHECK(src.numel() == model.group_numel(g), "bf16 weights: group ", g, " has ", src.numel(),
+                " parameters in the source, ", model.group_numel(g), " in the model");
+    groups_[g] = Tensor::empty({src.numel()}, DType::BF16, model.device());
+    groups_[g].copy_from(src);
   }
   model.set_param_streamer(this);
 }
@@ -297,6 +326,11 @@ void FrozenBf16Base::release_params(int group) {
 
 Tensor FrozenBf16Base::grad_buffer(int group) {
   fail("frozen bf16 base: group ", group, " has no gradient (the model must be frozen with set_lora first)");
+}
+
+const uint16_t* FrozenBf16Base::bf16_params(int group) const {
+  const Tensor& t = groups_[group];
+  return t.device().type == DeviceType::CPU ? t.data<uint16_t>() : nullptr;
 }
 
 int64_t FrozenBf16Base::bytes() const {

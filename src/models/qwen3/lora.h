@@ -152,7 +152,9 @@ void merge_lora_into(Qwen3Model& model, const std::string& adapter_dir);
 
 // Frozen base held in bf16: the model's parameters live here as bf16 (2 bytes each); each group is
 // up-converted to a temporary f32 buffer while the model runs it (a ParamStreamer). The model must be
-// built with Qwen3ModelOptions{.allocate = false} and set frozen (set_lora) — it never asks for gradients.
+// built with allocate = false and never asks for gradients: set frozen (set_lora) for LoRA training, or
+// an inference model (load_model_dir with bf16 on the CPU: eval's forward streams the groups, and the
+// KV-cache model reads the bf16 groups in place).
 class FrozenBf16Base : public ParamStreamer {
  public:
   // Tensor parallel: the model holds slices of the model of config `full`; each parameter is read or drawn
@@ -165,12 +167,17 @@ class FrozenBf16Base : public ParamStreamer {
   // draws HF's normal init (std initializer_range, norms = 1) per group when hf_dir is empty.
   FrozenBf16Base(Qwen3Model& model, const std::string& hf_dir, uint64_t seed = 0,
                  const Slicer* slicer = nullptr);
+  // The parameters of `source` (same config, f32 parameters allocated: e.g. a fused-expert checkpoint's
+  // weights, or an adapter merged in), converted group by group.
+  FrozenBf16Base(Qwen3Model& model, Qwen3Model& source);
   ~FrozenBf16Base() override;
+  const Tensor& group(int g) const { return groups_[g]; }  // bf16 (group_numel(g)), the model's layout
   Tensor gather_params(int group) override;
   void release_params(int group) override;
   Tensor grad_buffer(int group) override;
   void reduce_grads(int) override {}
   void zero_grads() override {}
+  const uint16_t* bf16_params(int group) const override;
   int64_t bytes() const;
 
  private:

@@ -73,6 +73,11 @@ void Qwen3Model::make_bf16_image(int g) {
   const Tensor& t = flat_params_[g];
   if (!t.defined()) return;
   if (bf16_image_base_[g] && bf16_image_base_[g] != t.f32()) drop_bf16_image(g);
+  if (const uint16_t* held = streamer_ ? streamer_->bf16_params(g) : nullptr) {  // bf16 already
+    bf16_image_base_[g] = t.f32();
+    register_bf16_image(t.f32(), t.numel(), held);
+    return;
+  }
   auto& image = bf16_image_[g];
   image.resize(static_cast<size_t>(t.numel()));
   const float* src = t.f32();
@@ -357,6 +362,11 @@ void Qwen3Model::finish_grads(int g) {
   }
   flat_grads_[g] = Tensor();
   streamer_->reduce_grads(g);
+}
+
+void Qwen3Model::own_param_streamer(std::unique_ptr<ParamStreamer> streamer) {
+  TITAN_CHECK(streamer && streamer.get() == streamer_, "own_param_streamer: set the streamer first");
+  owned_streamer_ = std::move(streamer);
 }
 
 Param& Qwen3Model::param(const std::string& name) {

@@ -77,6 +77,9 @@ class Qwen3Model {
   // gathered into new full buffers (collective when the streamer's gathers are), e.g. for an HF export.
   void set_param_streamer(ParamStreamer* streamer);
   ParamStreamer* param_streamer() const { return streamer_; }
+  // Keeps `streamer` (already set with set_param_streamer) alive as long as the model: an inference
+  // model's bf16 weights (load_model_dir).
+  void own_param_streamer(std::unique_ptr<ParamStreamer> streamer);
   int64_t num_params() const;
   std::map<std::string, std::string> kernel_names() const { return kernel_names_; }
   // The GEMM engine the layers and head run on now (f32, or the bf16 engine under bf16 compute).
@@ -243,6 +246,7 @@ class Qwen3Model {
   std::vector<std::vector<uint16_t>> bf16_image_;  // per group (empty: none)
   std::vector<const float*> bf16_image_base_;      // the buffer each image was made from
   ParamStreamer* streamer_ = nullptr;
+  std::unique_ptr<ParamStreamer> owned_streamer_;
   TensorParallelComm* tp_ = nullptr;
   bool sp_ = false;
   Tensor sp_local_, sp_full_;  // sequence parallel scratch: (N/size, H) and (N, H)

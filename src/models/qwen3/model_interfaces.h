@@ -63,6 +63,9 @@ class ParamStreamer {
   virtual Tensor grad_buffer(int group) = 0;    // a zeroed full gradient buffer for the group
   virtual void reduce_grads(int group) = 0;     // the group's gradient is complete (collective); drops it
   virtual void zero_grads() = 0;                // a new gradient-accumulation window starts
+  // The group's parameters as bf16 in host memory where the streamer holds them so (a frozen bf16 base),
+  // else nullptr: the bf16 GEMMs then read them in place instead of a converted image.
+  virtual const uint16_t* bf16_params(int /*group*/) const { return nullptr; }
 };
 
 // Tensor parallel (distributed/tensor_parallel.h): a model holding one rank's slices of the full model (whole
