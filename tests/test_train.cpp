@@ -20,6 +20,7 @@
 #include "train/forward_tool.h"
 #include "train/plan.h"
 #include "train/preemption.h"
+#include "train/roofline.h"
 #include "train/tensorboard.h"
 #include "train/trainer.h"
 
@@ -570,6 +571,65 @@ TEST(Trainer, PlanCountsEachActivationCheckpointingMode) {
                 .activation_checkpoint.policy()
                 .recompute_ops,
             true);
+}
+
+TEST(Trainer, GpuRooflineCountsEachOpClass) {
+  // Qwen3-1.7B, bf16, 1 x 4096 tokens on one H100: the GEMM class holds the model's GEMM FLOPs (the
+  // training FLOPs/token less its attention term), attention the causal triangle's, the optimizer one pass
+  // over the parameters; the target of the bf16 GPU step is >= 45% MFU.
+  const Qwen3Config c = Qwen3Config::flavor("1.7B");
+  const int64_t T = 4096;
+  const RunPlan plan = make_plan(c, 1, 1, 1, 1, 1, T, CheckpointPolicy{});
+  const GpuStepPrediction h100 = predict_gpu_step(c, plan, CheckpointPolicy{}, gpu_spec("h100"), true);
+  ASSERT_GE(h100.ops.size(), 5u);
+  const double attention_term = 12.0 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * T;
+  EXPECT_NEAR(h100.ops[0].flops, (c.training_flops_per_token(T) - attention_term) * T,
+              1e-9 * h100.ops[0].flops);
+  const double pairs = T * (T + 1) / 2.0 * c.num_attention_heads * c.num_hidden_layers;
+  EXPECT_DOUBLE_EQ(h100.ops[1].flops, 4.0 * c.head_dim * pairs);
+  EXPECT_DOUBLE_EQ(h100.ops[2].flops, 2.5 * h100.ops[1].flops);
+  double sum = 0;
+  for (const auto& o : h100.ops) {
+    sum += o.seconds;
+    EXPECT_GT(o.seconds, 0) << o.name;
+  }
+  EXPECT_DOUBLE_EQ(h100.gpu_seconds, sum);
+  EXPECT_NEAR(h100.tokens_per_s, T / h100.step_seconds, 1e-6);
+  EXPECT_NEAR(h100.mfu, c.training_flops_per_token(T) * h100.tokens_per_s / 989.4e12, 1e-12);
+  EXPECT_GE(h100.mfu, 0.45) << h100.describe();
+  EXPECT_LE(h100.mfu, 0.75);
+  // Faster memory helps only the memory-bound classes; the B200 is faster still; f32 (CUDA cores) slower.
+  const auto h200 = predict_gpu_step(c, plan, CheckpointPolicy{}, gpu_spec("h200"), true);
+  EXPECT_DOUBLE_EQ(h200.ops[0].seconds, h100.ops[0].seconds);
+  EXPECT_LT(h200.ops[3].seconds, h100.ops[3].seconds);
+  EXPECT_LT(predict_gpu_step(c, plan, CheckpointPolicy{}, gpu_spec("b200"), true).step_seconds,
+            h200.step_seconds);
+  EXPECT_GT(predict_gpu_step(c, plan, CheckpointPolicy{}, gpu_spec("h100"), false).step_seconds,
+            4 * h100.step_seconds);
+  // Full activation checkpointing runs the forward GEMMs twice: 8/6 of the GEMM FLOPs (lm_head aside).
+  const auto full = predict_gpu_step(c, plan, CheckpointPolicy{1, false}, gpu_spec("h100"), true);
+  EXPECT_GT(full.ops[0].flops, h100.ops[0].flops);
+  EXPECT_LT(full.mfu, h100.mfu);
+  // FSDP over 8 GPUs adds (mostly overlapped) collectives; tensor parallel 2 adds exposed ones.
+  const auto fsdp = predict_gpu_step(c, make_plan(c, 8, 1, 8, 1, 8, T, CheckpointPolicy{}),
+                                     CheckpointPolicy{}, gpu_spec("h100"), true);
+  EXPECT_EQ(fsdp.ops.back().name, "data-parallel collectives (exposed)");
+  const auto tp = predict_gpu_step(c, make_plan(c, 2, 1, 1, 1, 1, T, CheckpointPolicy{}, 1, 2, true),
+                                   CheckpointPolicy{}, gpu_spec("h100"), true);
+  EXPECT_EQ(tp.ops.back().name, "tensor-parallel collectives");
+  EXPECT_NE(testing::error_of([] { gpu_spec("a100"); }).find("known: h100, h200, b200"), std::string::npos);
+  // The command line.
+  std::string out;
+  ASSERT_EQ(testing::run_titan("plan --gpu h100 --model.flavor=1.7B --training.seq_len=4096 "
+                               "--training.mixed_precision_param=bfloat16",
+                               &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("roofline on one h100"), std::string::npos) << out;
+  EXPECT_NE(out.find("attention backward (cuDNN SDPA)"), std::string::npos) << out;
+  EXPECT_NE(out.find("MFU"), std::string::npos) << out;
+  EXPECT_NE(testing::run_titan("plan --gpu a100", &out), 0);
+  EXPECT_NE(out.find("unknown GPU 'a100'"), std::string::npos) << out;
 }
 
 TEST(Trainer, CompileOnTheCpuChangesNothing) {

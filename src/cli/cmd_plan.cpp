@@ -1,5 +1,6 @@
-// titan plan [--config FILE|NAME] [--nproc N] [--section.key=value ...]
-// The plan of a run for N ranks (parameters, FLOPs/token, memory per rank) without allocating it.
+// titan plan [--config FILE|NAME] [--nproc N] [--gpu h100|h200|b200] [--section.key=value ...]
+// The plan of a run for N ranks (parameters, FLOPs/token, memory per rank) without allocating it; with
+// --gpu, the roofline prediction of its step on that GPU (train/roofline.h).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -8,18 +9,28 @@
 #include "core/error.h"
 #include "train/config.h"
 #include "train/plan.h"
+#include "train/roofline.h"
 #include "train/trainer.h"
 
 namespace {
 
 int plan_main(int argc, char** argv) {
   int64_t nproc = 1;
+  std::string gpu;
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
-      std::printf("usage: titan plan [--config FILE|NAME] [--nproc N] [--section.key=value ...]\n");
+      std::printf(
+          "usage: titan plan [--config FILE|NAME] [--nproc N] [--gpu h100|h200|b200] [--section.key=value "
+          "...]\n"
+          "  --gpu: also predict the step on that GPU from each op class's FLOPs and bytes (roofline)\n");
       return 0;
+    }
+    if (a == "--gpu" || a.starts_with("--gpu=")) {
+      gpu = a.find('=') != std::string::npos ? a.substr(a.find('=') + 1) : (i + 1 < argc ? argv[++i] : "");
+      titan::gpu_spec(gpu);  // an unknown name is an error before anything else
+      continue;
     }
     if (a == "--nproc" || a.starts_with("--nproc=")) {
       std::string v =
@@ -47,6 +58,12 @@ int plan_main(int argc, char** argv) {
                        cfg.training.seq_len, cfg.activation_checkpoint.policy(),
                        cfg.parallelism.expert_parallel_degree, tp, cfg.parallelism.enable_sequence_parallel);
   std::printf("%s\n", plan.describe().c_str());
+  if (!gpu.empty()) {
+    const auto pred =
+        titan::predict_gpu_step(mc, plan, cfg.activation_checkpoint.policy(), titan::gpu_spec(gpu),
+                                cfg.training.mixed_precision_param == "bfloat16");
+    std::printf("%s\n", pred.describe().c_str());
+  }
   return 0;
 }
 

@@ -88,7 +88,7 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
                  (c.is_moe_layer(l) ? 0 : 3 * c.intermediate_size * c.hidden_size);
   const int64_t rank_params =
       p.params - p.expert_params + p.expert_params / expert_parallel - tp_sliced + tp_sliced / tp;
-  const int64_t shard_params = (rank_params + dp_shard - 1) / dp_shard;
+  const int64_t shard_params = p.shard_params = (rank_params + dp_shard - 1) / dp_shard;
   p.param_bytes = shard_params * 4;
   p.grad_bytes = shard_params * 4;
   p.optimizer_bytes = shard_params * 8;  // AdamW exp_avg + exp_avg_sq, f32

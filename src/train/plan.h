@@ -20,6 +20,7 @@ struct RunPlan {
   bool sequence_parallel = false;
   double tp_comm_bytes = 0;  // per rank and step: bytes each rank sends in its tensor-parallel collectives
   int64_t local_batch = 1, global_batch = 1, seq_len = 1;
+  int64_t shard_params = 0;  // parameters this rank owns (its shard of its tensor-parallel slice)
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;  // per rank
   int64_t total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + activation_bytes; }
   std::string describe() const;  // multi-line human-readable summary
