@@ -113,7 +113,8 @@ std::unique_ptr<Qwen3Model> load_model_dir(const std::string& dir, bool bf16, co
     model->set_bf16_compute(true);
     return model;
   }
-  auto model = std::make_unique<Qwen3Model>(config, chosen, nullptr, true, device);
+  auto model = std::make_unique<Qwen3Model>(config, chosen, nullptr, /*allocate=*/false, device);
+  model->allocate_inference_params();
   if (lora_dir.empty() || device.type == DeviceType::CPU) {
     model->load_hf(dir);
     if (!lora_dir.empty()) apply_lora_dir(*model, lora_dir);
@@ -124,9 +125,6 @@ std::unique_ptr<Qwen3Model> load_model_dir(const std::string& dir, bool bf16, co
     model->load_state_dict(host.state_dict());
   }
   if (bf16) model->set_bf16_compute(true);
-  // Inference never differentiates: drop the gradient buffers (as large as the weights).
-  for (auto& p : model->params()) p.grad = Tensor();
-  for (auto& g : model->flat_grads()) g = Tensor();
   return model;
 }
 

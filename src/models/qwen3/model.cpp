@@ -364,6 +364,13 @@ void Qwen3Model::finish_grads(int g) {
   streamer_->reduce_grads(g);
 }
 
+void Qwen3Model::allocate_inference_params() {
+  TITAN_CHECK(!streamer_, "allocate_inference_params: the parameters are streamed");
+  for (int g = 0; g < num_groups(); ++g)
+    if (!flat_params_[g].defined()) flat_params_[g] = Tensor::zeros({group_numel_[g]}, DType::F32, device_);
+  make_param_views();
+}
+
 void Qwen3Model::own_param_streamer(std::unique_ptr<ParamStreamer> streamer) {
   TITAN_CHECK(streamer && streamer.get() == streamer_, "own_param_streamer: set the streamer first");
   owned_streamer_ = std::move(streamer);

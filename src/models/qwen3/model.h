@@ -80,6 +80,9 @@ class Qwen3Model {
   // Keeps `streamer` (already set with set_param_streamer) alive as long as the model: an inference
   // model's bf16 weights (load_model_dir).
   void own_param_streamer(std::unique_ptr<ParamStreamer> streamer);
+  // A model built with allocate = false gets its f32 parameters (zeros) and no gradient buffers, for
+  // weights loaded next by an inference model (load_model_dir): no gradient memory, no random init.
+  void allocate_inference_params();
   int64_t num_params() const;
   std::map<std::string, std::string> kernel_names() const { return kernel_names_; }
   // The GEMM engine the layers and head run on now (f32, or the bf16 engine under bf16 compute).
