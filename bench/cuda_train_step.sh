@@ -4,7 +4,8 @@
 # scripts/gpu_bundle.sh (with the shared libraries it loads). Runs bench/compare_cuda_train_step.py (titan bf16
 # vs PyTorch eager vs torch.compile, Qwen3-0.6B and 1.7B by default) and writes the table and the JSON to $OUT.
 #   bash bench/cuda_train_step.sh BUNDLE.tar.xz [compare_cuda_train_step.py options]
-# Environment: OUT (default gpu_out), TOTAL_TIMEOUT (seconds for the whole comparison, default 480).
+# Environment: OUT (default gpu_out), TOTAL_TIMEOUT (seconds for the whole comparison, default 480). The
+# roofline plan of each compared shape (titan plan --gpu) goes to $OUT/roofline.txt.
 set -uo pipefail
 BUNDLE=${1:?bundle}
 shift
@@ -21,3 +22,26 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 PYTHONUNBUFFERED=1 timeout "${TOTAL_TIMEOUT:-480}" python3 bench/compare_cuda_train_step.py \
   --titan "env LD_LIBRARY_PATH=$TITAN_LD /tmp/tb/bench_train_step" --json "$OUT/cuda_train_step.json" "$@" 2>&1 |
   tee "$OUT/cuda_train_step.txt"
+status=${PIPESTATUS[0]}
+# Beside the measured table: titan's roofline prediction of each compared shape on this GPU (titan plan
+# --gpu, bf16 mixed precision), so that a run confirms or corrects it op class by op class.
+presets=0.6B,1.7B seq=2048 batch=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --presets=*) presets=${1#*=} ;; --presets) presets=${2:-$presets}; shift ;;
+    --seq=*) seq=${1#*=} ;; --seq) seq=${2:-$seq}; shift ;;
+    --batch=*) batch=${1#*=} ;; --batch) batch=${2:-$batch}; shift ;;
+  esac
+  shift
+done
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z' 'a-z' |
+  grep -oE 'h100|h200|b200' | head -1)
+if [ -n "$gpu" ] && [ -x /tmp/tb/titan ]; then
+  for p in ${presets//,/ }; do
+    env LD_LIBRARY_PATH="$TITAN_LD" /tmp/tb/titan plan --gpu "$gpu" --model.flavor="$p" \
+      --training.seq_len="$seq" --training.local_batch_size="$batch" --training.mixed_precision_param=bfloat16
+  done 2>&1 | tee "$OUT/roofline.txt"
+else
+  echo "no roofline plan: GPU '${gpu:-unknown}' is not one of h100, h200, b200" | tee "$OUT/roofline.txt"
+fi
+exit "$status"
