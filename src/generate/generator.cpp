@@ -97,8 +97,7 @@ std::unique_ptr<Qwen3Model> load_model_dir(const std::string& dir, bool bf16, co
       for (const auto& p : model->params())
         names.insert(p.name), per_tensor = per_tensor && ckpt.contains(p.name);
       for (const auto& key : ckpt.keys())
-        per_tensor = per_tensor && (names.count(key) || key.ends_with("rotary_emb.inv_freq") ||
-                                    (config.tie_word_embeddings && key == "lm_head.weight"));
+        per_tensor = per_tensor && (names.count(key) || Qwen3Model::hf_key_without_parameter(config, key));
     }
     std::unique_ptr<FrozenBf16Base> weights;
     if (per_tensor) {

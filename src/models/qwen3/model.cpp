@@ -364,6 +364,11 @@ void Qwen3Model::finish_grads(int g) {
   streamer_->reduce_grads(g);
 }
 
+bool Qwen3Model::hf_key_without_parameter(const Qwen3Config& config, const std::string& key) {
+  // A tied checkpoint may or may not carry lm_head.weight; the rotary buffer is not a parameter.
+  return (config.tie_word_embeddings && key == "lm_head.weight") || key.ends_with("rotary_emb.inv_freq");
+}
+
 void Qwen3Model::allocate_inference_params() {
   TITAN_CHECK(!streamer_, "allocate_inference_params: the parameters are streamed");
   for (int g = 0; g < num_groups(); ++g)
@@ -511,9 +516,7 @@ void Qwen3Model::load_hf(const std::string& dir, const TensorSlicer& slice) {
     if (!ckpt.contains(name)) missing.push_back(name);
   for (auto& key : ckpt.keys()) {
     if (expected.count(key)) continue;
-    // A tied checkpoint may or may not carry lm_head.weight; the rotary buffer is not a parameter.
-    if (config_.tie_word_embeddings && key == "lm_head.weight") continue;
-    if (key.size() >= 19 && key.ends_with("rotary_emb.inv_freq")) continue;
+    if (hf_key_without_parameter(config_, key)) continue;
     if (other_rank_expert(key)) continue;
     unexpected.push_back(key);
   }

@@ -98,6 +98,8 @@ class Qwen3Model {
   // full, one at a time, and slice(name, full) gives this model's part.
   using TensorSlicer = std::function<Tensor(const std::string& name, const Tensor& full)>;
   void load_hf(const std::string& dir, const TensorSlicer& slice = nullptr);
+  // A checkpoint key load_hf accepts without a parameter of its own (a tied lm_head, the rotary buffer).
+  static bool hf_key_without_parameter(const Qwen3Config& config, const std::string& key);
   // Also accepts the transformers-v5 fused expert keys (mlp.experts.gate_up_proj / down_proj) per layer.
   // HF parameter names -> tensors, as save_pretrained writes them (tied lm_head omitted). MoE experts per
   // expert (the released layout) unless fused_experts (v5 save_original_format=False layout).
