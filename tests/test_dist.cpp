@@ -783,7 +783,8 @@ TEST(DistTensorParallel, BadLayoutsNameTheKeysAndNumbers) {
                 "plan --nproc 6 --model.flavor=debug --parallelism.tensor_parallel_degree=4" + nosp, &out),
             0);
   EXPECT_NE(
-      out.find("--nproc 6 is not a multiple of data_parallel_replicate_degree x tensor_parallel_degree = 4"),
+      out.find("--nproc 6 is not a multiple of data_parallel_replicate_degree x tensor_parallel_degree x "
+               "pipeline_parallel_degree x context_parallel_degree = 4"),
       std::string::npos)
       << out;
   EXPECT_NE(testing::run_titan("plan --nproc 2 --model.flavor=debug --model.vocab_size=2049 "

@@ -573,6 +573,120 @@ TEST(Trainer, PlanCountsEachActivationCheckpointingMode) {
             true);
 }
 
+// Pipeline stages as torchtitan splits them (the embedding and the head weigh one layer each), the
+// placement of looped schedules, each schedule's bubble and in-flight micro-batches, and the plan per
+// pipeline rank: every parameter on exactly one rank (a tied lm_head copied to the last), 1F1B's first
+// rank holding p micro-batches, context parallel cutting activations.
+TEST(Trainer, PipelineAndContextParallelPlans) {
+  using dist::make_pipeline_layout;
+  const auto one_f_one_b = make_pipeline_layout(36, 8, {4, "1F1B", 1, 0, 1, 1});
+  ASSERT_EQ(one_f_one_b.stages.size(), 4u);
+  const std::vector<std::pair<int64_t, int64_t>> want = {{0, 9}, {9, 10}, {19, 9}, {28, 8}};
+  for (size_t s = 0; s < want.size(); ++s) {
+    EXPECT_EQ(one_f_one_b.stages[s].first_layer, want[s].first) << s;
+    EXPECT_EQ(one_f_one_b.stages[s].num_layers, want[s].second) << s;
+    EXPECT_EQ(one_f_one_b.stages[s].rank, (int64_t)s);
+    EXPECT_EQ(one_f_one_b.stages[s].embedding, s == 0);
+    EXPECT_EQ(one_f_one_b.stages[s].head, s == 3);
+  }
+  EXPECT_EQ(one_f_one_b.microbatches, 8);
+  EXPECT_DOUBLE_EQ(one_f_one_b.bubble_fraction(), 3.0 / 11.0);
+  EXPECT_EQ(one_f_one_b.peak_inflight(0), 4.0);
+  EXPECT_EQ(one_f_one_b.peak_inflight(3), 1.0);
+  EXPECT_EQ(make_pipeline_layout(36, 2, {4, "1F1B", 1, 0, 1, 1}).peak_inflight(0), 2.0);
+  EXPECT_EQ(make_pipeline_layout(36, 8, {4, "GPipe", 1, 0, 1, 1}).peak_inflight(3), 8.0);
+  // Interleaved1F1B: two stages per rank, rank r runs stages r and r + p; the bubble shrinks by v.
+  const auto looped = make_pipeline_layout(8, 4, {2, "Interleaved1F1B", 1, 0, 1, 1});
+  ASSERT_EQ(looped.stages.size(), 4u);
+  EXPECT_EQ(looped.stages_of(0), (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(looped.stages[1].first_layer, 2);
+  EXPECT_EQ(looped.stages[1].num_layers, 3);
+  EXPECT_EQ(looped.stages[3].num_layers, 1);
+  EXPECT_DOUBLE_EQ(looped.bubble_fraction(), 1.0 / 9.0);
+  EXPECT_DOUBLE_EQ(looped.peak_inflight(0), 5.0 / 2.0);  // ((v - 1) p + 2 (p - 1) + 1) / v
+  EXPECT_EQ(make_pipeline_layout(8, 4, {2, "Interleaved1F1B", 1, 2, 0, 0}).stages.size(), 4u);
+
+  // Every parameter on one pipeline rank; a tied lm_head is the embedding's copy on the last stage.
+  for (const char* flavor : {"8B", "0.6B"}) {
+    const Qwen3Config c = Qwen3Config::flavor(flavor);
+    const RunPlan plan =
+        make_plan(c, 4, 1, 1, 8, 8, 1024, CheckpointPolicy{}, 1, 1, false, {4, "1F1B", 1, 0, 1, 1});
+    ASSERT_EQ(plan.per_stage_rank.size(), 4u);
+    int64_t params = 0;
+    for (const auto& r : plan.per_stage_rank) params += r.param_bytes / 4;
+    EXPECT_EQ(params, c.num_params() + (c.tie_word_embeddings ? c.vocab_size * c.hidden_size : 0)) << flavor;
+    // 1F1B: rank 0 keeps 4 micro-batches, the last rank 1; GPipe keeps all 8 everywhere.
+    EXPECT_GT(plan.per_stage_rank[0].activation_bytes, 2 * plan.per_stage_rank[3].activation_bytes);
+    const RunPlan gpipe =
+        make_plan(c, 4, 1, 1, 8, 8, 1024, CheckpointPolicy{}, 1, 1, false, {4, "GPipe", 1, 0, 1, 1});
+    EXPECT_GT(gpipe.per_stage_rank[0].activation_bytes, plan.per_stage_rank[0].activation_bytes);
+    // The pipeline's own traffic: a middle rank sends each micro-batch's (1024, H) f32 activations forward
+    // and their gradients backward.
+    EXPECT_DOUBLE_EQ(plan.per_stage_rank[1].pp_comm_bytes, 2.0 * 8 * 1024 * c.hidden_size * 4);
+  }
+  // Context parallel 2: each rank keeps the activations of half of each sequence and shards the
+  // parameters with the data-parallel shards; the ring passes K/V (and dK/dV) chunks.
+  const Qwen3Config c = Qwen3Config::flavor("8B");
+  const RunPlan one = make_plan(c, 1, 1, 1, 1, 1, 32768, CheckpointPolicy{});
+  const RunPlan cp2 = make_plan(c, 2, 1, 1, 1, 1, 32768, CheckpointPolicy{}, 1, 1, false, {}, 2);
+  EXPECT_LT(cp2.activation_bytes, 0.55 * one.activation_bytes);
+  EXPECT_EQ(cp2.shard_params, (c.num_params() + 1) / 2);
+  EXPECT_DOUBLE_EQ(cp2.cp_comm_bytes, 6.0 * c.num_hidden_layers * 16384 * c.kv_dim() * 4);
+
+  // Bad layouts: one error naming the keys and the numbers.
+  const Qwen3Config debug = Qwen3Config::flavor("debug");  // 4 layers
+  EXPECT_NE(error_of([&] {
+              make_plan(debug, 8, 1, 1, 8, 8, 64, {}, 1, 1, false, {8, "1F1B", 1, 0, 1, 1});
+            })
+                .find("parallelism.pipeline_parallel_degree = 8 x 1 stages per rank = 8 stages for model "
+                      "num_hidden_layers = 4 (+ 1 + 1 for the embedding and the head: 6 effective layers): "
+                      "more stages than layers"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              make_plan(debug, 2, 1, 1, 6, 6, 64, {}, 1, 1, false, {2, "1F1B", 4, 0, 1, 1});
+            })
+                .find("training.local_batch_size = 6 is not a multiple of "
+                      "parallelism.pipeline_parallel_microbatch_size = 4"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              make_plan(debug, 2, 1, 1, 3, 3, 64, {}, 1, 1, false, {2, "Interleaved1F1B", 1, 0, 0, 0});
+            }).find("3 is not a multiple of 2"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              make_plan(debug, 2, 1, 1, 4, 4, 64, {}, 1, 1, false, {2, "1F1B", 1, 2, 1, 1});
+            }).find("layers_per_stage = 2 gives 3 stages"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              make_plan(debug, 2, 1, 1, 4, 4, 64, {}, 1, 1, false, {2, "ZeroBubble"});
+            })
+                .find("parallelism.pipeline_parallel_schedule = 'ZeroBubble' is not one of GPipe, 1F1B, "
+                      "Interleaved1F1B"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make_plan(debug, 4, 1, 1, 1, 1, 6, {}, 1, 1, false, {}, 4); })
+                .find("parallelism.context_parallel_degree = 4 splits training.seq_len = 6 into 2 x 4 = 8 "
+                      "chunks (two mirrored chunks per rank): seq_len must be at least 8"),
+            std::string::npos);
+  // Through the CLI: titan plan prints the layout; titan train refuses what it does not run yet.
+  std::string out;
+  ASSERT_EQ(testing::run_titan(
+                "plan --nproc 8 --model.flavor=8B --training.local_batch_size=8 --training.seq_len=2048 "
+                "--parallelism.pipeline_parallel_degree=4 --parallelism.tensor_parallel_degree=2",
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("pipeline: 1F1B, 4 stages (1 per rank), 8 micro-batches of 1 x 2048 tokens per "
+                     "accumulation step; bubble 27.3% of the step"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("stage 3 (pipeline rank 3): layers 28-35 + norm + lm_head"), std::string::npos) << out;
+  EXPECT_NE(
+      testing::run_titan("plan --nproc 6 --model.flavor=8B --parallelism.pipeline_parallel_degree=4", &out),
+      0);
+  EXPECT_NE(out.find("--nproc 6 is not a multiple of"), std::string::npos) << out;
+  EXPECT_NE(testing::run_titan("train --dry-run --parallelism.pipeline_parallel_degree=2", &out), 0);
+  EXPECT_NE(out.find("titan train does not run pipeline parallel yet"), std::string::npos) << out;
+}
+
 TEST(Trainer, GpuRooflineCountsEachOpClass) {
   // Qwen3-1.7B, bf16, 1 x 4096 tokens on one H100: the GEMM class holds the model's GEMM FLOPs (the
   // training FLOPs/token less its attention term), attention the causal triangle's, the optimizer one pass

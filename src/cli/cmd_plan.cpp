@@ -46,19 +46,24 @@ int plan_main(int argc, char** argv) {
   const int64_t rep = cfg.parallelism.data_parallel_replicate_degree;
   TITAN_CHECK(nproc % rep == 0, "--nproc ", nproc, " is not a multiple of data_parallel_replicate_degree ",
               rep);
-  const int64_t tp = cfg.parallelism.tensor_parallel_degree;
-  TITAN_CHECK(nproc % (rep * tp) == 0, "--nproc ", nproc,
-              " is not a multiple of data_parallel_replicate_degree x ",
-              "tensor_parallel_degree = ", rep * tp);
-  const int64_t shard = cfg.parallelism.data_parallel_shard_degree > 0
-                            ? cfg.parallelism.data_parallel_shard_degree
-                            : nproc / rep / tp;
+  const auto& par = cfg.parallelism;
+  const int64_t tp = par.tensor_parallel_degree, pp = par.pipeline_parallel_degree,
+                cp = par.context_parallel_degree;
+  const int64_t fixed = rep * tp * pp * cp;
+  TITAN_CHECK(nproc % fixed == 0, "--nproc ", nproc,
+              " is not a multiple of data_parallel_replicate_degree x tensor_parallel_degree x "
+              "pipeline_parallel_degree x context_parallel_degree = ",
+              fixed);
+  const int64_t shard = par.data_parallel_shard_degree > 0 ? par.data_parallel_shard_degree : nproc / fixed;
   auto plan =
       titan::make_plan(mc, nproc, rep, shard, cfg.training.local_batch_size, cfg.training.global_batch_size,
-                       cfg.training.seq_len, cfg.activation_checkpoint.policy(),
-                       cfg.parallelism.expert_parallel_degree, tp, cfg.parallelism.enable_sequence_parallel);
+                       cfg.training.seq_len, cfg.activation_checkpoint.policy(), par.expert_parallel_degree,
+                       tp, par.enable_sequence_parallel, par.pipeline(), cp);
   std::printf("%s\n", plan.describe().c_str());
   if (!gpu.empty()) {
+    TITAN_CHECK(pp == 1 && cp == 1, "--gpu: the roofline predicts layouts without pipeline or context ",
+                "parallel (parallelism.pipeline_parallel_degree = ", pp, ", context_parallel_degree = ", cp,
+                ")");
     const auto pred =
         titan::predict_gpu_step(mc, plan, cfg.activation_checkpoint.policy(), titan::gpu_spec(gpu),
                                 cfg.training.mixed_precision_param == "bfloat16");

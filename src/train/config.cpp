@@ -75,6 +75,16 @@ std::vector<Field> fields(TrainConfig& c) {
       {"parallelism", "expert_parallel_degree", &c.parallelism.expert_parallel_degree},
       {"parallelism", "tensor_parallel_degree", &c.parallelism.tensor_parallel_degree},
       {"parallelism", "enable_sequence_parallel", &c.parallelism.enable_sequence_parallel},
+      {"parallelism", "pipeline_parallel_degree", &c.parallelism.pipeline_parallel_degree},
+      {"parallelism", "pipeline_parallel_schedule", &c.parallelism.pipeline_parallel_schedule},
+      {"parallelism", "pipeline_parallel_microbatch_size", &c.parallelism.pipeline_parallel_microbatch_size},
+      {"parallelism", "pipeline_parallel_layers_per_stage",
+       &c.parallelism.pipeline_parallel_layers_per_stage},
+      {"parallelism", "pipeline_parallel_first_stage_less_layers",
+       &c.parallelism.pipeline_parallel_first_stage_less_layers},
+      {"parallelism", "pipeline_parallel_last_stage_less_layers",
+       &c.parallelism.pipeline_parallel_last_stage_less_layers},
+      {"parallelism", "context_parallel_degree", &c.parallelism.context_parallel_degree},
       {"checkpoint", "enable", &c.checkpoint.enable},
       {"checkpoint", "folder", &c.checkpoint.folder},
       {"checkpoint", "interval", &c.checkpoint.interval},
@@ -358,6 +368,12 @@ void TrainConfig::validate() const {
   TITAN_CHECK(parallelism.expert_parallel_degree >= 1, "parallelism.expert_parallel_degree must be >= 1");
   const int64_t tp = parallelism.tensor_parallel_degree;
   TITAN_CHECK(tp >= 1, "parallelism.tensor_parallel_degree must be >= 1, got ", tp);
+  TITAN_CHECK(parallelism.pipeline_parallel_degree >= 1,
+              "parallelism.pipeline_parallel_degree must be >= 1, got ",
+              parallelism.pipeline_parallel_degree);
+  TITAN_CHECK(parallelism.context_parallel_degree >= 1,
+              "parallelism.context_parallel_degree must be >= 1, got ", parallelism.context_parallel_degree);
+  dist::parse_pipeline_schedule(parallelism.pipeline_parallel_schedule);
   if (tp > 1) {
     // What tensor parallel runs with today; each refusal names what to change.
     auto refuse = [tp](bool bad, const std::string& what) {

@@ -90,6 +90,23 @@ struct ParallelismConfig {
   // degrees x tensor_parallel_degree); distributed/tensor_parallel.h.
   int64_t tensor_parallel_degree = 1;
   bool enable_sequence_parallel = true;  // torchtitan's default: norms and residual stream split by rows
+  // Pipeline parallel (torchtitan's keys; distributed/pipeline_layout.h): planned by `titan plan`.
+  int64_t pipeline_parallel_degree = 1;
+  std::string pipeline_parallel_schedule = "1F1B";  // GPipe | 1F1B | Interleaved1F1B
+  int64_t pipeline_parallel_microbatch_size = 1;    // rows of a micro-batch
+  int64_t pipeline_parallel_layers_per_stage = 0;   // 0: one stage per rank (two for Interleaved1F1B)
+  int64_t pipeline_parallel_first_stage_less_layers = 1;
+  int64_t pipeline_parallel_last_stage_less_layers = 1;
+  // Context parallel: each sequence split over this many ranks; planned by `titan plan`.
+  int64_t context_parallel_degree = 1;
+  dist::PipelineOptions pipeline() const {
+    return {pipeline_parallel_degree,
+            pipeline_parallel_schedule,
+            pipeline_parallel_microbatch_size,
+            pipeline_parallel_layers_per_stage,
+            pipeline_parallel_first_stage_less_layers,
+            pipeline_parallel_last_stage_less_layers};
+  }
 };
 
 struct CheckpointConfig {

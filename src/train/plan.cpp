@@ -4,9 +4,12 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "distributed/pipeline_layout.h"
 #include "distributed/tensor_parallel.h"
 
 namespace titan {
+
+using dist::pipeline_schedule_name;
 
 namespace {
 std::string gib(int64_t bytes) {
@@ -28,16 +31,27 @@ std::string human(double n) {
 
 RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int64_t dp_shard,
                   int64_t local_batch, int64_t global_batch, int64_t seq_len, CheckpointPolicy checkpointing,
-                  int64_t expert_parallel, int64_t tensor_parallel, bool sequence_parallel) {
+                  int64_t expert_parallel, int64_t tensor_parallel, bool sequence_parallel,
+                  const dist::PipelineOptions& pipeline, int64_t context_parallel) {
   RunPlan p;
   p.world = world;
   p.dp_replicate = dp_replicate;
   p.dp_shard = dp_shard;
   const int64_t tp = p.tensor_parallel = tensor_parallel;
   const bool sp = p.sequence_parallel = sequence_parallel && tp > 1;
-  TITAN_CHECK(dp_replicate * dp_shard * tp == world, "parallelism: data_parallel_replicate_degree (",
-              dp_replicate, ") x data_parallel_shard_degree (", dp_shard, ") x tensor_parallel_degree (", tp,
+  const int64_t cp = p.context_parallel = context_parallel, pp = pipeline.degree;
+  TITAN_CHECK(cp >= 1, "parallelism.context_parallel_degree must be >= 1, got ", cp);
+  TITAN_CHECK(pp >= 1, "parallelism.pipeline_parallel_degree must be >= 1, got ", pp);
+  TITAN_CHECK(dp_replicate * dp_shard * tp * pp * cp == world,
+              "parallelism: data_parallel_replicate_degree (", dp_replicate,
+              ") x data_parallel_shard_degree (", dp_shard, ") x tensor_parallel_degree (", tp,
+              ") x pipeline_parallel_degree (", pp, ") x context_parallel_degree (", cp,
               ") must equal the world size (", world, ")");
+  // Causal load balance: the sequence is cut into 2 cp chunks, rank r taking chunks r and 2 cp - 1 - r.
+  TITAN_CHECK(cp == 1 || seq_len >= 2 * cp, "parallelism.context_parallel_degree = ", cp,
+              " splits training.seq_len = ", seq_len, " into 2 x ", cp, " = ", 2 * cp,
+              " chunks (two mirrored chunks per rank): seq_len must be at least ", 2 * cp);
+  p.pipeline = dist::make_pipeline_layout(c.num_hidden_layers, local_batch, pipeline);
   const Qwen3Config lc = dist::tensor_parallel_config(c, tp);  // one rank's slice of the layers
   const int64_t dp = dp_replicate * dp_shard;
   p.local_batch = local_batch;
@@ -80,62 +94,106 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
         "; FSDP/HSDP with expert parallel is supported only with the experts over the tensor-parallel "
         "group: tensor_parallel_degree = expert_parallel_degree with sequence parallel)");
   }
-  // Parameters held per rank: every non-expert parameter, 1/expert_parallel of the experts, 1/tp of the
-  // tensor-parallel weights (q/k/v/o, the dense MLPs, the embedding and an untied lm_head).
-  int64_t tp_sliced = c.vocab_size * c.hidden_size * (c.tie_word_embeddings ? 1 : 2);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    tp_sliced += c.hidden_size * (2 * c.q_dim() + 2 * c.kv_dim()) +
-                 (c.is_moe_layer(l) ? 0 : 3 * c.intermediate_size * c.hidden_size);
-  const int64_t rank_params =
-      p.params - p.expert_params + p.expert_params / expert_parallel - tp_sliced + tp_sliced / tp;
-  const int64_t shard_params = p.shard_params = (rank_params + dp_shard - 1) / dp_shard;
-  p.param_bytes = shard_params * 4;
-  p.grad_bytes = shard_params * 4;
-  p.optimizer_bytes = shard_params * 8;  // AdamW exp_avg + exp_avg_sq, f32
-  if (dp_shard > 1) {
-    // FSDP gathers one layer group at a time (the largest: the embedding) for compute.
-    const int64_t biggest = std::max(lc.vocab_size * c.hidden_size, lc.params_per_layer());
-    p.param_bytes += biggest * 4;
-    p.grad_bytes += biggest * 4;
-  }
+  // Parameters held per rank: 1/expert_parallel of the experts, 1/tp of the tensor-parallel weights (q/k/v/o,
+  // the dense MLPs, the embedding and an untied lm_head), everything else whole; under pipeline parallel
+  // only the rank's stages (a tied lm_head is the embedding's copy on the last stage).
+  const int64_t H = c.hidden_size, emb = lc.vocab_size * H;
+  auto layer_params = [&](int64_t l) {
+    const bool moe = c.is_moe_layer(l);
+    const int64_t sliced = H * (2 * c.q_dim() + 2 * c.kv_dim()) + (moe ? 0 : 3 * c.intermediate_size * H);
+    const int64_t experts = moe ? c.num_experts * 3 * c.moe_intermediate_size * H : 0;
+    return c.params_of_layer(l) - sliced - experts + sliced / tp + experts / expert_parallel;
+  };
   // Saved activations per layer (f32), as Qwen3Model plans them (one rank's heads and MLP slice) with the
-  // default tiled attention (one logsumexp per row and head, no [T, T] probabilities), plus the logits.
-  // Under sequence parallel the residual stream (layer inputs, resid_mid, the norms' rstd) and the saved norm
-  // outputs ln1, ln2 (re-gathered in backward) hold N / tp rows.
-  const int64_t N = local_batch * seq_len, Nl = sp ? N / tp : N, H = c.hidden_size, I = lc.intermediate_size;
+  // default tiled attention (one logsumexp per row and head, no [T, T] probabilities), plus the logits. N:
+  // the tokens of one forward on this rank (a micro-batch under pipeline parallel; 1/cp of each sequence
+  // under context parallel). Under sequence parallel the residual stream (layer inputs, resid_mid, the
+  // norms' rstd) and the saved norm outputs ln1, ln2 (re-gathered in backward) hold N / tp rows.
+  const int64_t rows = pp > 1 ? pipeline.microbatch_size : local_batch;
+  const int64_t N = rows * ((seq_len + cp - 1) / cp), Nl = sp ? N / tp : N, I = lc.intermediate_size;
+  const int64_t forwards = (local_batch / rows) * p.grad_accum;  // per step on this rank
   const int64_t per_layer = Nl * H * 4 + Nl * 2 + N * lc.q_dim() * 3 + N * lc.kv_dim() * 3 +
                             N * (lc.num_attention_heads + lc.num_key_value_heads) +
                             N * lc.num_attention_heads + N * 3 * I;
   const int64_t every = checkpointing.every;
-  const int64_t checkpointed = every > 0 ? c.num_hidden_layers / every : 0;
-  const int64_t layers_saved = c.num_hidden_layers - checkpointed + (checkpointed > 0 ? 1 : 0);
-  const int64_t checkpointed_inputs = checkpointed * Nl * H;
-  const int64_t scratch =
-      N * (3 * H + 2 * lc.q_dim() + 3 * lc.kv_dim() + 3 * I) + (sp ? Nl * H + 2 * N * H : 0);
+  auto checkpointed = [&](int64_t l) { return every > 0 && (l + 1) % every == 0; };
+  const int64_t scratch = N * (3 * H + 2 * lc.q_dim() + 3 * lc.kv_dim() + 3 * I) +
+                          (sp ? Nl * H + 2 * N * H : 0) +
+                          (pp > 1 ? 2 * Nl * H : 0) +          // the stage's received input and sent output
+                          (cp > 1 ? 4 * N * lc.kv_dim() : 0);  // the ring's K/V chunks (double-buffered)
   // Selective 'op': the saved layers keep ln1, ln2, q/k after norm + RoPE and act in one shared block.
   const int64_t pointwise = 2 * Nl * H + N * (lc.q_dim() + lc.kv_dim() + I);
-  const int64_t op_layers = checkpointing.recompute_ops ? c.num_hidden_layers - checkpointed : 0;
-  const int64_t recomputed = op_layers > 0 ? (op_layers - 1) * pointwise : 0;
-  p.activation_bytes =
-      4 * (layers_saved * per_layer - recomputed + checkpointed_inputs + scratch +
-           std::min<int64_t>(N * lc.vocab_size, Qwen3Model::kHeadChunkBytes / 4));  // one logits chunk
-  if (tp > 1) {
-    // Collectives on (N, H) f32 per micro-batch, in units of (tp - 1) / tp of the buffer sent per rank (a
-    // ring all-gather or reduce-scatter; an all-reduce is two). Without sequence parallel: an all-reduce
-    // after o_proj and down_proj (forward) and q/k/v and gate/up (backward). With it, an all-gather before
-    // and a reduce-scatter after each parallel block instead, and in backward the saved norm outputs
-    // re-gathered and d(output) gathered for the row-parallel GEMMs; sparse layers run replicated gather ln2
-    // and d(output), those with the experts over the group neither. A recomputed layer repeats its
-    // forward's. The embedding and lm_head: 4 units either way.
-    double units = 4;
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      const bool moe = c.is_moe_layer(l), local = p.experts_over_tensor_parallel;
-      const int fwd = !sp ? (moe ? 2 : 4) : moe ? (local ? 2 : 3) : 4;
-      const int bwd = !sp ? (moe ? 2 : 4) : moe ? (local ? 3 : 4) : 6;
-      units += fwd * (1 + (every > 0 && (l + 1) % every == 0 ? 1 : 0)) + bwd;
+  const int64_t logits = std::min<int64_t>(N * lc.vocab_size, Qwen3Model::kHeadChunkBytes / 4);
+  // Collectives on (N, H) f32 per forward, in units of (tp - 1) / tp of the buffer sent per rank (a ring
+  // all-gather or reduce-scatter; an all-reduce is two). Without sequence parallel: an all-reduce after
+  // o_proj and down_proj (forward) and q/k/v and gate/up (backward). With it, an all-gather before and a
+  // reduce-scatter after each parallel block instead, and in backward the saved norm outputs re-gathered and
+  // d(output) gathered for the row-parallel GEMMs; sparse layers run replicated gather ln2 and d(output),
+  // those with the experts over the group neither. A recomputed layer repeats its forward's. The embedding
+  // and lm_head: 2 units each.
+  auto tp_units = [&](int64_t l) {
+    const bool moe = c.is_moe_layer(l), local = p.experts_over_tensor_parallel;
+    const int fwd = !sp ? (moe ? 2 : 4) : moe ? (local ? 2 : 3) : 4;
+    const int bwd = !sp ? (moe ? 2 : 4) : moe ? (local ? 3 : 4) : 6;
+    return fwd * (1 + (checkpointed(l) ? 1 : 0)) + bwd;
+  };
+  // Ring attention per layer and forward: each rank passes K and V chunks on cp - 1 times in forward, K, V,
+  // dK and dV in backward (a recomputed layer repeats its forward's).
+  auto cp_units = [&](int64_t l) { return 6 + (checkpointed(l) ? 2 : 0); };
+  const int64_t shard_over = dp_shard * cp;
+  int64_t worst = -1;
+  for (int64_t r = 0; r < pp; ++r) {
+    RunPlan::PipelineRank pr;
+    int64_t params = 0, ckpt = 0, saved = 0;
+    double units = 0, ring = 0, sends = 0;
+    for (int64_t s : p.pipeline.stages_of(r)) {
+      const dist::PipelineStage& st = p.pipeline.stages[s];
+      if (st.embedding) params += emb, units += 2;
+      if (st.head) params += H + (!c.tie_word_embeddings || !st.embedding ? emb : 0), units += 2;
+      sends += (st.head ? 0 : 1) + (st.embedding ? 0 : 1);
+      for (int64_t l = st.first_layer; l < st.first_layer + st.num_layers; ++l) {
+        params += layer_params(l);
+        units += tp_units(l);
+        ring += cp_units(l);
+        (checkpointed(l) ? ckpt : saved) += 1;
+      }
     }
-    p.tp_comm_bytes = units * 4.0 * N * H * (tp - 1) / tp * p.grad_accum;
+    pr.layers = ckpt + saved;
+    pr.inflight = p.pipeline.peak_inflight(r);
+    const int64_t shard = (params + shard_over - 1) / shard_over;
+    pr.param_bytes = pr.grad_bytes = shard * 4;
+    pr.optimizer_bytes = shard * 8;  // AdamW exp_avg + exp_avg_sq, f32
+    if (shard_over > 1) {
+      // FSDP gathers one layer group at a time (the largest: the embedding) for compute.
+      const int64_t biggest = std::max(emb, lc.params_per_layer());
+      pr.param_bytes += biggest * 4;
+      pr.grad_bytes += biggest * 4;
+    }
+    // Per forward in flight: the saved layers' activations (less the pointwise outputs selective 'op'
+    // recomputes) and the checkpointed layers' inputs; once: the buffer a checkpointed layer is recomputed
+    // into, the shared pointwise block, the scratch, and on the last stage one logits chunk.
+    const int64_t kept =
+        saved * per_layer - (checkpointing.recompute_ops ? saved * pointwise : 0) + ckpt * Nl * H;
+    const bool head = p.pipeline.stages[p.pipeline.stages_of(r).back()].head;
+    const int64_t once = (ckpt > 0 ? per_layer : 0) +
+                         (checkpointing.recompute_ops && saved > 0 ? pointwise : 0) + scratch +
+                         (head ? logits : 0);
+    pr.activation_bytes = 4 * (static_cast<int64_t>(pr.inflight * (double)kept) + once);
+    pr.pp_comm_bytes = sends * 4.0 * Nl * H * forwards;
+    if (r == 0 || pr.total_bytes() > p.per_stage_rank[worst].total_bytes()) worst = r;
+    p.per_stage_rank.push_back(pr);
+    if (worst == r) {
+      p.shard_params = shard;
+      p.tp_comm_bytes = tp > 1 ? units * 4.0 * N * H * (tp - 1) / tp * forwards : 0;
+      p.cp_comm_bytes = cp > 1 ? ring * 4.0 * N * lc.kv_dim() * (cp - 1) * forwards : 0;
+    }
   }
+  const RunPlan::PipelineRank& w = p.per_stage_rank[worst];
+  p.param_bytes = w.param_bytes;
+  p.grad_bytes = w.grad_bytes;
+  p.optimizer_bytes = w.optimizer_bytes;
+  p.activation_bytes = w.activation_bytes;
+  p.pp_comm_bytes = w.pp_comm_bytes;
   return p;
 }
 
@@ -145,6 +203,8 @@ std::string RunPlan::describe() const {
      << "training FLOPs/token: " << human(flops_per_token) << " (" << flops_per_token / 1e9 << " GFLOP)\n"
      << "world " << world << " = data_parallel_replicate " << dp_replicate << " x data_parallel_shard "
      << dp_shard;
+  if (pipeline.degree > 1) os << " x pipeline_parallel " << pipeline.degree;
+  if (context_parallel > 1) os << " x context_parallel " << context_parallel;
   if (tensor_parallel > 1)
     os << " x tensor_parallel " << tensor_parallel
        << " (attention heads, MLP and vocabulary slices per rank; "
@@ -154,12 +214,41 @@ std::string RunPlan::describe() const {
   if (expert_parallel > 1)
     os << ", experts split over " << expert_parallel
        << " ranks (expert_parallel_degree): " << human(expert_params / expert_parallel) << " of "
-       << human(expert_params) << " expert parameters per rank";
+       << human(expert_params) << " expert parameters per rank"
+       << (pipeline.degree > 1 ? " over all layers (a pipeline rank: its stages' share)" : "");
   os << "\nbatch: local " << local_batch << " x seq " << seq_len << ", global " << global_batch
      << ", gradient accumulation " << grad_accum << " steps, " << global_batch * seq_len << " tokens/step\n"
      << "memory per rank: parameters " << gib(param_bytes) << ", gradients " << gib(grad_bytes)
      << ", optimizer " << gib(optimizer_bytes) << ", activations " << gib(activation_bytes) << ", total "
      << gib(total_bytes());
+  if (pipeline.degree > 1) {
+    const int64_t p = pipeline.degree, m = pipeline.microbatches, v = pipeline.stages_per_rank();
+    char bubble[64];
+    std::snprintf(bubble, sizeof bubble, "%.1f%%", 100.0 * pipeline.bubble_fraction());
+    os << " (the largest pipeline rank)\npipeline: " << pipeline_schedule_name(pipeline.schedule) << ", "
+       << pipeline.stages.size() << " stages (" << v << " per rank), " << m << " micro-batches of "
+       << pipeline.microbatch_size << " x " << seq_len << " tokens per accumulation step; bubble " << bubble
+       << " of the step ((p - 1) / (" << (v > 1 ? "v m" : "m") << " + p - 1) = " << p - 1 << " / "
+       << v * m + p - 1 << "); " << gib(static_cast<int64_t>(pp_comm_bytes))
+       << " sent per rank per step between stages (activations forward, their gradients backward)\n"
+       << pipeline.describe();
+    for (size_t r = 0; r < per_stage_rank.size(); ++r) {
+      const PipelineRank& pr = per_stage_rank[r];
+      char inflight[32];
+      std::snprintf(inflight, sizeof inflight, "%g", pr.inflight);
+      os << "\n  pipeline rank " << r << ": " << pr.layers << " layers, " << inflight
+         << (pr.inflight == 1 ? " micro-batch" : " micro-batches") << " in flight at peak: parameters "
+         << gib(pr.param_bytes) << ", gradients " << gib(pr.grad_bytes) << ", optimizer "
+         << gib(pr.optimizer_bytes) << ", activations " << gib(pr.activation_bytes) << ", total "
+         << gib(pr.total_bytes());
+    }
+  }
+  if (context_parallel > 1)
+    os << "\ncontext parallel: each sequence split over " << context_parallel << " ranks (chunks r and "
+       << 2 * context_parallel << " - 1 - r of " << 2 * context_parallel
+       << ", causal load balance), ring attention: " << gib(static_cast<int64_t>(cp_comm_bytes))
+       << " of K/V and dK/dV sent per rank per step; parameters sharded over data_parallel_shard x "
+          "context_parallel";
   return os.str();
 }
 

@@ -3,7 +3,9 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "distributed/pipeline_layout.h"
 #include "models/qwen3/config.h"
 
 namespace titan {
@@ -20,8 +22,22 @@ struct RunPlan {
   bool sequence_parallel = false;
   double tp_comm_bytes = 0;  // per rank and step: bytes each rank sends in its tensor-parallel collectives
   int64_t local_batch = 1, global_batch = 1, seq_len = 1;
-  int64_t shard_params = 0;  // parameters this rank owns (its shard of its tensor-parallel slice)
-  int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;  // per rank
+  // Pipeline parallel: the stages, schedule and micro-batches (one stage with everything when degree 1).
+  dist::PipelineLayout pipeline;
+  int64_t context_parallel = 1;  // ranks a sequence is split over (two mirrored chunks each)
+  double pp_comm_bytes = 0;      // per rank and step: activations and their gradients sent between stages
+  double cp_comm_bytes = 0;      // per rank and step: K/V chunks (and dK/dV) passed around the ring
+  int64_t shard_params = 0;      // parameters this rank owns (its shard of its tensor-parallel slice)
+  // Per rank (under pipeline parallel: the pipeline rank with the largest total; per_stage_rank has each).
+  int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+  struct PipelineRank {
+    int64_t layers = 0;   // decoder layers on the rank (all its stages)
+    double inflight = 1;  // peak micro-batches whose activations it holds (in units of all its layers)
+    int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+    double pp_comm_bytes = 0;
+    int64_t total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + activation_bytes; }
+  };
+  std::vector<PipelineRank> per_stage_rank;  // one entry per pipeline rank
   int64_t total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + activation_bytes; }
   std::string describe() const;  // multi-line human-readable summary
 };
@@ -35,10 +51,14 @@ struct CheckpointPolicy {
 };
 
 // dp_shard divides parameters, gradients and optimizer state; expert_parallel divides the routed experts;
-// tensor_parallel slices the attention and dense MLP weights and their activations (world = dp_replicate x
-// dp_shard x tensor_parallel). Errors name the parallelism field when one cannot.
+// tensor_parallel slices the attention and dense MLP weights and their activations; pipeline gives each
+// pipeline rank its stages' layers and the micro-batches its schedule keeps in flight; context_parallel
+// splits every sequence (activations 1/cp; parameters sharded over dp_shard x cp, as torchtitan's FSDP
+// mesh). world = dp_replicate x dp_shard x tensor_parallel x pipeline degree x context_parallel. Errors
+// name the parallelism field when one cannot.
 RunPlan make_plan(const Qwen3Config& model, int64_t world, int64_t dp_replicate, int64_t dp_shard,
                   int64_t local_batch, int64_t global_batch, int64_t seq_len, CheckpointPolicy checkpointing,
-                  int64_t expert_parallel = 1, int64_t tensor_parallel = 1, bool sequence_parallel = false);
+                  int64_t expert_parallel = 1, int64_t tensor_parallel = 1, bool sequence_parallel = false,
+                  const dist::PipelineOptions& pipeline = {}, int64_t context_parallel = 1);
 
 }  // namespace titan

@@ -54,6 +54,15 @@ void Trainer::build_process_group_and_plan() {
   lead_ = rank_ == 0;
   const auto& par = cfg_.parallelism;
   const int64_t tp = par.tensor_parallel_degree;
+  // Planned (titan plan), not run yet.
+  TITAN_CHECK(par.pipeline_parallel_degree == 1,
+              "parallelism.pipeline_parallel_degree = ", par.pipeline_parallel_degree,
+              ": titan train does not run pipeline parallel yet (titan plan --nproc N plans the layout: "
+              "stages, per-rank memory, bubble, traffic); set it to 1");
+  TITAN_CHECK(
+      par.context_parallel_degree == 1, "parallelism.context_parallel_degree = ", par.context_parallel_degree,
+      ": titan train does not run context parallel yet (titan plan --nproc N plans the layout); set it "
+      "to 1");
   TITAN_CHECK(world_ % tp == 0, "parallelism.tensor_parallel_degree = ", tp,
               " does not divide the world size ", world_);
   const int64_t dp_shard = par.data_parallel_shard_degree > 0
