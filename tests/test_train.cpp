@@ -1,7 +1,10 @@
 // The trainer: config parsing and errors, the embedded default run end to end (CI-sized),
 // deterministic replay, gradient accumulation, NaN handling, the shipped configs' dry runs, and
 // validation (against `titan forward`, across ranks, leaving training untouched).
+#include <pthread.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstring>
@@ -9,9 +12,11 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/error.h"
 #include "data/loader.h"
+#include "device/cpu/sgemm.h"
 #include "io/safetensors.h"
 #include "kernels/registry.h"
 #include "models/qwen3/model.h"
@@ -469,6 +474,36 @@ TEST(Trainer, PreemptedRunSavesItsStepAndResumesBitExactly) {
             128 + SIGTERM)
       << out;
   EXPECT_FALSE(std::filesystem::exists(tmp / "twice/checkpoint/step-2"));
+}
+
+// A SIGTERM / SIGUSR1 that lands while oneDNN's JIT f32 GEMM kernels run (they point rsp at a heap
+// workspace: oneDNN issue #4845) must leave the heap intact: the guard's handler runs on alternate signal
+// stacks. Before, a signal mid-step aborted ~2 runs in 3 under load ("corrupted size vs. prev_size"). In a
+// child process, 40 times: GEMMs until the signal sent to the computing thread arrives, then more GEMMs and
+// heap traffic.
+// The child of the test below: exits 0 when every result is right, aborts when the heap is corrupted.
+[[noreturn]] void signals_during_gemms() {
+  const int64_t n = 512;  // a shape whose kernel runs with rsp in the heap (as do (32 x 256) x (256 x 256)^T)
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  const pthread_t computing = pthread_self();
+  for (int round = 0; round < 300; ++round) {
+    PreemptionGuard guard;  // a fresh one each round: its first signal is only noted
+    std::thread sender([&] {
+      std::this_thread::sleep_for(std::chrono::microseconds(100 + 389 * round % 2000));
+      pthread_kill(computing, SIGUSR1);
+    });
+    while (!guard.requested())
+      cpu::sgemm(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    sender.join();
+    std::vector<float> heap(size_t(1) << (10 + round % 8), 1.0f);
+    cpu::sgemm(false, false, n, n, n, heap[0], a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  }
+  std::exit(c[0] == 0.5f * 0.25f * n ? 0 : 3);
+}
+
+TEST(Trainer, PreemptionSignalDuringGemmsLeavesTheHeapIntact) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(signals_during_gemms(), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(Trainer, PreemptionStopsEveryRankAfterOneStep) {

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "distributed/runtime.h"
 
 namespace titan::dist {
 
@@ -332,7 +333,7 @@ int launch(const LaunchOptions& o) {
   }
   g_child = 0;
   int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  if (rc == 75) {  // train/preemption.h's kPreemptedExitStatus
+  if (rc == kStoppedTogetherStatus) {  // a preempted training run (train/preemption.h)
     std::fprintf(stderr,
                  "titan run: the job was preempted: stopped after a step with a checkpoint; run the same "
                  "command again to resume\n");

@@ -503,9 +503,11 @@ void report_fatal_error(const char* command, const char* what) {
 }
 
 int finish_command(const char* command, int rc) {
-  if (rc == 0) {
+  if (rc == 0 || rc == kStoppedTogetherStatus) {
+    // A preempted run's ranks agreed on the step and saved it together; an MPI_Abort here would kill the
+    // others mid-way (possibly in their checkpoint write) and turn the status into mpirun's SIGTERM.
     finalize();
-    return 0;
+    return rc;
   }
   if (env().world_size > 1)
     abort_job(str_cat(rank_prefix(), "titan ", command, ": exited with status ", rc), rc);

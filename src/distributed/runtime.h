@@ -71,8 +71,12 @@ std::string rank_prefix();
 // "[rank R] titan <command>: error: <what>" and aborts the job (never returns); in a single process
 // returns so main prints its usual line.
 void report_fatal_error(const char* command, const char* what);
-// Called with a command's return code: 0 -> finalize() and 0; non-zero in a multi-rank job -> abort the
-// job naming this rank (a plain exit would leave the others waiting in a collective).
+// The status every rank of a job returns together when they stopped at the same point on purpose (a
+// preempted training run: train/preemption.h): not a failure, so the ranks finalize and exit with it.
+constexpr int kStoppedTogetherStatus = 75;  // EX_TEMPFAIL: "try again later"
+// Called with a command's return code: 0 or kStoppedTogetherStatus -> finalize() and that status; another
+// non-zero status in a multi-rank job -> abort the job naming this rank (a plain exit would leave the others
+// waiting in a collective).
 int finish_command(const char* command, int rc);
 
 }  // namespace titan::dist

@@ -1,10 +1,13 @@
 #include "train/preemption.h"
 
+#include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 
 namespace titan {
@@ -13,6 +16,31 @@ namespace {
 
 volatile sig_atomic_t g_signals = 0;
 struct sigaction g_old_term, g_old_usr1;
+
+// The handler runs on an alternate signal stack (SA_ONSTACK) in every thread that computes. oneDNN's JIT f32
+// GEMM kernels (libdnnl before 3.12: oneDNN issue #4845) point rsp at a heap workspace while they run, and a
+// signal frame pushed below that rsp overwrites the heap: a SIGTERM/SIGUSR1 arriving mid-GEMM ended in
+// "corrupted size vs. prev_size" aborts. On an alternate stack the kernel writes the frame there instead.
+struct AltStack {
+  std::unique_ptr<char[]> memory;
+  ~AltStack() {
+    if (!memory) return;
+    stack_t off{};
+    off.ss_flags = SS_DISABLE;
+    sigaltstack(&off, nullptr);
+  }
+};
+
+void install_alt_stack() {
+  thread_local AltStack alt;
+  if (alt.memory) return;
+  const size_t size = std::max<size_t>(SIGSTKSZ, size_t(64) << 10);
+  alt.memory.reset(new char[size]);
+  stack_t ss{};
+  ss.ss_sp = alt.memory.get();
+  ss.ss_size = size;
+  if (sigaltstack(&ss, nullptr) != 0) alt.memory.reset();
+}
 
 void on_signal(int sig) {
   if (g_signals > 0) _exit(128 + sig);  // the second signal: stop now
@@ -28,10 +56,14 @@ void on_signal(int sig) {
 
 PreemptionGuard::PreemptionGuard() {
   g_signals = 0;
+  // This thread and the OpenMP threads (where oneDNN's kernels run) get their alternate stacks.
+  install_alt_stack();
+#pragma omp parallel
+  install_alt_stack();
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
+  sa.sa_flags = SA_RESTART | SA_ONSTACK;
   sigaction(SIGTERM, &sa, &g_old_term);
   sigaction(SIGUSR1, &sa, &g_old_usr1);
 }

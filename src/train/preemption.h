@@ -9,9 +9,11 @@
 #pragma once
 #include <cstdint>
 
+#include "distributed/runtime.h"
+
 namespace titan {
 
-constexpr int kPreemptedExitStatus = 75;  // EX_TEMPFAIL: "try again later"
+constexpr int kPreemptedExitStatus = dist::kStoppedTogetherStatus;  // 75, EX_TEMPFAIL: "try again later"
 
 // While alive, SIGTERM and SIGUSR1 request a stop instead of ending the process; the previous handlers
 // come back after.
