@@ -478,10 +478,9 @@ TEST(Trainer, PreemptedRunSavesItsStepAndResumesBitExactly) {
 
 // A SIGTERM / SIGUSR1 that lands while oneDNN's JIT f32 GEMM kernels run (they point rsp at a heap
 // workspace: oneDNN issue #4845) must leave the heap intact: the guard's handler runs on alternate signal
-// stacks. Before, a signal mid-step aborted ~2 runs in 3 under load ("corrupted size vs. prev_size"). In a
-// child process, 40 times: GEMMs until the signal sent to the computing thread arrives, then more GEMMs and
-// heap traffic.
-// The child of the test below: exits 0 when every result is right, aborts when the heap is corrupted.
+// stacks. Before, a signal mid-step aborted ~2 runs in 3 under load ("corrupted size vs. prev_size"), and
+// this test's child died within its first rounds. The child, 300 times: GEMMs until the signal sent to the
+// computing thread arrives, then heap traffic and one more GEMM; it exits 0 when the result is right.
 [[noreturn]] void signals_during_gemms() {
   const int64_t n = 512;  // a shape whose kernel runs with rsp in the heap (as do (32 x 256) x (256 x 256)^T)
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
