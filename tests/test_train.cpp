@@ -639,6 +639,8 @@ TEST(Trainer, PipelineAndContextParallelPlans) {
   EXPECT_DOUBLE_EQ(looped.bubble_fraction(), 1.0 / 9.0);
   EXPECT_DOUBLE_EQ(looped.peak_inflight(0), 5.0 / 2.0);  // ((v - 1) p + 2 (p - 1) + 1) / v
   EXPECT_EQ(make_pipeline_layout(8, 4, {2, "Interleaved1F1B", 1, 2, 0, 0}).stages.size(), 4u);
+  // Without a pipeline the micro-batch size is not used: the local batch is one forward.
+  EXPECT_EQ(make_pipeline_layout(8, 6, {1, "1F1B", 4, 0, 1, 1}).microbatches, 1);
 
   // Every parameter on one pipeline rank; a tied lm_head is the embedding's copy on the last stage.
   for (const char* flavor : {"8B", "0.6B"}) {

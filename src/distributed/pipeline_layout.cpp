@@ -83,15 +83,16 @@ PipelineLayout make_pipeline_layout(int64_t num_layers, int64_t local_batch, con
   TITAN_CHECK(o.first_stage_less_layers >= 0 && o.last_stage_less_layers >= 0, kKey,
               "first_stage_less_layers and ", kKey, "last_stage_less_layers must be >= 0, got ",
               o.first_stage_less_layers, " and ", o.last_stage_less_layers);
+  if (p == 1) {  // no pipeline: one stage with everything, the local batch in one forward
+    lay.microbatch_size = local_batch;
+    lay.stages.push_back({0, num_layers, true, true, 0});
+    return lay;
+  }
   TITAN_CHECK(local_batch % o.microbatch_size == 0, "training.local_batch_size = ", local_batch,
               " is not a multiple of ", kKey, "microbatch_size = ", o.microbatch_size);
   lay.microbatch_size = o.microbatch_size;
   lay.microbatches = local_batch / o.microbatch_size;
   const bool looped = lay.schedule == PipelineSchedule::kInterleaved1F1B;
-  if (p == 1) {  // no pipeline: one stage with everything
-    lay.stages.push_back({0, num_layers, true, true, 0});
-    return lay;
-  }
   if (looped)
     TITAN_CHECK(lay.microbatches % p == 0, kKey,
                 "schedule = Interleaved1F1B runs micro-batches in rounds of ", kKey, "degree = ", p,
