@@ -1,6 +1,5 @@
 #include "train/preemption.h"
 
-#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +33,8 @@ struct AltStack {
 void install_alt_stack() {
   thread_local AltStack alt;
   if (alt.memory) return;
+  stack_t current{};
+  if (sigaltstack(nullptr, &current) == 0 && !(current.ss_flags & SS_DISABLE)) return;  // one is set already
   const size_t size = std::max<size_t>(SIGSTKSZ, size_t(64) << 10);
   alt.memory.reset(new char[size]);
   stack_t ss{};
