@@ -536,6 +536,7 @@ TEST(Trainer, PreemptionStopsEveryRankAfterOneStep) {
   const std::string text((std::istreambuf_iterator<char>(in)), {});
   ASSERT_EQ(rc, kPreemptedExitStatus) << text;
   EXPECT_NE(text.find("titan run: the job was preempted"), std::string::npos) << text;
+  EXPECT_EQ(text.find("MPI_ABORT"), std::string::npos) << text;  // the ranks finalize: no rank is killed
   const size_t stopped = jsonl_losses(tmp / "run/metrics.jsonl").size();
   EXPECT_LT(stopped, 30u);
   EXPECT_TRUE(std::filesystem::exists(tmp / ("run/checkpoint/step-" + std::to_string(stopped))));

@@ -146,8 +146,10 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
     RunPlan::PipelineRank pr;
     int64_t params = 0, ckpt = 0, saved = 0;
     double units = 0, ring = 0, sends = 0;
+    bool head = false;
     for (int64_t s : p.pipeline.stages_of(r)) {
       const dist::PipelineStage& st = p.pipeline.stages[s];
+      head = head || st.head;
       if (st.embedding) params += emb, units += 2;
       if (st.head) params += H + (!c.tie_word_embeddings || !st.embedding ? emb : 0), units += 2;
       sends += (st.head ? 0 : 1) + (st.embedding ? 0 : 1);
@@ -160,9 +162,9 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
     }
     pr.layers = ckpt + saved;
     pr.inflight = p.pipeline.peak_inflight(r);
-    const int64_t shard = (params + shard_over - 1) / shard_over;
-    pr.param_bytes = pr.grad_bytes = shard * 4;
-    pr.optimizer_bytes = shard * 8;  // AdamW exp_avg + exp_avg_sq, f32
+    pr.shard_params = (params + shard_over - 1) / shard_over;
+    pr.param_bytes = pr.grad_bytes = pr.shard_params * 4;
+    pr.optimizer_bytes = pr.shard_params * 8;  // AdamW exp_avg + exp_avg_sq, f32
     if (shard_over > 1) {
       // FSDP gathers one layer group at a time (the largest: the embedding) for compute.
       const int64_t biggest = std::max(emb, lc.params_per_layer());
@@ -174,26 +176,25 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
     // into, the shared pointwise block, the scratch, and on the last stage one logits chunk.
     const int64_t kept =
         saved * per_layer - (checkpointing.recompute_ops ? saved * pointwise : 0) + ckpt * Nl * H;
-    const bool head = p.pipeline.stages[p.pipeline.stages_of(r).back()].head;
     const int64_t once = (ckpt > 0 ? per_layer : 0) +
                          (checkpointing.recompute_ops && saved > 0 ? pointwise : 0) + scratch +
                          (head ? logits : 0);
     pr.activation_bytes = 4 * (static_cast<int64_t>(pr.inflight * (double)kept) + once);
     pr.pp_comm_bytes = sends * 4.0 * Nl * H * forwards;
+    pr.tp_comm_bytes = tp > 1 ? units * 4.0 * N * H * (tp - 1) / tp * forwards : 0;
+    pr.cp_comm_bytes = cp > 1 ? ring * 4.0 * N * lc.kv_dim() * (cp - 1) * forwards : 0;
     if (r == 0 || pr.total_bytes() > p.per_stage_rank[worst].total_bytes()) worst = r;
     p.per_stage_rank.push_back(pr);
-    if (worst == r) {
-      p.shard_params = shard;
-      p.tp_comm_bytes = tp > 1 ? units * 4.0 * N * H * (tp - 1) / tp * forwards : 0;
-      p.cp_comm_bytes = cp > 1 ? ring * 4.0 * N * lc.kv_dim() * (cp - 1) * forwards : 0;
-    }
   }
   const RunPlan::PipelineRank& w = p.per_stage_rank[worst];
+  p.shard_params = w.shard_params;
   p.param_bytes = w.param_bytes;
   p.grad_bytes = w.grad_bytes;
   p.optimizer_bytes = w.optimizer_bytes;
   p.activation_bytes = w.activation_bytes;
   p.pp_comm_bytes = w.pp_comm_bytes;
+  p.tp_comm_bytes = w.tp_comm_bytes;
+  p.cp_comm_bytes = w.cp_comm_bytes;
   return p;
 }
 

@@ -33,8 +33,9 @@ struct RunPlan {
   struct PipelineRank {
     int64_t layers = 0;   // decoder layers on the rank (all its stages)
     double inflight = 1;  // peak micro-batches whose activations it holds (in units of all its layers)
+    int64_t shard_params = 0;
     int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
-    double pp_comm_bytes = 0;
+    double pp_comm_bytes = 0, tp_comm_bytes = 0, cp_comm_bytes = 0;  // sent per step, as the plan's fields
     int64_t total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + activation_bytes; }
   };
   std::vector<PipelineRank> per_stage_rank;  // one entry per pipeline rank
