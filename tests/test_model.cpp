@@ -521,5 +521,101 @@ TEST(Qwen3Model, PackedRowsEqualSeparateRows) {
             std::string::npos);
 }
 
+// Pipeline stages: a model split into stages run one after the other (outputs passed forward, their
+// gradients back) equals the whole model: the same init, loss and gradients, dense and MoE (aux-loss
+// statistics passed along), tied embeddings (the last stage's copy's gradient adds to the first's).
+TEST(Qwen3Model, PipelineStagesEqualTheWholeModel) {
+  for (const char* fixture : {"qwen3/tied_gqa2", "qwen3_moe/e8k2_norm"}) {
+    SCOPED_TRACE(fixture);
+    const std::string dir = testing::source_path(std::string("tests/golden/") + fixture);
+    Qwen3Config config = Qwen3Config::from_hf_file(dir + "/config.json");
+    config.num_hidden_layers = 4;
+    config.output_router_logits = config.is_moe();
+    const TokenBatch batch = read_token_batch_json(dir + "/input.json");
+    const int64_t N = batch.B * batch.T, H = config.hidden_size;
+    Qwen3Model whole(config);
+    whole.init_weights(7);
+    ForwardOptions fo;
+    fo.aux_loss_scale = 0.25f;
+    const ForwardResult want = whole.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T, fo);
+    whole.backward();
+    // Stages [0,1), [1,3), [3,4); the middle model holds two stages [1,2) and [2,3) (a looped placement).
+    std::vector<std::unique_ptr<Qwen3Model>> models;
+    models.push_back(std::make_unique<Qwen3Model>(config, KernelChoice{}, nullptr, true, Device::cpu(),
+                                                  std::vector<StageRange>{{0, 1}}));
+    models.push_back(std::make_unique<Qwen3Model>(config, KernelChoice{}, nullptr, true, Device::cpu(),
+                                                  std::vector<StageRange>{{1, 2}, {2, 3}}));
+    models.push_back(std::make_unique<Qwen3Model>(config, KernelChoice{}, nullptr, true, Device::cpu(),
+                                                  std::vector<StageRange>{{3, 4}}));
+    struct Step {
+      Qwen3Model* m;
+      int stage;
+    };
+    const std::vector<Step> order = {{models[0].get(), 0}, {models[1].get(), 0}, {models[1].get(), 1},
+                                     {models[2].get(), 0}};
+    for (auto& m : models) {
+      m->init_weights(7);
+      for (const Param& p : m->params())
+        EXPECT_EQ(rel_error(p.value, whole.param(p.name).value), 0.0) << "init of " << p.name;
+    }
+    EXPECT_FALSE(models[1]->holds_group(0));
+    EXPECT_EQ(models[2]->holds_group(0), config.tie_word_embeddings);  // the tied embedding's copy
+    const size_t outside_layers = config.tie_word_embeddings ? 2 : 3;   // embedding, norm (, lm_head)
+    EXPECT_EQ(models[1]->params().size(), 2 * (whole.params().size() - outside_layers) / 4);
+    // Forward stage by stage, each stage's input saved (the stages reuse their buffers).
+    std::vector<Tensor> inputs(order.size());
+    std::vector<std::vector<double>> stats(order.size());
+    ForwardResult got;
+    for (size_t i = 0; i < order.size(); ++i) {
+      ForwardOptions o = fo;
+      o.stage = order[i].stage;
+      if (i > 0) {
+        inputs[i] = Tensor::empty({N, H});
+        std::memcpy(inputs[i].f32(), order[i - 1].m->stage_output(), N * H * sizeof(float));
+        o.stage_input = inputs[i].f32();
+        if (config.is_moe()) o.aux_stats_in = stats[i - 1].data();
+      }
+      got = order[i].m->forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T, o);
+      stats[i] = order[i].m->aux_stats();
+    }
+    EXPECT_EQ(got.loss, want.loss);
+    EXPECT_EQ(got.num_valid, want.num_valid);
+    EXPECT_EQ(got.aux_loss, want.aux_loss);
+    // Backward from the last stage; the middle model's stages run again first (their activations were
+    // overwritten by the later stage): the recompute is bit-identical.
+    Tensor dout = Tensor::empty({N, H});
+    const std::vector<float> dprob = models[2]->aux_dprob();
+    const float aux_scale = models[2]->aux_scale();
+    for (size_t i = order.size(); i-- > 0;) {
+      Qwen3Model& m = *order[i].m;
+      if (i + 1 < order.size()) {
+        if (&m == order[i + 1].m) {
+          ForwardOptions o = fo;
+          o.stage = order[i].stage;
+          o.stage_input = inputs[i].f32();
+          o.aux_stats_in = i > 0 && config.is_moe() ? stats[i - 1].data() : nullptr;
+          o.recompute = true;
+          m.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T, o);
+        }
+        m.backward(dout.f32(), dprob.data(), aux_scale);
+      } else {
+        m.backward();
+      }
+      if (i > 0) std::memcpy(dout.f32(), m.stage_input_grad(), N * H * sizeof(float));
+    }
+    for (auto& m : models)
+      for (const Param& p : m->params()) {
+        if (p.name == "model.embed_tokens.weight" && config.tie_word_embeddings) continue;
+        EXPECT_LE(rel_error(p.grad, whole.param(p.name).grad), 1e-6) << p.name;
+      }
+    if (config.tie_word_embeddings) {
+      Tensor sum = models[0]->param("model.embed_tokens.weight").grad.clone();
+      const Tensor& copy = models[2]->param("model.embed_tokens.weight").grad;
+      for (int64_t j = 0; j < sum.numel(); ++j) sum.f32()[j] += copy.f32()[j];
+      EXPECT_LE(rel_error(sum, whole.param("model.embed_tokens.weight").grad), 1e-6);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace titan

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <deque>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -268,6 +269,25 @@ class MpiProcessGroup final : public ProcessGroup {
         [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
   }
 
+  void send(const void* buf, int64_t count, CommType type, int dst) override {
+    check_peer(dst, "send");
+    TITAN_CHECK(count <= INT_MAX, "send: ", count, " elements exceed MPI's int counts");
+    reap_sends(false);
+    pending_.emplace_back();
+    Pending& p = pending_.back();
+    p.data.assign(static_cast<const char*>(buf), static_cast<const char*>(buf) + count * comm_type_size(type));
+    check_mpi(MPI_Isend(p.data.data(), int(count), mpi_type(type), dst, kP2pTag, comm_, &p.req), "send");
+  }
+  void recv(void* buf, int64_t count, CommType type, int src) override {
+    check_peer(src, "recv");
+    TITAN_CHECK(count <= INT_MAX, "recv: ", count, " elements exceed MPI's int counts");
+    const int n = int(count);
+    run(
+        "recv", [&] { return MPI_Recv(buf, n, mpi_type(type), src, kP2pTag, comm_, MPI_STATUS_IGNORE); },
+        [&](MPI_Request* r) { return MPI_Irecv(buf, n, mpi_type(type), src, kP2pTag, comm_, r); });
+  }
+  void wait_sends() override { reap_sends(true); }
+
   std::shared_ptr<ProcessGroup> split(int color, int key) override {
     MPI_Comm sub;
     check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
@@ -345,6 +365,37 @@ class MpiProcessGroup final : public ProcessGroup {
     msg += ". Raise TITAN_DIST_TIMEOUT if this step is legitimately slow.";
     abort_job(msg, 1);
   }
+
+  void check_peer(int peer, const char* what) const {
+    TITAN_CHECK(peer >= 0 && peer < size_ && peer != rank_, what, ": peer ", peer, " is not another rank of a group of ",
+                size_, " (this rank is ", rank_, ")");
+  }
+  // Completed sends are freed; all = true waits for every one (watched like a collective).
+  void reap_sends(bool all) {
+    while (!pending_.empty()) {
+      MPI_Request& req = pending_.front().req;
+      if (all) {
+        run(
+            "send", [&] { return MPI_Wait(&req, MPI_STATUS_IGNORE); },
+            [&](MPI_Request* r) {
+              *r = req;
+              req = MPI_REQUEST_NULL;
+              return MPI_SUCCESS;
+            });
+      } else {
+        int done = 0;
+        check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "send");
+        if (!done) return;
+      }
+      pending_.pop_front();
+    }
+  }
+  struct Pending {
+    std::vector<char> data;
+    MPI_Request req = MPI_REQUEST_NULL;
+  };
+  static constexpr int kP2pTag = 7;
+  std::deque<Pending> pending_;  // sends in flight, oldest first (their data kept until delivered)
 
   MPI_Comm comm_, notice_comm_;
   int rank_ = 0, size_ = 1;

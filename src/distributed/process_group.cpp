@@ -43,6 +43,13 @@ const char* comm_type_name(CommType t) {
   return "?";
 }
 
+void ProcessGroup::send(const void*, int64_t, CommType, int) {
+  fail("send: the ", backend(), " process group has no point-to-point messages (pipeline parallel)");
+}
+void ProcessGroup::recv(void*, int64_t, CommType, int) {
+  fail("recv: the ", backend(), " process group has no point-to-point messages (pipeline parallel)");
+}
+
 CommType comm_type_of(DType t) {
   switch (t) {
     case DType::F32:

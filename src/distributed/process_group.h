@@ -71,6 +71,14 @@ class ProcessGroup {
                             const std::vector<int64_t>& recv_counts, CommType type) = 0;
   virtual void barrier() = 0;
 
+  // Point to point (pipeline parallel): send starts sending count elements of buf to rank `dst` and returns
+  // at once (the data are copied first, so buf may be reused); recv blocks until count elements from rank
+  // `src` are in buf. Messages between two ranks arrive in the order they were sent. wait_sends() returns
+  // when every send of this rank has been delivered. The base class has none (a group that cannot).
+  virtual void send(const void* buf, int64_t count, CommType type, int dst);
+  virtual void recv(void* buf, int64_t count, CommType type, int src);
+  virtual void wait_sends() {}
+
   // Sub-groups: ranks with the same `color` form a new group, ordered by `key` (MPI_Comm_split).
   // Collective over this group.
   virtual std::shared_ptr<ProcessGroup> split(int color, int key) = 0;

@@ -54,6 +54,16 @@ class HostStagedGroup final : public ProcessGroup {
     from_host(recv, r);
   }
   void barrier() override { host_.barrier(); }
+  void send(const void* buf, int64_t count, CommType type, int dst) override {
+    auto h = to_host(buf, count, type);
+    host_.send(h.data(), count, type, dst);  // copied by the host group
+  }
+  void recv(void* buf, int64_t count, CommType type, int src) override {
+    std::vector<char> h(bytes(count, type));
+    host_.recv(h.data(), count, type, src);
+    from_host(buf, h);
+  }
+  void wait_sends() override { host_.wait_sends(); }
   std::shared_ptr<ProcessGroup> split(int color, int key) override {
     std::shared_ptr<ProcessGroup> sub = host_.split(color, key);
     ProcessGroup& ref = *sub;

@@ -71,7 +71,7 @@ void Qwen3Model::make_bf16_image(int g) {
     bf16_image_base_.resize(group_numel_.size(), nullptr);
   }
   const Tensor& t = flat_params_[g];
-  if (!t.defined()) return;
+  if (!t.defined() || !held_[g]) return;
   if (bf16_image_base_[g] && bf16_image_base_[g] != t.f32()) drop_bf16_image(g);
   if (const uint16_t* held = streamer_ ? streamer_->bf16_params(g) : nullptr) {  // bf16 already
     bf16_image_base_[g] = t.f32();
@@ -97,9 +97,23 @@ void Qwen3Model::drop_bf16_image(int g) {
 }
 
 Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
-                       dist::ProcessGroup* expert_group, bool allocate, Device device)
-    : config_(config), device_(device), dev_(&device_interface(device.type)) {
+                       dist::ProcessGroup* expert_group, bool allocate, Device device,
+                       std::vector<StageRange> stages)
+    : config_(config), stages_(std::move(stages)), device_(device), dev_(&device_interface(device.type)) {
   config_.validate("model config");
+  const int64_t num_layers = config_.num_hidden_layers;
+  if (stages_.empty()) stages_.push_back({0, num_layers});
+  for (size_t s = 0; s < stages_.size(); ++s)
+    TITAN_CHECK(stages_[s].first < stages_[s].end && stages_[s].end <= num_layers &&
+                    (s == 0 ? stages_[s].first >= 0 : stages_[s].first >= stages_[s - 1].end),
+                "pipeline stages: layers [", stages_[s].first, ", ", stages_[s].end,
+                ") are not an ascending, disjoint range of the ", num_layers, " layers");
+  held_.assign(num_layers + 2, false);
+  held_[0] = stage_has_embedding(0) || (stage_has_head(num_stages() - 1) && config_.tie_word_embeddings);
+  held_[num_layers + 1] = stage_has_head(num_stages() - 1);
+  for (const StageRange& r : stages_)
+    for (int64_t l = r.first; l < r.end; ++l) held_[l + 1] = true;
+  for (int64_t l = 0; l < num_layers; ++l) total_moe_layers_ += config_.is_moe_layer(l);
   local_experts_ = config_.num_experts;
   if (expert_group && expert_group->size() > 1) {
     ep_ = expert_group;
@@ -222,8 +236,12 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
         else
           skip({H, Im});
       }
-      moe_row_.push_back(static_cast<int>(moe_layers_.size()));
-      moe_layers_.push_back(l);
+      if (held_[l + 1]) {
+        moe_row_.push_back(static_cast<int>(moe_layers_.size()));
+        moe_layers_.push_back(l);
+      } else {
+        moe_row_.push_back(-1);
+      }
     } else {
       add(p + "mlp.gate_proj.weight", {I, H});
       add(p + "mlp.up_proj.weight", {I, H});
@@ -231,7 +249,7 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
       moe_row_.push_back(-1);
     }
   }
-  if (!moe_layers_.empty()) {
+  if (total_moe_layers_ > 0) {  // (a stage without sparse layers still passes the aux statistics on)
     expert_bias_ = Tensor::zeros({(int64_t)moe_layers_.size(), E}, DType::F32, device_);
     expert_counts_ = Tensor::zeros({(int64_t)moe_layers_.size(), E}, DType::F32, device_);
     aux_stats_ = Tensor::zeros({2, E}, DType::F64, device_);
@@ -248,17 +266,25 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
     // Parameters and their gradients (f32), before any is allocated: a config asking for more than the
     // device holds is one error, not an allocation failure part-way.
     double numel = 0;
-    for (auto& g : groups)
-      for (auto& e : g) numel += (double)shape_numel(e.shape);
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (auto& e : groups[g])
+        if (held_[g]) numel += (double)shape_numel(e.shape);
     const double need = numel * 8, have = device_memory_bytes();
     TITAN_CHECK(have <= 0 || need <= have, "model config: ", (int64_t)numel, " parameters (hidden_size ",
                 c.hidden_size, ", num_hidden_layers ", c.num_hidden_layers, ", intermediate_size ",
                 c.intermediate_size, ", vocab_size ", c.vocab_size, ") need ", need / double(1 << 30),
                 " GiB for weights and gradients; this machine has ", have / double(1 << 30), " GiB");
   }
+  int64_t carried_skip = 0;  // init draws of parameters of layers not held here, before the next held one
   for (size_t g = 0; g < groups.size(); ++g) {
     int64_t total = 0;
     for (auto& e : groups[g]) {
+      if (!held_[g]) {
+        carried_skip += e.skip + (e.shape.size() > 1 ? 2 * ((shape_numel(e.shape) + 1) / 2) : 0);
+        continue;
+      }
+      e.skip += carried_skip;
+      carried_skip = 0;
       Param p;
       p.name = e.name;
       p.group = static_cast<int>(g);
@@ -509,6 +535,18 @@ void Qwen3Model::load_hf(const std::string& dir, const TensorSlicer& slice) {
     const int64_t e = std::strtoll(digits, nullptr, 10);
     return e < first_expert_ || e >= first_expert_ + local_experts_;
   };
+  // Pipeline parallel: the other stages' tensors are in the checkpoint but not here (each is checked by
+  // the stage holding it).
+  const int64_t L = config_.num_hidden_layers;
+  auto other_stage = [&](const std::string& key) {
+    if (key == "model.embed_tokens.weight") return !held_[0];
+    if (key == "model.norm.weight" || key == "lm_head.weight") return !held_[L + 1];
+    if (!key.starts_with("model.layers.")) return false;
+    const char* digits = key.c_str() + 13;
+    if (*digits < '0' || *digits > '9') return false;
+    const int64_t l = std::strtoll(digits, nullptr, 10);
+    return l < L && !held_[l + 1];
+  };
   std::set<std::string> expected;
   for (auto& [name, _] : targets) expected.insert(name);
   std::vector<std::string> missing, unexpected;
@@ -517,7 +555,7 @@ void Qwen3Model::load_hf(const std::string& dir, const TensorSlicer& slice) {
   for (auto& key : ckpt.keys()) {
     if (expected.count(key)) continue;
     if (hf_key_without_parameter(config_, key)) continue;
-    if (other_rank_expert(key)) continue;
+    if (other_rank_expert(key) || other_stage(key)) continue;
     unexpected.push_back(key);
   }
   auto join = [](const std::vector<std::string>& v) {

@@ -51,6 +51,14 @@ class AllToAllExchange;
 // angles), on `device`: the training model's and the KV cache's.
 void make_rope_tables(const Qwen3Config& c, int64_t T, Device device, Tensor& cos, Tensor& sin);
 
+// Pipeline parallel: a model holding some stages of the full model, each the decoder layers [first, end).
+// The model's first stage, when it starts at layer 0, also holds the embedding; its last, when it ends at
+// the last layer, the final norm and lm_head (and with tied embeddings a copy of the embedding, whose
+// gradient the trainer sums with the first stage's so that both copies stay equal).
+struct StageRange {
+  int64_t first = 0, end = 0;
+};
+
 class Qwen3Model {
  public:
   // expert_group: expert parallel over these ranks (nullptr or a group of one: every expert here).
@@ -58,9 +66,13 @@ class Qwen3Model {
   // ParamStreamer at once (e.g. FrozenBf16Base, models/qwen3/lora.h).
   // device: where parameters, gradients and activations live and every op runs. Inputs (ids, labels) come
   // from host memory; state_dict()/buffers() hand out host tensors.
+  // stages (pipeline parallel): the layer ranges held here, ascending and disjoint (empty: the whole
+  // model). Groups of layers not held are empty (numel 0) and their parameters are not in params(); group
+  // indices and HF names stay the full model's, and init draws every parameter (each held one equals the
+  // same parameter of the full model).
   explicit Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels = {},
                       dist::ProcessGroup* expert_group = nullptr, bool allocate = true,
-                      Device device = Device::cpu());
+                      Device device = Device::cpu(), std::vector<StageRange> stages = {});
   ~Qwen3Model();
 
   const Qwen3Config& config() const { return config_; }
@@ -108,10 +120,36 @@ class Qwen3Model {
                bool fused_experts = false) const;
 
   // ids, labels: (B,T) int32, labels may contain -100 (ignored). Labels are shifted inside (HF).
+  // Pipeline parallel: runs stage opts.stage; ids are read by the stage holding the embedding, labels by
+  // the one holding the head (the loss and num_valid are that stage's; the others return zeros).
   ForwardResult forward(const int32_t* ids, const int32_t* labels, int64_t B, int64_t T,
                         const ForwardOptions& opts = {});
   // Accumulates parameter gradients of the last forward (which must have had compute_grad).
-  void backward();
+  void backward() { backward(nullptr, nullptr, 0.0f); }
+  // Pipeline parallel: the backward of the last forward's stage. A stage without the head takes
+  // d(loss)/d(its output) (N,H, on the device) and, for MoE models, the head stage's aux_dprob() and
+  // aux_scale() (null / 0 otherwise); a stage without the embedding leaves d(loss)/d(its input) in
+  // stage_input_grad().
+  void backward(const float* d_output, const float* aux_dprob, float aux_scale);
+
+  // ---- pipeline stages ----
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+  const StageRange& stage(int s) const { return stages_[s]; }
+  bool stage_has_embedding(int s) const { return stages_[s].first == 0; }
+  bool stage_has_head(int s) const { return stages_[s].end == config_.num_hidden_layers; }
+  bool holds_group(int g) const { return held_[g]; }
+  // The whole model in one stage (no pipeline).
+  bool whole() const { return stages_.size() == 1 && stages_[0].first == 0 && stage_has_head(0); }
+  // After forward of a stage without the head: its output hidden states (N,H, device); after backward of a
+  // stage without the embedding: d(loss)/d(its input) (N,H, device).
+  const float* stage_output() const { return final_resid_.f32(); }
+  const float* stage_input_grad() const { return dresid_.f32(); }
+  // MoE, after forward: the aux-loss statistics (2E: routed slots, then router probability sums per expert)
+  // of this stage's sparse layers plus opts.aux_stats_in; after the head stage's forward, d aux / d probs
+  // (E) and d loss / d aux, which the stages before it pass to backward().
+  const std::vector<double>& aux_stats() const { return aux_host_; }
+  const std::vector<float>& aux_dprob() const { return aux_dprob_; }
+  float aux_scale() const { return aux_scale_; }
   void zero_grad();
   // Logits (B,T,V) of the last forward with keep_logits.
   const Tensor& logits() const { return logits_copy_; }
@@ -201,6 +239,7 @@ class Qwen3Model {
   LayerView layer_view(int64_t layer, float* base) const;
   // accumulate_stats: add the aux-loss statistics (false when recomputing under checkpointing).
   void moe_forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats = true);
+  void run_layers(const StageRange& range, const ForwardOptions& opts);
   // Decoder layer l from layer_acts_[l].resid_in into out (N,H), saving its activations.
   void forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats);
   // The pointwise parts of forward_layer, shared with recompute_layer_ops (the op-selective backward).
@@ -243,6 +282,10 @@ class Qwen3Model {
   Tensor& ensure(Tensor& t, int64_t n, DType dtype = DType::F32) const;
 
   Qwen3Config config_;
+  std::vector<StageRange> stages_;
+  std::vector<bool> held_;  // per group
+  int cur_stage_ = 0;       // the stage of the last forward
+  int64_t total_moe_layers_ = 0;  // sparse layers of the full model (the aux loss averages over all)
   Device device_;
   DeviceInterface* dev_;
   std::vector<Param> params_;

@@ -113,15 +113,17 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     const double mlp_d = E > 0 ? n * (E + k + 3.0 * k * Im) : n * 3.0 * I;
     // Op-selective layers keep ln1, ln2, qr, kr (and a dense layer's act) in one shared block instead.
     const double pointwise = n * (2.0 * H + c.q_dim() + c.kv_dim()), act = n * I;
-    int64_t checkpointed = 0, op_layers = 0, op_dense = 0;
+    int64_t checkpointed = 0, op_layers = 0, op_dense = 0, held = 0;
     for (int64_t l = 0; l < L; ++l) {
+      if (!held_[l + 1]) continue;
+      ++held;
       checkpointed += layer_checkpointed(l);
       op_layers += layer_recomputes_ops(l);
       op_dense += layer_recomputes_ops(l) && !c.is_moe_layer(l);
     }
     const double recomputed =
         op_layers * pointwise + op_dense * act - (op_layers > 0 ? pointwise + (op_dense > 0 ? act : 0) : 0);
-    const double bytes = 4 * (checkpointed * n * H + (L - checkpointed) * (attn_d + mlp_d) - recomputed +
+    const double bytes = 4 * (checkpointed * n * H + (held - checkpointed) * (attn_d + mlp_d) - recomputed +
                               (checkpointed > 0 ? attn_d + mlp_d : 0) +
                               n * (6.0 * H + 4.0 * c.q_dim() + 4.0 * c.kv_dim() + 3.0 * I + 2) +
                               std::min(n * c.vocab_size, double(kHeadChunkBytes) / 4));
@@ -143,11 +145,12 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   float* shared = nullptr;
   int32_t* shared_int = nullptr;
   bool any_checkpointed = false;
-  for (int64_t l = 0; l < L; ++l) any_checkpointed |= layer_checkpointed(l);
+  for (int64_t l = 0; l < L; ++l) any_checkpointed |= held_[l + 1] && layer_checkpointed(l);
   if (any_checkpointed) {
     int64_t mlp_max = 0;
     for (int64_t l = 0; l < L; ++l)
-      mlp_max =
+      if (held_[l + 1])
+        mlp_max =
           std::max(mlp_max, c.is_moe_layer(l) ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 3 * I);
     acts_.push_back(Tensor::empty({attn + mlp_max}, DType::F32, device_));
     shared = acts_.back().f32();
@@ -164,12 +167,13 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   float* ops_shared = nullptr;
   int64_t ops_max = 0;
   for (int64_t l = 0; l < L; ++l)
-    if (layer_recomputes_ops(l)) ops_max = std::max(ops_max, pointwise_floats(l));
+    if (held_[l + 1] && layer_recomputes_ops(l)) ops_max = std::max(ops_max, pointwise_floats(l));
   if (ops_max > 0) {
     acts_.push_back(Tensor::empty({ops_max}, DType::F32, device_));
     ops_shared = acts_.back().f32();
   }
   for (int64_t l = 0; l < L; ++l) {
+    if (!held_[l + 1]) continue;
     const bool moe = c.is_moe_layer(l), ck = layer_checkpointed(l), rec = layer_recomputes_ops(l);
     any_dense |= !moe;
     const int64_t mlp = moe ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 2 * I + N * I;
@@ -258,7 +262,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
         std::max<int64_t>(1, (N * 4 * c.vocab_size + kHeadChunkBytes - 1) / kHeadChunkBytes);
     head_rows_ = (N + chunks - 1) / chunks;
   }
-  logits_ = alloc({head_rows_, c.vocab_size});
+  if (held_[L + 1]) logits_ = alloc({head_rows_, c.vocab_size});  // (pipeline: only with the head)
   dresid_ = alloc({Nl, H});
   dln_ = alloc({N, H});
   dq_ = alloc({N, c.q_dim()});

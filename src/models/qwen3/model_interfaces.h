@@ -40,6 +40,14 @@ struct ForwardOptions {
   // one after another, positions 0, 1, 2, ... restarting at 0 where a document begins; RoPE takes these
   // positions and attention stays inside each document (the kernels' doc_start mask).
   const int32_t* position_ids = nullptr;
+  // Pipeline parallel (a model holding stages): the stage to run; its input hidden states (N,H) on the
+  // device (null for a stage holding the embedding); the MoE aux-loss statistics of the stages before it
+  // (2E, host; null: none); recompute: the same micro-batch again (its MoE expert token counts are not added
+  // a second time).
+  int stage = 0;
+  const float* stage_input = nullptr;
+  const double* aux_stats_in = nullptr;
+  bool recompute = false;
 };
 
 struct ForwardResult {

@@ -15,9 +15,17 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   // V: the vocabulary rows held here; Vf: the full vocabulary (they differ under vocab parallel).
   const int64_t N = B * T, H = c.hidden_size, V = c.vocab_size, Vf = full_vocab_size(), v0 = vocab_start();
   TITAN_CHECK(B > 0 && T > 0, "forward: empty batch (B=", B, ", T=", T, ")");
-  for (int64_t n = 0; n < N; ++n)
-    TITAN_CHECK(ids[n] >= 0 && ids[n] < Vf, "input_ids[", n / T, "][", n % T, "] = ", ids[n],
-                " is outside the vocabulary [0, ", Vf, ")");
+  TITAN_CHECK(opts.stage >= 0 && opts.stage < num_stages(), "forward: stage ", opts.stage, " of a model holding ",
+              num_stages());
+  cur_stage_ = opts.stage;
+  const StageRange range = stages_[opts.stage];
+  const bool embed = stage_has_embedding(opts.stage), head = stage_has_head(opts.stage);
+  TITAN_CHECK(embed || opts.stage_input, "forward: stage ", opts.stage, " (layers ", range.first, "..",
+              range.end - 1, ") needs the previous stage's hidden states");
+  if (embed)
+    for (int64_t n = 0; n < N; ++n)
+      TITAN_CHECK(ids[n] >= 0 && ids[n] < Vf, "input_ids[", n / T, "][", n % T, "] = ", ids[n],
+                  " is outside the vocabulary [0, ", Vf, ")");
   TITAN_CHECK(!(opts.keep_logits && vocab_parallel()),
               "forward: keep_logits under vocab parallel (each rank ",
               "holds a slice of the vocabulary's logits)");
@@ -29,12 +37,32 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   // groups are converted when gathered.
   if (bf16_ && matmul_ == &matmul_bf16_ && !streamer_)
     for (int g = c.tie_word_embeddings ? 0 : 1; g < num_groups(); ++g) make_bf16_image(g);
-  if (vocab_parallel()) {  // the embedding rows held here: local ids, -1 for the other ranks' tokens
+  if (!embed) {
+  } else if (vocab_parallel()) {  // the embedding rows held here: local ids, -1 for the other ranks' tokens
     host_ids_.resize(N);
     for (int64_t n = 0; n < N; ++n) host_ids_[n] = ids[n] >= v0 && ids[n] < v0 + V ? ids[n] - v0 : -1;
     ids_.copy_from_host(host_ids_.data());
   } else {
     ids_.copy_from_host(ids);
+  }
+  ForwardResult r;
+  if (total_moe_layers_ > 0) aux_stats_.zero_();
+  if (!head) {  // a stage before the last: its layers into stage_output()
+    if (embed) {
+      acquire_params(0);
+      embedding_->forward(layer_acts_[range.first].resid_in, ids_.data<int32_t>(), flat_params_[0].f32(), N, H);
+      release_params(0);
+    } else {
+      dev_->copy(layer_acts_[range.first].resid_in, opts.stage_input, N * H * sizeof(float));
+    }
+    run_layers(range, opts);
+    if (total_moe_layers_ > 0) {
+      aux_stats_.copy_to_host(aux_host_.data());
+      if (opts.aux_stats_in)
+        for (size_t i = 0; i < aux_host_.size(); ++i) aux_host_[i] += opts.aux_stats_in[i];
+    }
+    grad_ready_ = opts.compute_grad;
+    return r;
   }
   // HF ForCausalLMLoss: labels padded with -100 on the right and shifted left by one.
   int32_t* tgt = host_targets_.data();
@@ -51,20 +79,18 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   targets_.copy_from_host(tgt);
   tgt = targets_.data<int32_t>();
 
-  acquire_params(0);
-  // Vocab-parallel embedding: each token's row comes from the rank holding it (a sum over the group).
-  float* emb = sp_ ? sp_full_.f32() : layer_acts_[0].resid_in;
-  embedding_->forward(emb, ids_.data<int32_t>(), flat_params_[0].f32(), N, H);
-  sum_row_parallel(emb, layer_acts_[0].resid_in);
-  release_params(0);
-  auto bf16 = [this](float* x, int64_t n) { round_bf16_if(x, n); };
-  if (!moe_layers_.empty()) aux_stats_.zero_();
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    float* out = l + 1 < c.num_hidden_layers ? layer_acts_[l + 1].resid_in : final_resid_.f32();
-    acquire_params(static_cast<int>(l) + 1);
-    forward_layer(l, out, opts.compute_grad, true);
-    release_params(static_cast<int>(l) + 1);
+  if (embed) {
+    acquire_params(0);
+    // Vocab-parallel embedding: each token's row comes from the rank holding it (a sum over the group).
+    float* emb = sp_ ? sp_full_.f32() : layer_acts_[0].resid_in;
+    embedding_->forward(emb, ids_.data<int32_t>(), flat_params_[0].f32(), N, H);
+    sum_row_parallel(emb, layer_acts_[0].resid_in);
+    release_params(0);
+  } else {
+    dev_->copy(layer_acts_[range.first].resid_in, opts.stage_input, N * H * sizeof(float));
   }
+  auto bf16 = [this](float* x, int64_t n) { round_bf16_if(x, n); };
+  run_layers(range, opts);
   const int group_head = static_cast<int>(c.num_hidden_layers) + 1;
   acquire_params(group_head);
   if (c.tie_word_embeddings) acquire_params(0);
@@ -85,7 +111,6 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
       logits_copy_ = Tensor::empty({B, T, V}, DType::F32, device_);
     logits_copy_ = logits_copy_.view({B, T, V});
   }
-  ForwardResult r;
   r.num_valid = num_valid;
   const float scale = opts.grad_scale > 0 ? opts.grad_scale : num_valid > 0 ? 1.0f / (float)num_valid : 0.0f;
   // lm_head + cross-entropy chunk by chunk over rows: logits_ holds one chunk (head_rows_ x V). With
@@ -125,14 +150,16 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   r.ce_loss = num_valid > 0 ? r.loss_sum / (double)num_valid : std::nan("");
   r.loss = r.ce_loss;
   aux_scale_ = 0.0f;
-  if (!moe_layers_.empty()) {
+  if (total_moe_layers_ > 0) {
     // HF load_balancing_loss_func over the concatenated router outputs of all sparse layers (R rows):
     // aux = E * sum_e (tokens routed to e / R) * (mean router probability of e).
     const int64_t E = c.num_experts;
-    const double R = (double)N * (double)moe_layers_.size();
+    const double R = (double)N * (double)total_moe_layers_;
     aux_stats_.copy_to_host(aux_host_.data());
     // Sparse layers on this rank's rows (experts over the tensor-parallel group): the group's statistics.
     if (moe_local_) tp_->sum_host(aux_host_.data(), static_cast<int64_t>(aux_host_.size()));
+    if (opts.aux_stats_in)  // pipeline parallel: the earlier stages' sparse layers
+      for (size_t i = 0; i < aux_host_.size(); ++i) aux_host_[i] += opts.aux_stats_in[i];
     const double* counts = aux_host_.data();
     const double* prob_sum = counts + E;
     double aux = 0;
@@ -149,6 +176,16 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   }
   grad_ready_ = opts.compute_grad;
   return r;
+}
+
+// The decoder layers of one stage, from layer_acts_[range.first].resid_in to final_resid_.
+void Qwen3Model::run_layers(const StageRange& range, const ForwardOptions& opts) {
+  for (int64_t l = range.first; l < range.end; ++l) {
+    float* out = l + 1 < range.end ? layer_acts_[l + 1].resid_in : final_resid_.f32();
+    acquire_params(static_cast<int>(l) + 1);
+    forward_layer(l, out, opts.compute_grad && !opts.recompute, true);
+    release_params(static_cast<int>(l) + 1);
+  }
 }
 
 void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats) {
@@ -252,21 +289,33 @@ void Qwen3Model::recompute_layer_ops(int64_t l) {
   }
 }
 
-void Qwen3Model::backward() {
+void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float aux_scale) {
   TITAN_CHECK(grad_ready_, "backward() needs a forward() with compute_grad");
   grad_ready_ = false;
+  const StageRange range = stages_[cur_stage_];
+  const bool embed = stage_has_embedding(cur_stage_), head = stage_has_head(cur_stage_);
+  TITAN_CHECK(head || d_output, "backward: stage ", cur_stage_, " (layers ", range.first, "..", range.end - 1,
+              ") needs the gradient of its output");
+  if (!head && total_moe_layers_ > 0) {  // the head stage's aux-loss gradient
+    aux_scale_ = aux_scale;
+    if (aux_dprob) std::copy_n(aux_dprob, aux_dprob_.size(), aux_dprob_.begin());
+  }
   const auto& c = config_;
   const int64_t B = B_, T = T_, N = B * T, Nl = local_rows(), H = c.hidden_size, I = c.intermediate_size,
                 hd = c.head_dim, nH = c.num_attention_heads, nKV = c.num_key_value_heads, V = c.vocab_size;
   const int group_head = static_cast<int>(c.num_hidden_layers) + 1;
   // Streamed parameters: the head's parameters; its gradient buffers (and with tied embeddings the
   // embedding's, kept until the embedding backward at the end) were acquired by forward().
-  acquire_params(group_head);
-  acquire_grads(group_head);
-  if (c.tie_word_embeddings) acquire_grads(0);
-  const float* norm_w = flat_params_[group_head].f32();
-  // Frozen base (LoRA): no base gradients; null weight-gradient pointers make the kernels skip them.
-  float* dnorm_w = flat_grads_[group_head].defined() ? flat_grads_[group_head].f32() : nullptr;
+  const float* norm_w = nullptr;
+  float* dnorm_w = nullptr;
+  if (head) {
+    acquire_params(group_head);
+    acquire_grads(group_head);
+    if (c.tie_word_embeddings) acquire_grads(0);
+    norm_w = flat_params_[group_head].f32();
+    // Frozen base (LoRA): no base gradients; null weight-gradient pointers make the kernels skip them.
+    dnorm_w = flat_grads_[group_head].defined() ? flat_grads_[group_head].f32() : nullptr;
+  }
   const auto [cos, sin, rope_period] = rope_tables();
 
   // The first backward after zero_grad() writes each layer's weight gradients (nothing to add to).
@@ -276,12 +325,16 @@ void Qwen3Model::backward() {
   // rank's rows under sequence parallel, as dresid and the residual stream's saved tensors).
   float* dresid = dresid_.f32();
   float* dln = dln_.f32();
-  zero(dresid, Nl * H);
-  rmsnorm_->backward(dresid, dnorm_w, dln, final_resid_.f32(), norm_w, rstdf_.f32(), Nl, H);
-  release_params(group_head);
-  finish_grads(group_head);
+  if (head) {
+    zero(dresid, Nl * H);
+    rmsnorm_->backward(dresid, dnorm_w, dln, final_resid_.f32(), norm_w, rstdf_.f32(), Nl, H);
+    release_params(group_head);
+    finish_grads(group_head);
+  } else {
+    dev_->copy(dresid, d_output, Nl * H * sizeof(float));
+  }
 
-  for (int64_t l = c.num_hidden_layers - 1; l >= 0; --l) {
+  for (int64_t l = range.end - 1; l >= range.first; --l) {
     // Checkpointing: recompute the layer's activations from its saved input (dln_ is free scratch
     // for the unused output here; it is cleared before every use below).
     acquire_params(static_cast<int>(l) + 1);
@@ -360,6 +413,8 @@ void Qwen3Model::backward() {
     finish_grads(static_cast<int>(l) + 1);
     release_params(static_cast<int>(l) + 1);
   }
+  if (head && c.tie_word_embeddings && !embed) finish_grads(0);  // the last stage's embedding copy
+  if (!embed) return;  // d(input) stays in dresid_ (stage_input_grad())
   if (!c.tie_word_embeddings) acquire_grads(0);
   if (!frozen_) embedding_->backward(flat_grads_[0].f32(), full_rows(dresid), ids_.data<int32_t>(), N, H, V);
   finish_grads(0);
@@ -528,7 +583,7 @@ void Qwen3Model::zero_accumulated_grads() {
   const int group_head = static_cast<int>(flat_grads_.size()) - 1;
   for (int g = 0; g <= group_head; ++g) {
     Tensor& t = flat_grads_[g];
-    if (!t.defined()) continue;
+    if (!t.defined() || !held_[g]) continue;
     float* base = t.f32();
     if (g == 0) {
       if (!c.tie_word_embeddings) t.zero_();
