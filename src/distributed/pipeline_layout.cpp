@@ -37,6 +37,35 @@ std::vector<int64_t> PipelineLayout::stages_of(int64_t rank) const {
   return out;
 }
 
+std::vector<PipelineAction> pipeline_actions(const PipelineLayout& layout, int64_t rank) {
+  const int64_t p = layout.degree, m = layout.microbatches;
+  const std::vector<int64_t> mine = layout.stages_of(rank);
+  const int64_t v = static_cast<int64_t>(mine.size());
+  std::vector<PipelineAction> out;
+  if (layout.schedule == PipelineSchedule::kGPipe) {
+    for (int64_t i = 0; i < m; ++i) out.push_back({true, mine[0], i});
+    for (int64_t i = m - 1; i >= 0; --i) out.push_back({false, mine[0], i});
+    return out;
+  }
+  // k-th forward / backward of this rank: micro-batches in rounds of p, each round through the rank's
+  // stages in order (forward) or in reverse (backward). With v = 1 this is plain 1F1B.
+  const int64_t total = m * v;
+  auto nth = [&](int64_t k, bool forward) {
+    const int64_t round = k / (p * v), in_round = k % (p * v), chunk = in_round / p;
+    const int64_t micro = v == 1 ? k : round * p + in_round % p;
+    return PipelineAction{forward, mine[forward ? chunk : v - 1 - chunk], micro};
+  };
+  const int64_t warmup = std::min(total, v == 1 ? p - 1 - rank : 2 * (p - 1 - rank) + (v - 1) * p);
+  int64_t f = 0, b = 0;
+  for (; f < warmup; ++f) out.push_back(nth(f, true));
+  while (f < total) {
+    out.push_back(nth(f++, true));
+    out.push_back(nth(b++, false));
+  }
+  while (b < total) out.push_back(nth(b++, false));
+  return out;
+}
+
 double PipelineLayout::bubble_fraction() const {
   const double p = (double)degree, m = (double)microbatches, v = (double)stages_per_rank();
   return (p - 1) / (v * m + p - 1);

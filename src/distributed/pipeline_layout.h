@@ -62,6 +62,18 @@ struct PipelineLayout {
   std::string describe() const;  // the stages, one line each
 };
 
+// One unit of a schedule: a micro-batch's forward or backward through one stage (an index into
+// PipelineLayout::stages).
+struct PipelineAction {
+  bool forward = true;
+  int64_t stage = 0, micro = 0;
+};
+// The actions pipeline rank `rank` runs in one step, in order. GPipe: every forward, then the backwards
+// from the last micro-batch down; 1F1B: p - 1 - r forwards, then one forward and one backward in turn, then
+// the remaining backwards; Interleaved1F1B: the same over the rank's v stages, micro-batches in rounds of p
+// (forwards through the stages in order, backwards in reverse), 2 (p - 1 - r) + (v - 1) p forwards first.
+std::vector<PipelineAction> pipeline_actions(const PipelineLayout& layout, int64_t rank);
+
 // num_layers: the model's decoder layers; local_batch: training.local_batch_size (rows per data-parallel
 // rank and accumulation step), split into micro-batches of o.microbatch_size rows.
 PipelineLayout make_pipeline_layout(int64_t num_layers, int64_t local_batch, const PipelineOptions& o);

@@ -13,6 +13,7 @@
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 #include "train/metrics.h"
+#include "train/pipeline_step.h"
 #include "train/preemption.h"
 #include "train/trainer.h"
 
@@ -88,6 +89,24 @@ void Trainer::forward_backward(int64_t step, double totals[3]) {
   for (data::Batch& b : micro)
     TITAN_CHECK(data_.train->next_batch(b), "the dataset ran out of data at step ", step);
   const float grad_scale = micro_batch_grad_scale(micro);
+  if (pipeline_) {
+    // Each accumulation step's batch through the pipeline schedule, in micro-batches.
+    const int64_t m = plan_.pipeline.microbatches;
+    PipelineTotals t;
+    for (const data::Batch& batch : micro) {
+      ForwardOptions fo;
+      fo.grad_scale = grad_scale;
+      fo.labels_shifted = true;
+      fo.aux_loss_scale = mc_.output_router_logits
+                              ? static_cast<float>(mc_.router_aux_loss_coef / (plan_.grad_accum * m))
+                              : 0.0f;
+      pipeline_->run(batch, fo, t);
+    }
+    totals[0] = t.loss_sum;
+    totals[1] = t.num_valid;
+    totals[2] = t.aux_sum / static_cast<double>(m);  // the micro-batches' mean aux loss
+    return;
+  }
   for (const data::Batch& batch : micro) {
     ForwardOptions fo;
     fo.grad_scale = grad_scale;
@@ -134,7 +153,8 @@ StepOutcome Trainer::train_step(int64_t step) {
   s.loss = totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
   // HF MoE loss: CE + router_aux_loss_coef x aux (aux averaged over micro-batches and ranks).
   if (mc_.num_experts > 0 && mc_.output_router_logits)
-    s.loss += mc_.router_aux_loss_coef * totals[2] / static_cast<double>(plan_.grad_accum * world_);
+    s.loss += mc_.router_aux_loss_coef * totals[2] /
+              static_cast<double>(plan_.grad_accum * (pipeline_ ? dp_pg().size() : world_));
   if (!std::isfinite(s.loss)) {
     TITAN_CHECK(cfg_.training.skip_nan_inf, "loss is ", s.loss, " at step ", step,
                 " (set training.skip_nan_inf = true to skip such steps)");
@@ -144,6 +164,9 @@ StepOutcome Trainer::train_step(int64_t step) {
     return s;
   }
   dp_->reduce_grads();
+  // Pipeline parallel with tied embeddings: the first stage's embedding and the last stage's copy used as
+  // lm_head get the sum of both gradients (the same AdamW update keeps the copies equal).
+  if (embed_group_) embed_group_->all_reduce(dp_->optimizer_grads()[0], dist::ReduceOp::Sum);
   // Tensor parallel: the replicated parameters' partial gradients (q/k norms: each rank's own heads).
   const std::vector<Param>& trained = lora_ ? lora_->params() : model_->params();
   if (tp_) tp_->reduce_replicated_grads(trained, tp_grads());
@@ -156,12 +179,26 @@ StepOutcome Trainer::train_step(int64_t step) {
   }
   // Clipping (torch's clip_grad_norm_) is applied inside the optimizer step: one pass fewer over the
   // gradients.
-  s.grad_norm = tp_ ? std::sqrt(tp_->grad_sq_norm(trained, tp_grads())) : dp_->grad_norm();
+  s.grad_norm = tp_          ? std::sqrt(tp_->grad_sq_norm(trained, tp_grads()))
+                : pipeline_ ? pipeline_grad_norm()
+                            : dp_->grad_norm();
   s.lr = cfg_.optimizer.lr * schedule_->factor(step - 1);
   optimizer_->step(static_cast<float>(s.lr), clip_coefficient(s.grad_norm, cfg_.training.max_norm));
   dp_->after_optimizer_step();
   refresh_bf16_model();
   return s;
+}
+
+// The global gradient norm under pipeline parallel: each pipeline rank's part (over its data-parallel
+// group), summed over the pipeline; the last stage's tied embedding copy is counted once (on the first).
+double Trainer::pipeline_grad_norm() {
+  double sq = dp_->grad_norm();
+  sq *= sq;
+  if (embed_group_ && pp_group_->rank() == pp_group_->size() - 1) {
+    const double copy = dist::global_grad_norm({dp_->optimizer_grads()[0]}, dp_->grad_shard_group());
+    sq -= copy * copy;
+  }
+  return std::sqrt(std::max(0.0, pp_group_->all_reduce(sq, dist::ReduceOp::Sum)));
 }
 
 // The gradients the optimizer steps (full buffers, or FSDP shards) as the tensor-parallel layout sees them.
@@ -198,7 +235,8 @@ void Trainer::log_step(int64_t step, const StepOutcome& s, double seconds) {
   m.lr = s.lr;
   m.tokens = cfg_.training.local_batch_size * cfg_.training.seq_len * plan_.grad_accum;
   m.tps = m.tokens / seconds;
-  m.tflops = plan_.flops_per_token * m.tps / 1e12 / plan_.tensor_parallel;  // a rank's share of the FLOPs
+  // A rank's share of the FLOPs.
+  m.tflops = plan_.flops_per_token * m.tps / 1e12 / plan_.tensor_parallel / plan_.pipeline.degree;
   m.mfu = 100.0 * m.tflops / peak_tflops_;
   m.mem_gib = mem.peak.load() / double(int64_t(1) << 30);
   m.mem_pct = 100.0 * m.mem_gib / phys_gib;

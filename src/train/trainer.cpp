@@ -20,6 +20,7 @@
 #include "optim/optimizer.h"
 #include "train/checkpointing.h"
 #include "train/metrics.h"
+#include "train/pipeline_step.h"
 #include "train/plan_streamer.h"
 
 namespace titan {
@@ -53,12 +54,20 @@ void Trainer::build_process_group_and_plan() {
   rank_ = pg_->rank();
   lead_ = rank_ == 0;
   const auto& par = cfg_.parallelism;
-  const int64_t tp = par.tensor_parallel_degree;
-  // Planned (titan plan), not run yet.
-  TITAN_CHECK(par.pipeline_parallel_degree == 1,
-              "parallelism.pipeline_parallel_degree = ", par.pipeline_parallel_degree,
-              ": titan train does not run pipeline parallel yet (titan plan --nproc N plans the layout: "
-              "stages, per-rank memory, bubble, traffic); set it to 1");
+  const int64_t tp = par.tensor_parallel_degree, pp = par.pipeline_parallel_degree;
+  if (pp > 1) {
+    auto refuse = [&](bool bad, const char* what) {
+      TITAN_CHECK(!bad, "parallelism.pipeline_parallel_degree = ", pp, ": pipeline parallel does not run with ",
+                  what, " yet (titan plan --nproc N plans such layouts)");
+    };
+    refuse(tp > 1, "tensor parallel (parallelism.tensor_parallel_degree > 1)");
+    refuse(par.expert_parallel_degree > 1, "expert parallel (parallelism.expert_parallel_degree > 1)");
+    refuse(cfg_.lora.enable, "LoRA (lora.enable)");
+    refuse(cfg_.validation.enable, "validation (validation.enable)");
+    refuse(cfg_.job.device != "cpu", "a device other than the CPU (job.device)");
+    TITAN_CHECK(world_ % pp == 0, "parallelism.pipeline_parallel_degree = ", pp,
+                " does not divide the world size ", world_);
+  }
   TITAN_CHECK(
       par.context_parallel_degree == 1, "parallelism.context_parallel_degree = ", par.context_parallel_degree,
       ": titan train does not run context parallel yet (titan plan --nproc N plans the layout); set it "
@@ -67,12 +76,12 @@ void Trainer::build_process_group_and_plan() {
               " does not divide the world size ", world_);
   const int64_t dp_shard = par.data_parallel_shard_degree > 0
                                ? par.data_parallel_shard_degree
-                               : world_ / tp / par.data_parallel_replicate_degree;
+                               : world_ / tp / pp / par.data_parallel_replicate_degree;
   mc_ = resolve_model_config(cfg_);
   plan_ =
       make_plan(mc_, world_, par.data_parallel_replicate_degree, dp_shard, cfg_.training.local_batch_size,
                 cfg_.training.global_batch_size, cfg_.training.seq_len, cfg_.activation_checkpoint.policy(),
-                par.expert_parallel_degree, tp, par.enable_sequence_parallel);
+                par.expert_parallel_degree, tp, par.enable_sequence_parallel, par.pipeline());
   if (cfg_.lora.enable) {
     // LoRA: the frozen base (bf16 or f32) without gradients or optimizer state; the adapters train.
     LoraConfig lc;
@@ -91,6 +100,17 @@ void Trainer::build_process_group_and_plan() {
     dp_group_ = tensor_pg().split(rank_ % tp, rank_ / tp);
     tp_ = std::make_unique<dist::TensorParallel>(tp_group_, par.enable_sequence_parallel,
                                                  plan_.experts_over_tensor_parallel);
+  }
+  if (pp > 1) {
+    // The pipeline dimension outermost: world rank = pipeline rank x dp + data-parallel index.
+    const int64_t dp = world_ / pp, pp_rank = rank_ / dp, dp_index = rank_ % dp;
+    pp_group_ = pg_->split(static_cast<int>(dp_index), static_cast<int>(pp_rank));
+    dp_group_ = pg_->split(static_cast<int>(pp_rank), static_cast<int>(dp_index));
+    if (mc_.tie_word_embeddings) {  // (collective over the world: every rank takes part in the split)
+      const bool ends = pp_rank == 0 || pp_rank == pp - 1;
+      embed_group_ = pg_->split(static_cast<int>(ends ? dp_index : dp + rank_), static_cast<int>(pp_rank));
+      if (!ends) embed_group_.reset();
+    }
   }
   if (cfg_.job.print_config && lead_)
     std::printf("# titan train: resolved config\n%s", cfg_.to_toml().c_str());
@@ -149,6 +169,7 @@ void Trainer::build_model() {
         "there is no graph to capture, compile.enable changes nothing\n");
   if (cfg_.lora.enable) return build_lora_model();
   if (tp_) return build_tensor_parallel_model();
+  if (pp_group_) return build_pipeline_model();
   // Expert parallel: groups of expert_parallel_degree consecutive ranks split every sparse layer's experts.
   ep_group_ = dist::make_expert_group(tensor_pg(), static_cast<int>(plan_.expert_parallel));
   model_ = std::make_unique<Qwen3Model>(mc_, kernels_, ep_group_.get(), true, device_);

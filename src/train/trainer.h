@@ -35,6 +35,7 @@
 namespace titan {
 
 class PreemptionGuard;
+class PipelineStep;
 
 class Qwen3Model;
 class LoraAdapters;
@@ -154,6 +155,15 @@ class Trainer {
   std::unique_ptr<dist::TensorParallel> tp_;
   dist::ProcessGroup& dp_pg() { return dp_group_ ? *dp_group_ : tensor_pg(); }
   void build_tensor_parallel_model();
+  // Pipeline parallel (parallelism.pipeline_parallel_degree > 1, CPU): pp_group_ holds one rank per stage
+  // set (ranks r, r + dp, r + 2 dp, ...: the pipeline dimension outermost, as torchtitan's mesh), dp_group_
+  // the ranks of the same stages; with tied embeddings embed_group_ joins the first and the last pipeline
+  // rank (their embedding copies' gradients are summed).
+  std::shared_ptr<dist::ProcessGroup> pp_group_, embed_group_;
+  std::unique_ptr<PipelineStep> pipeline_;
+  void build_pipeline_model();
+  void gather_pipeline_model();
+  double pipeline_grad_norm();
   dist::TensorParallel::GradBuffers tp_grads();
   void select_device();
   bool lead_ = true;  // rank 0 prints and writes the artifacts

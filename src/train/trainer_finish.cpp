@@ -29,6 +29,7 @@ void Trainer::gather_final_model() {
   const bool on_cpu = model_->device().type == DeviceType::CPU;
   const bool want = cfg_.checkpoint.last_save_in_hf || cfg_.training.sample_tokens > 0;
   if (!want) return;
+  if (pipeline_) return gather_pipeline_model();
   if (tp_) {
     // Tensor parallel: rank 0's group gathers the slices (collective over it); with expert parallel rank
     // 0's expert group gathers every expert.

@@ -586,7 +586,8 @@ void Qwen3Model::zero_accumulated_grads() {
     if (!t.defined() || !held_[g]) continue;
     float* base = t.f32();
     if (g == 0) {
-      if (!c.tie_word_embeddings) t.zero_();
+      // (a tied embedding's gradient is first written by the lm_head's, when the head is here)
+      if (!c.tie_word_embeddings || !held_[group_head]) t.zero_();
     } else if (g == group_head) {
       zero(base, H);  // model.norm; the untied lm_head's is overwritten
     } else if (c.is_moe_layer(g - 1)) {

@@ -1,0 +1,126 @@
+#include "train/pipeline_step.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+#include "core/error.h"
+
+namespace titan {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+PipelineStep::PipelineStep(Qwen3Model& model, const dist::PipelineLayout& layout, dist::ProcessGroup& group)
+    : model_(model), layout_(layout), group_(group) {
+  TITAN_CHECK(group.size() == layout.degree, "pipeline: a group of ", group.size(), " ranks for ",
+              layout.degree, " pipeline ranks");
+  mine_ = layout.stages_of(group.rank());
+  TITAN_CHECK(static_cast<int>(mine_.size()) == model.num_stages(), "pipeline: the model holds ",
+              model.num_stages(), " stages, the layout gives this rank ", mine_.size());
+  actions_ = dist::pipeline_actions(layout, group.rank());
+}
+
+int PipelineStep::local_stage(int64_t stage) const {
+  return static_cast<int>(std::find(mine_.begin(), mine_.end(), stage) - mine_.begin());
+}
+
+void PipelineStep::run(const data::Batch& batch, const ForwardOptions& base, PipelineTotals& totals) {
+  const int64_t mb = layout_.microbatch_size, T = batch.seq_len, H = model_.config().hidden_size;
+  const int64_t N = mb * T, E = model_.config().num_experts;
+  const bool moe = model_.aux_stats().size() > 0;
+  TITAN_CHECK(batch.batch_size == layout_.microbatches * mb, "pipeline: a batch of ", batch.batch_size,
+              " rows for ", layout_.microbatches, " micro-batches of ", mb);
+  // Per (stage, micro-batch): its input hidden states and the earlier stages' aux statistics.
+  struct Kept {
+    Tensor input;
+    std::vector<double> aux_in;
+  };
+  std::map<std::pair<int64_t, int64_t>, Kept> kept;
+  Tensor dout = Tensor::empty({N, H}, DType::F32, model_.device());
+  std::vector<float> aux_grad(static_cast<size_t>(E) + 1);  // d aux / d probs (E), then d loss / d aux
+  auto timed_wait = [&](auto&& f) {
+    const double t0 = now_s();
+    f();
+    totals.wait_s += now_s() - t0;
+  };
+  auto forward = [&](int64_t stage, int64_t micro, bool grad) {
+    Kept& k = kept[{stage, micro}];
+    ForwardOptions o = base;
+    o.stage = local_stage(stage);
+    o.compute_grad = grad;
+    o.stage_input = k.input.defined() ? k.input.f32() : nullptr;
+    o.aux_stats_in = k.aux_in.empty() ? nullptr : k.aux_in.data();
+    const int64_t row = micro * mb * T;
+    if (!batch.position_ids.empty()) o.position_ids = batch.position_ids.data() + row;
+    const double t0 = now_s();
+    ForwardResult r = model_.forward(batch.input_ids.data() + row, batch.labels.data() + row, mb, T, o);
+    totals.busy_s += now_s() - t0;
+    return r;
+  };
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    const dist::PipelineAction& a = actions_[i];
+    const dist::PipelineStage& st = layout_.stages[a.stage];
+    if (a.forward) {
+      Kept& k = kept[{a.stage, a.micro}];
+      if (!st.embedding) {  // the previous stage's output (and aux statistics)
+        k.input = Tensor::empty({N, H}, DType::F32, model_.device());
+        timed_wait([&] {
+          group_.recv(k.input.raw(), N * H, dist::CommType::F32, peer(a.stage - 1));
+          if (moe) {
+            k.aux_in.resize(2 * static_cast<size_t>(E));
+            group_.recv(k.aux_in.data(), 2 * E, dist::CommType::F64, peer(a.stage - 1));
+          }
+        });
+      }
+      // With gradients only when this micro-batch's backward comes next here (else that backward
+      // re-runs it): each stage's forward with gradients runs once per micro-batch.
+      const bool grad_now = i + 1 < actions_.size() && !actions_[i + 1].forward &&
+                            actions_[i + 1].stage == a.stage && actions_[i + 1].micro == a.micro;
+      ForwardResult r = forward(a.stage, a.micro, grad_now);
+      if (st.head) {
+        totals.loss_sum += r.loss_sum;
+        totals.num_valid += static_cast<double>(r.num_valid);
+        totals.aux_sum += r.aux_loss;
+      } else {
+        group_.send(model_.stage_output(), N * H, dist::CommType::F32, peer(a.stage + 1));
+        if (moe) group_.send(model_.aux_stats().data(), 2 * E, dist::CommType::F64, peer(a.stage + 1));
+      }
+      continue;
+    }
+    // Backward: the model must hold this micro-batch's activations of this stage, with gradients.
+    const bool fresh = i > 0 && actions_[i - 1].forward && actions_[i - 1].stage == a.stage &&
+                       actions_[i - 1].micro == a.micro;
+    if (!fresh) {
+      forward(a.stage, a.micro, true);
+      ++totals.recomputed;
+    }
+    if (!st.head)
+      timed_wait([&] {
+        group_.recv(dout.raw(), N * H, dist::CommType::F32, peer(a.stage + 1));
+        if (moe) group_.recv(aux_grad.data(), E + 1, dist::CommType::F32, peer(a.stage + 1));
+      });
+    const double t0 = now_s();
+    if (st.head) {
+      model_.backward();
+      if (moe) {
+        std::copy(model_.aux_dprob().begin(), model_.aux_dprob().end(), aux_grad.begin());
+        aux_grad[E] = model_.aux_scale();
+      }
+    } else {
+      model_.backward(dout.f32(), moe ? aux_grad.data() : nullptr, moe ? aux_grad[E] : 0.0f);
+    }
+    totals.busy_s += now_s() - t0;
+    if (!st.embedding) {
+      group_.send(model_.stage_input_grad(), N * H, dist::CommType::F32, peer(a.stage - 1));
+      if (moe) group_.send(aux_grad.data(), E + 1, dist::CommType::F32, peer(a.stage - 1));
+    }
+    kept.erase({a.stage, a.micro});
+  }
+  timed_wait([&] { group_.wait_sends(); });
+}
+
+}  // namespace titan
