@@ -539,28 +539,29 @@ TEST(Qwen3Model, PipelineStagesEqualTheWholeModel) {
     fo.aux_loss_scale = 0.25f;
     const ForwardResult want = whole.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T, fo);
     whole.backward();
-    // Stages [0,1), [1,3), [3,4); the middle model holds two stages [1,2) and [2,3) (a looped placement).
+    for (const std::vector<std::vector<StageRange>>& layout :
+         {// Stages [0,1), [1,2), [2,3), [3,4); the middle model holds two (a looped placement).
+          std::vector<std::vector<StageRange>>{{{0, 1, true}}, {{1, 2}, {2, 3}}, {{3, 4, false, true}}},
+          // A stage of two layers and a last stage of the head alone (no layers).
+          std::vector<std::vector<StageRange>>{{{0, 1, true}}, {{1, 3}}, {{3, 4}}, {{4, 4, false, true}}}}) {
     std::vector<std::unique_ptr<Qwen3Model>> models;
-    models.push_back(std::make_unique<Qwen3Model>(config, KernelChoice{}, nullptr, true, Device::cpu(),
-                                                  std::vector<StageRange>{{0, 1}}));
-    models.push_back(std::make_unique<Qwen3Model>(config, KernelChoice{}, nullptr, true, Device::cpu(),
-                                                  std::vector<StageRange>{{1, 2}, {2, 3}}));
-    models.push_back(std::make_unique<Qwen3Model>(config, KernelChoice{}, nullptr, true, Device::cpu(),
-                                                  std::vector<StageRange>{{3, 4}}));
     struct Step {
       Qwen3Model* m;
       int stage;
     };
-    const std::vector<Step> order = {{models[0].get(), 0}, {models[1].get(), 0}, {models[1].get(), 1},
-                                     {models[2].get(), 0}};
+    std::vector<Step> order;
+    for (const auto& ranges : layout) {
+      models.push_back(std::make_unique<Qwen3Model>(config, KernelChoice{}, nullptr, true, Device::cpu(), ranges));
+      for (int k = 0; k < static_cast<int>(ranges.size()); ++k) order.push_back({models.back().get(), k});
+    }
     for (auto& m : models) {
       m->init_weights(7);
       for (const Param& p : m->params())
         EXPECT_EQ(rel_error(p.value, whole.param(p.name).value), 0.0) << "init of " << p.name;
     }
     EXPECT_FALSE(models[1]->holds_group(0));
-    EXPECT_EQ(models[2]->holds_group(0), config.tie_word_embeddings);  // the tied embedding's copy
-    const size_t outside_layers = config.tie_word_embeddings ? 2 : 3;   // embedding, norm (, lm_head)
+    EXPECT_EQ(models.back()->holds_group(0), config.tie_word_embeddings);  // the tied embedding's copy
+    const size_t outside_layers = config.tie_word_embeddings ? 2 : 3;       // embedding, norm (, lm_head)
     EXPECT_EQ(models[1]->params().size(), 2 * (whole.params().size() - outside_layers) / 4);
     // Forward stage by stage, each stage's input saved (the stages reuse their buffers).
     std::vector<Tensor> inputs(order.size());
@@ -584,8 +585,8 @@ TEST(Qwen3Model, PipelineStagesEqualTheWholeModel) {
     // Backward from the last stage; the middle model's stages run again first (their activations were
     // overwritten by the later stage): the recompute is bit-identical.
     Tensor dout = Tensor::empty({N, H});
-    const std::vector<float> dprob = models[2]->aux_dprob();
-    const float aux_scale = models[2]->aux_scale();
+    const std::vector<float> dprob = models.back()->aux_dprob();
+    const float aux_scale = models.back()->aux_scale();
     for (size_t i = order.size(); i-- > 0;) {
       Qwen3Model& m = *order[i].m;
       if (i + 1 < order.size()) {
@@ -610,9 +611,10 @@ TEST(Qwen3Model, PipelineStagesEqualTheWholeModel) {
       }
     if (config.tie_word_embeddings) {
       Tensor sum = models[0]->param("model.embed_tokens.weight").grad.clone();
-      const Tensor& copy = models[2]->param("model.embed_tokens.weight").grad;
+      const Tensor& copy = models.back()->param("model.embed_tokens.weight").grad;
       for (int64_t j = 0; j < sum.numel(); ++j) sum.f32()[j] += copy.f32()[j];
       EXPECT_LE(rel_error(sum, whole.param("model.embed_tokens.weight").grad), 1e-6);
+    }
     }
   }
 }

@@ -15,7 +15,7 @@ void Trainer::build_pipeline_model() {
   std::vector<StageRange> ranges;
   for (int64_t s : layout.stages_of(pp_group_->rank())) {
     const dist::PipelineStage& st = layout.stages[s];
-    ranges.push_back({st.first_layer, st.first_layer + st.num_layers});
+    ranges.push_back({st.first_layer, st.first_layer + st.num_layers, st.embedding, st.head});
   }
   model_ = std::make_unique<Qwen3Model>(mc_, kernels_, nullptr, true, device_, ranges);
   model_->init_weights(cfg_.training.seed);  // every parameter drawn: the held ones equal one rank's

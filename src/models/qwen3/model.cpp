@@ -102,12 +102,18 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
     : config_(config), stages_(std::move(stages)), device_(device), dev_(&device_interface(device.type)) {
   config_.validate("model config");
   const int64_t num_layers = config_.num_hidden_layers;
-  if (stages_.empty()) stages_.push_back({0, num_layers});
-  for (size_t s = 0; s < stages_.size(); ++s)
-    TITAN_CHECK(stages_[s].first < stages_[s].end && stages_[s].end <= num_layers &&
-                    (s == 0 ? stages_[s].first >= 0 : stages_[s].first >= stages_[s - 1].end),
-                "pipeline stages: layers [", stages_[s].first, ", ", stages_[s].end,
-                ") are not an ascending, disjoint range of the ", num_layers, " layers");
+  if (stages_.empty()) stages_.push_back({0, num_layers, true, true});
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    const StageRange& r = stages_[s];
+    TITAN_CHECK(r.first <= r.end && r.end <= num_layers &&
+                    (s == 0 ? r.first >= 0 : r.first >= stages_[s - 1].end),
+                "pipeline stages: layers [", r.first, ", ", r.end, ") are not an ascending, disjoint range of the ",
+                num_layers, " layers");
+    TITAN_CHECK(!r.embedding || (s == 0 && r.first == 0), "pipeline stages: the embedding goes with layer 0");
+    TITAN_CHECK(!r.head || (s + 1 == stages_.size() && r.end == num_layers),
+                "pipeline stages: the head goes with the last layer");
+  }
+  layer_grads_zeroed_.assign(stages_.size(), false);
   held_.assign(num_layers + 2, false);
   held_[0] = stage_has_embedding(0) || (stage_has_head(num_stages() - 1) && config_.tie_word_embeddings);
   held_[num_layers + 1] = stage_has_head(num_stages() - 1);
@@ -698,7 +704,8 @@ void Qwen3Model::zero_grad() {
   } else {
     zero_accumulated_grads();
   }
-  head_grad_zeroed_ = layer_grads_zeroed_ = true;
+  head_grad_zeroed_ = true;
+  layer_grads_zeroed_.assign(stages_.size(), true);
 }
 
 }  // namespace titan

@@ -57,6 +57,8 @@ void make_rope_tables(const Qwen3Config& c, int64_t T, Device device, Tensor& co
 // gradient the trainer sums with the first stage's so that both copies stay equal).
 struct StageRange {
   int64_t first = 0, end = 0;
+  bool embedding = false;  // the first stage of the model (first == 0): embed_tokens
+  bool head = false;       // the last stage (end == num_hidden_layers): the final norm and lm_head
 };
 
 class Qwen3Model {
@@ -135,8 +137,8 @@ class Qwen3Model {
   // ---- pipeline stages ----
   int num_stages() const { return static_cast<int>(stages_.size()); }
   const StageRange& stage(int s) const { return stages_[s]; }
-  bool stage_has_embedding(int s) const { return stages_[s].first == 0; }
-  bool stage_has_head(int s) const { return stages_[s].end == config_.num_hidden_layers; }
+  bool stage_has_embedding(int s) const { return stages_[s].embedding; }
+  bool stage_has_head(int s) const { return stages_[s].head; }
   bool holds_group(int g) const { return held_[g]; }
   // The whole model in one stage (no pipeline).
   bool whole() const { return stages_.size() == 1 && stages_[0].first == 0 && stage_has_head(0); }
@@ -240,6 +242,11 @@ class Qwen3Model {
   // accumulate_stats: add the aux-loss statistics (false when recomputing under checkpointing).
   void moe_forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats = true);
   void run_layers(const StageRange& range, const ForwardOptions& opts);
+  // Where a stage's input goes: its first layer's input, or for a stage without layers (only the embedding
+  // or only the head) straight into the layers' output.
+  float* stage_in(const StageRange& range) {
+    return range.first < range.end ? layer_acts_[range.first].resid_in : final_resid_.f32();
+  }
   // Decoder layer l from layer_acts_[l].resid_in into out (N,H), saving its activations.
   void forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats);
   // The pointwise parts of forward_layer, shared with recompute_layer_ops (the op-selective backward).
@@ -359,7 +366,8 @@ class Qwen3Model {
   // Set by zero_grad() (unstreamed gradients): the buffers hold zeros, so the first weight-gradient GEMM
   // into each writes it instead of adding to it (the head's in the next forward, the layers' in the next
   // backward).
-  bool head_grad_zeroed_ = false, layer_grads_zeroed_ = false;
+  bool head_grad_zeroed_ = false;
+  std::vector<bool> layer_grads_zeroed_;  // per stage (its layers' weight gradients hold zeros)
   bool bf16_ = false;
   int64_t ac_every_ = 0;
   bool ac_ops_ = false;

@@ -50,10 +50,10 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   if (!head) {  // a stage before the last: its layers into stage_output()
     if (embed) {
       acquire_params(0);
-      embedding_->forward(layer_acts_[range.first].resid_in, ids_.data<int32_t>(), flat_params_[0].f32(), N, H);
+      embedding_->forward(stage_in(range), ids_.data<int32_t>(), flat_params_[0].f32(), N, H);
       release_params(0);
     } else {
-      dev_->copy(layer_acts_[range.first].resid_in, opts.stage_input, N * H * sizeof(float));
+      dev_->copy(stage_in(range), opts.stage_input, N * H * sizeof(float));
     }
     run_layers(range, opts);
     if (total_moe_layers_ > 0) {
@@ -82,12 +82,12 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   if (embed) {
     acquire_params(0);
     // Vocab-parallel embedding: each token's row comes from the rank holding it (a sum over the group).
-    float* emb = sp_ ? sp_full_.f32() : layer_acts_[0].resid_in;
+    float* emb = sp_ ? sp_full_.f32() : stage_in(range);
     embedding_->forward(emb, ids_.data<int32_t>(), flat_params_[0].f32(), N, H);
-    sum_row_parallel(emb, layer_acts_[0].resid_in);
+    sum_row_parallel(emb, stage_in(range));
     release_params(0);
   } else {
-    dev_->copy(layer_acts_[range.first].resid_in, opts.stage_input, N * H * sizeof(float));
+    dev_->copy(stage_in(range), opts.stage_input, N * H * sizeof(float));
   }
   auto bf16 = [this](float* x, int64_t n) { round_bf16_if(x, n); };
   run_layers(range, opts);
@@ -319,8 +319,8 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
   const auto [cos, sin, rope_period] = rope_tables();
 
   // The first backward after zero_grad() writes each layer's weight gradients (nothing to add to).
-  const bool acc_dw = !(layer_grads_zeroed_ && !streamer_);
-  layer_grads_zeroed_ = false;
+  const bool acc_dw = !(layer_grads_zeroed_[cur_stage_] && !streamer_);
+  layer_grads_zeroed_[cur_stage_] = false;
   // Head: forward() already accumulated the lm_head gradient and left d(final norm output) in dln_ (this
   // rank's rows under sequence parallel, as dresid and the residual stream's saved tensors).
   float* dresid = dresid_.f32();
