@@ -598,8 +598,9 @@ TEST(DistPipelineParallel, TrainMatchesOneRank) {
                             {"one_hf", " --model.flavor=debug" + hf},
                             {"one_moe_aux", aux}}) {
     const std::string local_batch = name == "one_moe_aux" ? "1" : "4";  // (MoE: 4 micro-batches accumulated)
-    RunResult r = run_shell("timeout 300 " + kTitan + " train" + common + args +
-                            " --training.local_batch_size=" + local_batch + " --job.dump_folder=" + (tmp / name));
+    RunResult r =
+        run_shell("timeout 300 " + kTitan + " train" + common + args +
+                  " --training.local_batch_size=" + local_batch + " --job.dump_folder=" + (tmp / name));
     ASSERT_EQ(r.rc, 0) << r.output;
   }
   struct Layout {
@@ -611,7 +612,8 @@ TEST(DistPipelineParallel, TrainMatchesOneRank) {
   for (const Layout& l :
        {Layout{"pp2_1f1b", "one", pp2, 2, 4},
         Layout{"pp2_gpipe", "one", pp2 + " --parallelism.pipeline_parallel_schedule=GPipe", 2, 4},
-        Layout{"pp2_interleaved", "one", pp2 + " --parallelism.pipeline_parallel_schedule=Interleaved1F1B", 2, 4},
+        Layout{"pp2_interleaved", "one", pp2 + " --parallelism.pipeline_parallel_schedule=Interleaved1F1B", 2,
+               4},
         Layout{"pp4_1f1b", "one", pp4, 4, 4},
         Layout{"pp4_gpipe", "one", pp4 + " --parallelism.pipeline_parallel_schedule=GPipe", 4, 4},
         Layout{"pp2_mb2", "one", pp2 + " --parallelism.pipeline_parallel_microbatch_size=2", 2, 4},
@@ -619,13 +621,14 @@ TEST(DistPipelineParallel, TrainMatchesOneRank) {
         Layout{"pp2_ddp2", "one", pp2 + " --parallelism.data_parallel_replicate_degree=2", 4, 2},
         Layout{"pp2_full_ac", "one", pp2 + " --activation_checkpoint.mode=full", 2, 4},
         Layout{"pp2_hf", "one_hf", pp2 + hf, 2, 4},
-        Layout{"pp2_moe_aux", "one_moe_aux",
-               aux + " --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_microbatch_size=1",
-               2, 4}}) {
+        Layout{
+            "pp2_moe_aux", "one_moe_aux",
+            aux +
+                " --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_microbatch_size=1",
+            2, 4}}) {
     RunResult r = run_shell("timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(l.np) +
-                            " " + kTitan + " train" + common + l.args +
-                            " --training.local_batch_size=" + std::to_string(l.local_batch) +
-                            " --job.dump_folder=" + (tmp / l.name));
+                            " " + kTitan + " train" + common + l.args + " --training.local_batch_size=" +
+                            std::to_string(l.local_batch) + " --job.dump_folder=" + (tmp / l.name));
     ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.output;
     EXPECT_NE(r.output.find("pipeline parallel: "), std::string::npos) << r.output;
     expect_run_matches(tmp, l.ref, l.name);

@@ -517,7 +517,9 @@ TEST(Qwen3Model, PackedRowsEqualSeparateRows) {
   std::vector<int32_t> ids(6, 1), tgt(6, 2), bad = {0, 1, 2, 4, 0, 1};
   ForwardOptions o;
   o.position_ids = bad.data();
-  EXPECT_NE(testing::error_of([&] { model.forward(ids.data(), tgt.data(), 1, 6, o); }).find("position_ids[0][3] = 4"),
+  EXPECT_NE(testing::error_of([&] {
+              model.forward(ids.data(), tgt.data(), 1, 6, o);
+            }).find("position_ids[0][3] = 4"),
             std::string::npos);
 }
 
@@ -537,84 +539,86 @@ TEST(Qwen3Model, PipelineStagesEqualTheWholeModel) {
     whole.init_weights(7);
     ForwardOptions fo;
     fo.aux_loss_scale = 0.25f;
-    const ForwardResult want = whole.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T, fo);
+    const ForwardResult want =
+        whole.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T, fo);
     whole.backward();
     for (const std::vector<std::vector<StageRange>>& layout :
          {// Stages [0,1), [1,2), [2,3), [3,4); the middle model holds two (a looped placement).
           std::vector<std::vector<StageRange>>{{{0, 1, true}}, {{1, 2}, {2, 3}}, {{3, 4, false, true}}},
           // A stage of two layers and a last stage of the head alone (no layers).
           std::vector<std::vector<StageRange>>{{{0, 1, true}}, {{1, 3}}, {{3, 4}}, {{4, 4, false, true}}}}) {
-    std::vector<std::unique_ptr<Qwen3Model>> models;
-    struct Step {
-      Qwen3Model* m;
-      int stage;
-    };
-    std::vector<Step> order;
-    for (const auto& ranges : layout) {
-      models.push_back(std::make_unique<Qwen3Model>(config, KernelChoice{}, nullptr, true, Device::cpu(), ranges));
-      for (int k = 0; k < static_cast<int>(ranges.size()); ++k) order.push_back({models.back().get(), k});
-    }
-    for (auto& m : models) {
-      m->init_weights(7);
-      for (const Param& p : m->params())
-        EXPECT_EQ(rel_error(p.value, whole.param(p.name).value), 0.0) << "init of " << p.name;
-    }
-    EXPECT_FALSE(models[1]->holds_group(0));
-    EXPECT_EQ(models.back()->holds_group(0), config.tie_word_embeddings);  // the tied embedding's copy
-    const size_t outside_layers = config.tie_word_embeddings ? 2 : 3;       // embedding, norm (, lm_head)
-    EXPECT_EQ(models[1]->params().size(), 2 * (whole.params().size() - outside_layers) / 4);
-    // Forward stage by stage, each stage's input saved (the stages reuse their buffers).
-    std::vector<Tensor> inputs(order.size());
-    std::vector<std::vector<double>> stats(order.size());
-    ForwardResult got;
-    for (size_t i = 0; i < order.size(); ++i) {
-      ForwardOptions o = fo;
-      o.stage = order[i].stage;
-      if (i > 0) {
-        inputs[i] = Tensor::empty({N, H});
-        std::memcpy(inputs[i].f32(), order[i - 1].m->stage_output(), N * H * sizeof(float));
-        o.stage_input = inputs[i].f32();
-        if (config.is_moe()) o.aux_stats_in = stats[i - 1].data();
+      std::vector<std::unique_ptr<Qwen3Model>> models;
+      struct Step {
+        Qwen3Model* m;
+        int stage;
+      };
+      std::vector<Step> order;
+      for (const auto& ranges : layout) {
+        models.push_back(
+            std::make_unique<Qwen3Model>(config, KernelChoice{}, nullptr, true, Device::cpu(), ranges));
+        for (int k = 0; k < static_cast<int>(ranges.size()); ++k) order.push_back({models.back().get(), k});
       }
-      got = order[i].m->forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T, o);
-      stats[i] = order[i].m->aux_stats();
-    }
-    EXPECT_EQ(got.loss, want.loss);
-    EXPECT_EQ(got.num_valid, want.num_valid);
-    EXPECT_EQ(got.aux_loss, want.aux_loss);
-    // Backward from the last stage; the middle model's stages run again first (their activations were
-    // overwritten by the later stage): the recompute is bit-identical.
-    Tensor dout = Tensor::empty({N, H});
-    const std::vector<float> dprob = models.back()->aux_dprob();
-    const float aux_scale = models.back()->aux_scale();
-    for (size_t i = order.size(); i-- > 0;) {
-      Qwen3Model& m = *order[i].m;
-      if (i + 1 < order.size()) {
-        if (&m == order[i + 1].m) {
-          ForwardOptions o = fo;
-          o.stage = order[i].stage;
+      for (auto& m : models) {
+        m->init_weights(7);
+        for (const Param& p : m->params())
+          EXPECT_EQ(rel_error(p.value, whole.param(p.name).value), 0.0) << "init of " << p.name;
+      }
+      EXPECT_FALSE(models[1]->holds_group(0));
+      EXPECT_EQ(models.back()->holds_group(0), config.tie_word_embeddings);  // the tied embedding's copy
+      const size_t outside_layers = config.tie_word_embeddings ? 2 : 3;      // embedding, norm (, lm_head)
+      EXPECT_EQ(models[1]->params().size(), 2 * (whole.params().size() - outside_layers) / 4);
+      // Forward stage by stage, each stage's input saved (the stages reuse their buffers).
+      std::vector<Tensor> inputs(order.size());
+      std::vector<std::vector<double>> stats(order.size());
+      ForwardResult got;
+      for (size_t i = 0; i < order.size(); ++i) {
+        ForwardOptions o = fo;
+        o.stage = order[i].stage;
+        if (i > 0) {
+          inputs[i] = Tensor::empty({N, H});
+          std::memcpy(inputs[i].f32(), order[i - 1].m->stage_output(), N * H * sizeof(float));
           o.stage_input = inputs[i].f32();
-          o.aux_stats_in = i > 0 && config.is_moe() ? stats[i - 1].data() : nullptr;
-          o.recompute = true;
-          m.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T, o);
+          if (config.is_moe()) o.aux_stats_in = stats[i - 1].data();
         }
-        m.backward(dout.f32(), dprob.data(), aux_scale);
-      } else {
-        m.backward();
+        got = order[i].m->forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T, o);
+        stats[i] = order[i].m->aux_stats();
       }
-      if (i > 0) std::memcpy(dout.f32(), m.stage_input_grad(), N * H * sizeof(float));
-    }
-    for (auto& m : models)
-      for (const Param& p : m->params()) {
-        if (p.name == "model.embed_tokens.weight" && config.tie_word_embeddings) continue;
-        EXPECT_LE(rel_error(p.grad, whole.param(p.name).grad), 1e-6) << p.name;
+      EXPECT_EQ(got.loss, want.loss);
+      EXPECT_EQ(got.num_valid, want.num_valid);
+      EXPECT_EQ(got.aux_loss, want.aux_loss);
+      // Backward from the last stage; the middle model's stages run again first (their activations were
+      // overwritten by the later stage): the recompute is bit-identical.
+      Tensor dout = Tensor::empty({N, H});
+      const std::vector<float> dprob = models.back()->aux_dprob();
+      const float aux_scale = models.back()->aux_scale();
+      for (size_t i = order.size(); i-- > 0;) {
+        Qwen3Model& m = *order[i].m;
+        if (i + 1 < order.size()) {
+          if (&m == order[i + 1].m) {
+            ForwardOptions o = fo;
+            o.stage = order[i].stage;
+            o.stage_input = inputs[i].f32();
+            o.aux_stats_in = i > 0 && config.is_moe() ? stats[i - 1].data() : nullptr;
+            o.recompute = true;
+            m.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T, o);
+          }
+          m.backward(dout.f32(), dprob.data(), aux_scale);
+        } else {
+          m.backward();
+        }
+        if (i > 0) std::memcpy(dout.f32(), m.stage_input_grad(), N * H * sizeof(float));
       }
-    if (config.tie_word_embeddings) {
-      Tensor sum = models[0]->param("model.embed_tokens.weight").grad.clone();
-      const Tensor& copy = models.back()->param("model.embed_tokens.weight").grad;
-      for (int64_t j = 0; j < sum.numel(); ++j) sum.f32()[j] += copy.f32()[j];
-      EXPECT_LE(rel_error(sum, whole.param("model.embed_tokens.weight").grad), 1e-6);
-    }
+      for (auto& m : models)
+        for (const Param& p : m->params()) {
+          if (p.name == "model.embed_tokens.weight" && config.tie_word_embeddings) continue;
+          EXPECT_LE(rel_error(p.grad, whole.param(p.name).grad), 1e-6) << p.name;
+        }
+      if (config.tie_word_embeddings) {
+        Tensor sum = models[0]->param("model.embed_tokens.weight").grad.clone();
+        const Tensor& copy = models.back()->param("model.embed_tokens.weight").grad;
+        for (int64_t j = 0; j < sum.numel(); ++j) sum.f32()[j] += copy.f32()[j];
+        EXPECT_LE(rel_error(sum, whole.param("model.embed_tokens.weight").grad), 1e-6);
+      }
     }
   }
 }

@@ -7,11 +7,11 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <deque>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <thread>
 
@@ -275,7 +275,8 @@ class MpiProcessGroup final : public ProcessGroup {
     reap_sends(false);
     pending_.emplace_back();
     Pending& p = pending_.back();
-    p.data.assign(static_cast<const char*>(buf), static_cast<const char*>(buf) + count * comm_type_size(type));
+    p.data.assign(static_cast<const char*>(buf),
+                  static_cast<const char*>(buf) + count * comm_type_size(type));
     check_mpi(MPI_Isend(p.data.data(), int(count), mpi_type(type), dst, kP2pTag, comm_, &p.req), "send");
   }
   void recv(void* buf, int64_t count, CommType type, int src) override {
@@ -367,8 +368,8 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   void check_peer(int peer, const char* what) const {
-    TITAN_CHECK(peer >= 0 && peer < size_ && peer != rank_, what, ": peer ", peer, " is not another rank of a group of ",
-                size_, " (this rank is ", rank_, ")");
+    TITAN_CHECK(peer >= 0 && peer < size_ && peer != rank_, what, ": peer ", peer,
+                " is not another rank of a group of ", size_, " (this rank is ", rank_, ")");
   }
   // Completed sends are freed; all = true waits for every one (watched like a collective).
   void reap_sends(bool all) {

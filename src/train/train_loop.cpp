@@ -179,7 +179,7 @@ StepOutcome Trainer::train_step(int64_t step) {
   }
   // Clipping (torch's clip_grad_norm_) is applied inside the optimizer step: one pass fewer over the
   // gradients.
-  s.grad_norm = tp_          ? std::sqrt(tp_->grad_sq_norm(trained, tp_grads()))
+  s.grad_norm = tp_         ? std::sqrt(tp_->grad_sq_norm(trained, tp_grads()))
                 : pipeline_ ? pipeline_grad_norm()
                             : dp_->grad_norm();
   s.lr = cfg_.optimizer.lr * schedule_->factor(step - 1);

@@ -57,8 +57,9 @@ void Trainer::build_process_group_and_plan() {
   const int64_t tp = par.tensor_parallel_degree, pp = par.pipeline_parallel_degree;
   if (pp > 1) {
     auto refuse = [&](bool bad, const char* what) {
-      TITAN_CHECK(!bad, "parallelism.pipeline_parallel_degree = ", pp, ": pipeline parallel does not run with ",
-                  what, " yet (titan plan --nproc N plans such layouts)");
+      TITAN_CHECK(!bad, "parallelism.pipeline_parallel_degree = ", pp,
+                  ": pipeline parallel does not run with ", what,
+                  " yet (titan plan --nproc N plans such layouts)");
     };
     refuse(tp > 1, "tensor parallel (parallelism.tensor_parallel_degree > 1)");
     refuse(par.expert_parallel_degree > 1, "expert parallel (parallelism.expert_parallel_degree > 1)");

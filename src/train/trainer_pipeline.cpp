@@ -26,10 +26,10 @@ void Trainer::build_pipeline_model() {
   load_initial_weights();
   pipeline_ = std::make_unique<PipelineStep>(*model_, layout, *pp_group_);
   if (lead_) {
-    std::printf("pipeline parallel: %lld ranks, schedule %s, %lld micro-batches of %lld rows, bubble %.1f%%\n",
-                (long long)layout.degree, dist::pipeline_schedule_name(layout.schedule),
-                (long long)layout.microbatches, (long long)layout.microbatch_size,
-                100.0 * layout.bubble_fraction());
+    std::printf(
+        "pipeline parallel: %lld ranks, schedule %s, %lld micro-batches of %lld rows, bubble %.1f%%\n",
+        (long long)layout.degree, dist::pipeline_schedule_name(layout.schedule),
+        (long long)layout.microbatches, (long long)layout.microbatch_size, 100.0 * layout.bubble_fraction());
     std::printf("%s", layout.describe().c_str());
   }
 }

@@ -105,10 +105,10 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
   if (stages_.empty()) stages_.push_back({0, num_layers, true, true});
   for (size_t s = 0; s < stages_.size(); ++s) {
     const StageRange& r = stages_[s];
-    TITAN_CHECK(r.first <= r.end && r.end <= num_layers &&
-                    (s == 0 ? r.first >= 0 : r.first >= stages_[s - 1].end),
-                "pipeline stages: layers [", r.first, ", ", r.end, ") are not an ascending, disjoint range of the ",
-                num_layers, " layers");
+    TITAN_CHECK(
+        r.first <= r.end && r.end <= num_layers && (s == 0 ? r.first >= 0 : r.first >= stages_[s - 1].end),
+        "pipeline stages: layers [", r.first, ", ", r.end, ") are not an ascending, disjoint range of the ",
+        num_layers, " layers");
     TITAN_CHECK(!r.embedding || (s == 0 && r.first == 0), "pipeline stages: the embedding goes with layer 0");
     TITAN_CHECK(!r.head || (s + 1 == stages_.size() && r.end == num_layers),
                 "pipeline stages: the head goes with the last layer");

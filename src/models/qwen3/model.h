@@ -290,8 +290,8 @@ class Qwen3Model {
 
   Qwen3Config config_;
   std::vector<StageRange> stages_;
-  std::vector<bool> held_;  // per group
-  int cur_stage_ = 0;       // the stage of the last forward
+  std::vector<bool> held_;        // per group
+  int cur_stage_ = 0;             // the stage of the last forward
   int64_t total_moe_layers_ = 0;  // sparse layers of the full model (the aux loss averages over all)
   Device device_;
   DeviceInterface* dev_;

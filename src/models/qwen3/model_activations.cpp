@@ -151,7 +151,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     for (int64_t l = 0; l < L; ++l)
       if (held_[l + 1])
         mlp_max =
-          std::max(mlp_max, c.is_moe_layer(l) ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 3 * I);
+            std::max(mlp_max, c.is_moe_layer(l) ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 3 * I);
     acts_.push_back(Tensor::empty({attn + mlp_max}, DType::F32, device_));
     shared = acts_.back().f32();
     if (!moe_layers_.empty()) {

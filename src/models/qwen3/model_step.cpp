@@ -15,8 +15,8 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   // V: the vocabulary rows held here; Vf: the full vocabulary (they differ under vocab parallel).
   const int64_t N = B * T, H = c.hidden_size, V = c.vocab_size, Vf = full_vocab_size(), v0 = vocab_start();
   TITAN_CHECK(B > 0 && T > 0, "forward: empty batch (B=", B, ", T=", T, ")");
-  TITAN_CHECK(opts.stage >= 0 && opts.stage < num_stages(), "forward: stage ", opts.stage, " of a model holding ",
-              num_stages());
+  TITAN_CHECK(opts.stage >= 0 && opts.stage < num_stages(), "forward: stage ", opts.stage,
+              " of a model holding ", num_stages());
   cur_stage_ = opts.stage;
   const StageRange range = stages_[opts.stage];
   const bool embed = stage_has_embedding(opts.stage), head = stage_has_head(opts.stage);
@@ -415,7 +415,7 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
   }
   if (head && c.tie_word_embeddings && !embed) finish_grads(0);  // the last stage's embedding copy
   if (!embed) return;  // d(input) stays in dresid_ (stage_input_grad())
-  if (!c.tie_word_embeddings) acquire_grads(0);
+  acquire_grads(0);    // (idempotent: a tied head here took it in forward())
   if (!frozen_) embedding_->backward(flat_grads_[0].f32(), full_rows(dresid), ids_.data<int32_t>(), N, H, V);
   finish_grads(0);
 }
