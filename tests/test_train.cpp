@@ -721,6 +721,10 @@ TEST(Trainer, PipelineAndContextParallelPlans) {
       0);
   EXPECT_NE(out.find("--nproc 6 is not a multiple of"), std::string::npos) << out;
   EXPECT_NE(testing::run_titan("train --dry-run --parallelism.pipeline_parallel_degree=2", &out), 0);
+  EXPECT_NE(out.find("pipeline parallel does not run with validation"), std::string::npos) << out;
+  EXPECT_NE(testing::run_titan(
+                "train --dry-run --parallelism.pipeline_parallel_degree=2 --validation.enable=false", &out),
+            0);
   EXPECT_NE(out.find("parallelism.pipeline_parallel_degree = 2 does not divide the world size 1"),
             std::string::npos)
       << out;
