@@ -596,6 +596,7 @@ TEST(DistPipelineParallel, TrainMatchesOneRank) {
   const std::string aux = " --model.flavor=debug_moe --model.moe_aux_loss=on";
   for (auto [name, args] : {std::pair<std::string, std::string>{"one", " --model.flavor=debug"},
                             {"one_hf", " --model.flavor=debug" + hf},
+                            {"one_moe", " --model.flavor=debug_moe"},
                             {"one_moe_aux", aux}}) {
     const std::string local_batch = name == "one_moe_aux" ? "1" : "4";  // (MoE: 4 micro-batches accumulated)
     RunResult r =
@@ -621,6 +622,10 @@ TEST(DistPipelineParallel, TrainMatchesOneRank) {
         Layout{"pp2_ddp2", "one", pp2 + " --parallelism.data_parallel_replicate_degree=2", 4, 2},
         Layout{"pp2_full_ac", "one", pp2 + " --activation_checkpoint.mode=full", 2, 4},
         Layout{"pp2_hf", "one_hf", pp2 + hf, 2, 4},
+        Layout{"pp2_ep2", "one_moe",
+               " --model.flavor=debug_moe --parallelism.pipeline_parallel_degree=2"
+               " --parallelism.expert_parallel_degree=2 --parallelism.data_parallel_replicate_degree=2",
+               4, 2},
         Layout{
             "pp2_moe_aux", "one_moe_aux",
             aux +
@@ -633,6 +638,27 @@ TEST(DistPipelineParallel, TrainMatchesOneRank) {
     EXPECT_NE(r.output.find("pipeline parallel: "), std::string::npos) << r.output;
     expect_run_matches(tmp, l.ref, l.name);
   }
+  // Validation runs forward through the pipeline: the same validation losses as one rank.
+  const std::string val =
+      " --training.steps=4 --training.val_fraction=0.1 --validation.enable=true"
+      " --validation.freq=2 --validation.steps=3 --training.local_batch_size=4";
+  auto val_losses = [](const std::string& out) {
+    std::vector<double> v;
+    for (size_t at = out.find("val_loss:"); at != std::string::npos; at = out.find("val_loss:", at + 1))
+      v.push_back(std::stod(out.substr(at + 9)));
+    return v;
+  };
+  RunResult one = run_shell("timeout 300 " + kTitan + " train" + common + " --model.flavor=debug" + val +
+                            " --job.dump_folder=" + (tmp / "one_val"));
+  ASSERT_EQ(one.rc, 0) << one.output;
+  RunResult pp = run_shell("timeout 300 mpirun --oversubscribe --bind-to none -np 2 " + kTitan + " train" +
+                           common + pp2 + " --parallelism.pipeline_parallel_schedule=Interleaved1F1B" + val +
+                           " --job.dump_folder=" + (tmp / "pp2_val"));
+  ASSERT_EQ(pp.rc, 0) << pp.output;
+  const std::vector<double> want = val_losses(one.output), got = val_losses(pp.output);
+  ASSERT_EQ(want.size(), 2u) << one.output;
+  ASSERT_EQ(got.size(), want.size()) << pp.output;
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]);
 }
 
 // Checkpoints hold the full model's groups whatever the layout: a TP 2 run killed after its step-5

@@ -1,11 +1,12 @@
 #include "train/evaluate.h"
 
 #include "distributed/process_group.h"
+#include "train/pipeline_step.h"
 
 namespace titan {
 
 EvalResult evaluate_loss(Qwen3Model& model, data::DataLoader& loader, int64_t max_batches,
-                         dist::ProcessGroup* pg) {
+                         dist::ProcessGroup* pg, PipelineStep* pipeline) {
   EvalResult out;
   data::Batch batch;
   double sums[2] = {0, 0};  // CE sum, valid targets: summed over the ranks at the end
@@ -13,6 +14,14 @@ EvalResult evaluate_loss(Qwen3Model& model, data::DataLoader& loader, int64_t ma
     ForwardOptions fo;
     fo.compute_grad = false;
     fo.labels_shifted = true;  // loader labels: labels[t] is the target of position t
+    if (pipeline) {
+      PipelineTotals t;
+      pipeline->forward_only(batch, fo, t);
+      sums[0] += t.loss_sum;
+      sums[1] += t.num_valid;
+      ++out.batches;
+      continue;
+    }
     if (!batch.position_ids.empty()) fo.position_ids = batch.position_ids.data();  // packed chat rows
     const ForwardResult r =
         model.forward(batch.input_ids.data(), batch.labels.data(), batch.batch_size, batch.seq_len, fo);

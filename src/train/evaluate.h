@@ -12,6 +12,7 @@ namespace titan {
 namespace dist {
 class ProcessGroup;
 }
+class PipelineStep;
 
 struct EvalResult {
   double loss_sum = 0;  // cross-entropy summed over the valid targets (every rank)
@@ -30,7 +31,9 @@ struct EvalResult {
 // With `pg` (world > 1) every rank reads its own windows and the sums are all-reduced: the result is the
 // mean over every rank's windows, the same on each rank. Collective: every rank calls it, and the
 // loaders must give every rank the same number of batches (DataLoader does).
+// pipeline: the model holds pipeline stages; each batch runs forward through the pipeline (every rank of
+// a pipeline reads the same batches; the loss is the last stage's).
 EvalResult evaluate_loss(Qwen3Model& model, data::DataLoader& loader, int64_t max_batches,
-                         dist::ProcessGroup* pg = nullptr);
+                         dist::ProcessGroup* pg = nullptr, PipelineStep* pipeline = nullptr);
 
 }  // namespace titan

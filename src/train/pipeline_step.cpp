@@ -123,4 +123,40 @@ void PipelineStep::run(const data::Batch& batch, const ForwardOptions& base, Pip
   timed_wait([&] { group_.wait_sends(); });
 }
 
+void PipelineStep::forward_only(const data::Batch& batch, const ForwardOptions& base,
+                                PipelineTotals& totals) {
+  const int64_t T = batch.seq_len, H = model_.config().hidden_size, E = model_.config().num_experts;
+  const int64_t mb =
+      batch.batch_size % layout_.microbatch_size == 0 ? layout_.microbatch_size : batch.batch_size;
+  const int64_t N = mb * T;
+  const bool moe = model_.aux_stats().size() > 0;
+  Tensor input = Tensor::empty({N, H}, DType::F32, model_.device());
+  std::vector<double> aux_in(moe ? 2 * static_cast<size_t>(E) : 0);
+  // Micro-batch by micro-batch, this rank's stages in model order: every item waits only on an earlier one.
+  for (int64_t row = 0; row < batch.batch_size; row += mb)
+    for (int64_t stage : mine_) {
+      const dist::PipelineStage& st = layout_.stages[stage];
+      ForwardOptions o = base;
+      o.stage = local_stage(stage);
+      o.compute_grad = false;
+      if (!st.embedding) {
+        group_.recv(input.raw(), N * H, dist::CommType::F32, peer(stage - 1));
+        if (moe) group_.recv(aux_in.data(), 2 * E, dist::CommType::F64, peer(stage - 1));
+        o.stage_input = input.f32();
+        o.aux_stats_in = moe ? aux_in.data() : nullptr;
+      }
+      const int64_t at = row * T;
+      if (!batch.position_ids.empty()) o.position_ids = batch.position_ids.data() + at;
+      const ForwardResult r = model_.forward(batch.input_ids.data() + at, batch.labels.data() + at, mb, T, o);
+      if (st.head) {
+        totals.loss_sum += r.loss_sum;
+        totals.num_valid += static_cast<double>(r.num_valid);
+      } else {
+        group_.send(model_.stage_output(), N * H, dist::CommType::F32, peer(stage + 1));
+        if (moe) group_.send(model_.aux_stats().data(), 2 * E, dist::CommType::F64, peer(stage + 1));
+      }
+    }
+  group_.wait_sends();
+}
+
 }  // namespace titan

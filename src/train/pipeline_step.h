@@ -38,6 +38,10 @@ class PipelineStep {
   // accumulate in the model. base: the options of every micro-batch's forward (grad_scale,
   // labels_shifted, aux_loss_scale). Collective over the pipeline group.
   void run(const data::Batch& batch, const ForwardOptions& base, PipelineTotals& totals);
+  // Forward only (validation): every micro-batch through the stages, micro-batch by micro-batch (rows of
+  // layout.microbatch_size when they divide the batch, else the whole batch at once); adds the last
+  // stage's CE sum and valid targets to totals. Collective over the pipeline group.
+  void forward_only(const data::Batch& batch, const ForwardOptions& base, PipelineTotals& totals);
 
  private:
   int local_stage(int64_t stage) const;  // the model's stage index of layout stage `stage`

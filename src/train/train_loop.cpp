@@ -219,7 +219,7 @@ bool Trainer::validation_due(int64_t step) const {
 EvalResult Trainer::validate() {
   TITAN_CHECK(data_.validation, "validate(): validation.enable is false, there is no validation data");
   data_.validation->reset();
-  return evaluate_loss(*model_, *data_.validation, cfg_.validation.steps, pg_);
+  return evaluate_loss(*model_, *data_.validation, cfg_.validation.steps, pg_, pipeline_.get());
 }
 
 void Trainer::log_step(int64_t step, const StepOutcome& s, double seconds) {

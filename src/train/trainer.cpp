@@ -62,9 +62,7 @@ void Trainer::build_process_group_and_plan() {
                   " yet (titan plan --nproc N plans such layouts)");
     };
     refuse(tp > 1, "tensor parallel (parallelism.tensor_parallel_degree > 1)");
-    refuse(par.expert_parallel_degree > 1, "expert parallel (parallelism.expert_parallel_degree > 1)");
     refuse(cfg_.lora.enable, "LoRA (lora.enable)");
-    refuse(cfg_.validation.enable, "validation (validation.enable)");
     refuse(cfg_.job.device != "cpu", "a device other than the CPU (job.device)");
     TITAN_CHECK(world_ % pp == 0, "parallelism.pipeline_parallel_degree = ", pp,
                 " does not divide the world size ", world_);

@@ -1,8 +1,11 @@
 // Pipeline parallel in the trainer: this rank's stages of the model and, at the end, the full model
 // gathered on rank 0 for the HF export and the sample.
+#include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "core/error.h"
+#include "distributed/expert_parallel.h"
 #include "distributed/process_group.h"
 #include "models/qwen3/model.h"
 #include "train/pipeline_step.h"
@@ -17,7 +20,9 @@ void Trainer::build_pipeline_model() {
     const dist::PipelineStage& st = layout.stages[s];
     ranges.push_back({st.first_layer, st.first_layer + st.num_layers, st.embedding, st.head});
   }
-  model_ = std::make_unique<Qwen3Model>(mc_, kernels_, nullptr, true, device_, ranges);
+  // Expert parallel inside each stage: groups of expert_parallel_degree ranks of its data-parallel group.
+  ep_group_ = dist::make_expert_group(dp_pg(), static_cast<int>(plan_.expert_parallel));
+  model_ = std::make_unique<Qwen3Model>(mc_, kernels_, ep_group_.get(), true, device_, ranges);
   model_->init_weights(cfg_.training.seed);  // every parameter drawn: the held ones equal one rank's
   model_->set_activation_checkpoint_every(cfg_.activation_checkpoint.every());
   model_->set_activation_recompute_ops(cfg_.activation_checkpoint.recompute_ops());
@@ -34,56 +39,57 @@ void Trainer::build_pipeline_model() {
   }
 }
 
-// Rank 0 (pipeline rank 0 of data-parallel index 0) receives every group it does not hold from the rank
-// of its pipeline group that does, and the sparse layers' expert biases; collective over that group.
+// Rank 0 (pipeline rank 0 of data-parallel index 0) receives every parameter it does not hold, tensor by
+// tensor in the full model's order, from the rank of its pipeline group holding it (under expert parallel
+// each stage's experts are first gathered on its expert group's rank 0), and the sparse layers' expert
+// biases. Collective over the expert groups, then over rank 0's pipeline group.
 void Trainer::gather_pipeline_model() {
+  const NamedTensors mine = ep_group_ ? model_->gathered_state_dict() : model_->state_dict();
   if (dp_pg().rank() != 0) return;
   dist::ProcessGroup& pp = *pp_group_;
-  const int64_t L = mc_.num_hidden_layers;
-  auto owner = [&](int g) -> int {
+  const int64_t L = mc_.num_hidden_layers, E = mc_.num_experts;
+  auto owner = [&](int64_t g) -> int {
     for (const dist::PipelineStage& st : plan_.pipeline.stages) {
-      if (g == 0 && st.embedding) return static_cast<int>(st.rank);
-      if (g == L + 1 && st.head) return static_cast<int>(st.rank);
-      if (g >= 1 && g <= L && g - 1 >= st.first_layer && g - 1 < st.first_layer + st.num_layers)
+      if ((g == 0 && st.embedding) || (g == L + 1 && st.head) ||
+          (g >= 1 && g <= L && g - 1 >= st.first_layer && g - 1 < st.first_layer + st.num_layers))
         return static_cast<int>(st.rank);
     }
     fail("pipeline: no stage holds group ", g);
   };
-  if (lead_) {
-    const bool on_cpu = model_->device().type == DeviceType::CPU;
-    gathered_ = std::make_unique<Qwen3Model>(mc_, on_cpu ? cfg_.kernels : KernelChoice{});
-  }
-  std::vector<int64_t> bias_row(static_cast<size_t>(L), -1);  // row of layer l in a full model's bias
-  for (int64_t l = 0, m = 0; l < L; ++l)
-    if (mc_.is_moe_layer(l)) bias_row[l] = m++;
-  const int64_t E = mc_.num_experts;
-  for (int g = 0; g < model_->num_groups(); ++g) {
-    const int from = owner(g);
+  std::map<std::string, const Tensor*> held;
+  for (const auto& [name, t] : mine) held[name] = &t;
+  const bool on_cpu = model_->device().type == DeviceType::CPU;
+  if (lead_) gathered_ = std::make_unique<Qwen3Model>(mc_, on_cpu ? cfg_.kernels : KernelChoice{});
+  const Qwen3Model layout(mc_, {}, nullptr, /*allocate=*/false);  // the full model's parameter list
+  for (const Param& p : layout.params()) {
+    const int from = owner(p.group);
+    const int64_t n = shape_numel(p.shape);
     if (lead_) {
-      Tensor& dst = gathered_->flat_params()[g];
+      Tensor& dst = gathered_->param(p.name).value;
       if (from == 0)
-        dst.copy_from(model_->flat_params()[g]);
+        dst.copy_from(*held.at(p.name));
       else
-        pp.recv(dst.raw(), dst.numel(), dist::CommType::F32, from);
+        pp.recv(dst.raw(), n, dist::CommType::F32, from);
     } else if (pp.rank() == from) {
-      pp.send(model_->flat_params()[g].raw(), model_->group_numel(g), dist::CommType::F32, 0);
+      pp.send(held.at(p.name)->raw(), n, dist::CommType::F32, 0);
     }
-    if (g == 0 || g > L || bias_row[g - 1] < 0) continue;
-    const int64_t l = g - 1;
+  }
+  // Expert biases: row m of the full model's is its m-th sparse layer.
+  for (int64_t l = 0, m = 0; l < L; ++l) {
+    if (!mc_.is_moe_layer(l)) continue;
+    const int from = owner(l + 1);
+    const auto& local = model_->moe_layers();
+    const int64_t row = std::find(local.begin(), local.end(), l) - local.begin();
     if (lead_) {
-      float* dst = gathered_->expert_bias().f32() + bias_row[l] * E;
-      if (from == 0) {
-        const auto& mine = model_->moe_layers();
-        const int64_t row = std::find(mine.begin(), mine.end(), l) - mine.begin();
+      float* dst = gathered_->expert_bias().f32() + m * E;
+      if (from == 0)
         model_->expert_bias().view_at(row * E, {E}).copy_to_host(dst);
-      } else {
+      else
         pp.recv(dst, E, dist::CommType::F32, from);
-      }
     } else if (pp.rank() == from) {
-      const auto& mine = model_->moe_layers();
-      const int64_t row = std::find(mine.begin(), mine.end(), l) - mine.begin();
       pp.send(model_->expert_bias().f32() + row * E, E, dist::CommType::F32, 0);
     }
+    ++m;
   }
   pp.wait_sends();
   if (lead_) export_model_ = gathered_.get();
