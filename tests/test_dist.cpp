@@ -661,6 +661,47 @@ TEST(DistPipelineParallel, TrainMatchesOneRank) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]);
 }
 
+// Pipeline checkpoints hold the full model's groups (each stage writes its own): a PP 2 run's step-3
+// checkpoint resumes on 1 rank and on PP 2 with another schedule, and a 1-rank checkpoint resumes under
+// PP 2 x DDP 2, each continuing with the straight 1-rank run's losses.
+TEST(DistPipelineParallel, CheckpointsResumeOnAnyLayout) {
+  testing::TempDir tmp;
+  const std::string common = train_args(tmp, 6) +
+                             " --model.flavor=debug --training.local_batch_size=4 --checkpoint.enable=true"
+                             " --checkpoint.interval=3 --checkpoint.last_save_in_hf=false";
+  const std::string pp2 = " --parallelism.pipeline_parallel_degree=2";
+  auto train = [&](int np, const std::string& args, const std::string& name) {
+    const std::string cmd =
+        np == 1 ? kTitan : "mpirun --oversubscribe --bind-to none -np " + std::to_string(np) + " " + kTitan;
+    RunResult r =
+        run_shell("timeout 300 " + cmd + " train" + common + args + " --job.dump_folder=" + (tmp / name));
+    EXPECT_EQ(r.rc, 0) << name << "\n" << r.output;
+    return jsonl_losses(tmp / (name + "/metrics.jsonl"));
+  };
+  const std::vector<double> straight = train(1, "", "one");
+  ASSERT_EQ(straight.size(), 6u);
+  // A step-3 checkpoint of each layout, as a run stopped there leaves it (the step-6 one removed).
+  train(2, pp2, "pp2");
+  fs::remove_all(tmp / "pp2/checkpoint/step-6");
+  for (auto [np, args, name] :
+       {std::tuple<int, std::string, std::string>{1, "", "from_pp2_on_one"},
+        {2, pp2 + " --parallelism.pipeline_parallel_schedule=GPipe", "from_pp2_on_pp2_gpipe"}}) {
+    fs::create_directories(tmp / name);
+    fs::copy(tmp / "pp2/checkpoint", tmp / (name + "/checkpoint"), fs::copy_options::recursive);
+    const std::vector<double> got = train(np, args, name);
+    ASSERT_EQ(got.size(), 3u) << name;
+    for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], straight[3 + i], 1e-5 * straight[3 + i]) << name;
+  }
+  fs::create_directories(tmp / "from_one_on_pp2_ddp2");
+  fs::copy(tmp / "one/checkpoint", tmp / "from_one_on_pp2_ddp2/checkpoint", fs::copy_options::recursive);
+  fs::remove_all(tmp / "from_one_on_pp2_ddp2/checkpoint/step-6");
+  const std::vector<double> got =
+      train(4, pp2 + " --parallelism.data_parallel_replicate_degree=2 --training.local_batch_size=2",
+            "from_one_on_pp2_ddp2");
+  ASSERT_EQ(got.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], straight[3 + i], 1e-5 * straight[3 + i]);
+}
+
 // Checkpoints hold the full model's groups whatever the layout: a TP 2 run killed after its step-5
 // checkpoint resumes bit for bit; the same checkpoint resumes on 1 rank and on TP 2 x DDP 2 with the
 // straight run's losses (to f32 rounding), and a 1-rank checkpoint resumes under TP 2.

@@ -113,6 +113,8 @@ std::vector<ckpt::Slice> training_slices(Qwen3Model& model, dist::DataParallelPl
   const int64_t L = model.config().num_hidden_layers;
   const std::vector<int64_t> expert_offsets = model.expert_offsets();
   for (int g = 0; g < model.num_groups(); ++g) {
+    // Pipeline parallel: the groups of this rank's stages (the tied embedding's copy is read, not written).
+    if (!model.holds_group(g) || (for_save && g == 0 && model.holds_embedding_copy())) continue;
     const std::string group = group_name(L, g);
     int64_t numel = 0;
     const std::vector<Piece> pieces = group_pieces(model, g, expert_offsets, &numel);
@@ -142,6 +144,7 @@ std::vector<ckpt::Slice> model_slices(Qwen3Model& model) {
   const std::vector<int64_t> expert_offsets = model.expert_offsets();
   auto& full = model.flat_params();
   for (int g = 0; g < model.num_groups(); ++g) {
+    if (!model.holds_group(g)) continue;  // (pipeline parallel: another stage's)
     int64_t numel = 0;
     for (const Piece& p : group_pieces(model, g, expert_offsets, &numel))
       out.push_back({"model/" + group_name(L, g), numel, p.global, full[g].view_at(p.local, {p.count})});

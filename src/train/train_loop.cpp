@@ -102,6 +102,12 @@ void Trainer::forward_backward(int64_t step, double totals[3]) {
                               : 0.0f;
       pipeline_->run(batch, fo, t);
     }
+    if (step > first_step_) {  // (the first step's allocations are no steady state)
+      pp_busy_s_ += t.busy_s;
+      pp_wait_s_ += t.wait_s;
+      pp_recomputed_ += t.recomputed;
+      ++pp_steps_;
+    }
     totals[0] = t.loss_sum;
     totals[1] = t.num_valid;
     totals[2] = t.aux_sum / static_cast<double>(m);  // the micro-batches' mean aux loss

@@ -164,6 +164,11 @@ class Trainer {
   void build_pipeline_model();
   void gather_pipeline_model();
   double pipeline_grad_norm();
+  // This rank's seconds of stage compute and of waiting for messages over the steps after the first, and
+  // the stage forwards it ran again; reported against the schedule's bubble at the end (collective).
+  double pp_busy_s_ = 0, pp_wait_s_ = 0;
+  int64_t pp_recomputed_ = 0, pp_steps_ = 0;
+  void report_pipeline_bubble();
   dist::TensorParallel::GradBuffers tp_grads();
   void select_device();
   bool lead_ = true;  // rank 0 prints and writes the artifacts

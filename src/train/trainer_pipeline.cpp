@@ -95,4 +95,30 @@ void Trainer::gather_pipeline_model() {
   if (lead_) export_model_ = gathered_.get();
 }
 
+// The measured bubble: each pipeline rank's share of its step time spent waiting for the stage before or
+// after it, averaged over the pipeline ranks (of data-parallel index 0), beside the schedule's formula.
+void Trainer::report_pipeline_bubble() {
+  if (dp_pg().rank() != 0 || pp_steps_ == 0) return;
+  const int p = pp_group_->size();
+  std::vector<double> mine = {pp_wait_s_ / std::max(1e-12, pp_wait_s_ + pp_busy_s_),
+                              static_cast<double>(pp_recomputed_) / static_cast<double>(pp_steps_)};
+  std::vector<double> all(2 * static_cast<size_t>(p));
+  pp_group_->all_gather(mine.data(), all.data(), dist::equal_counts(p, 2), dist::CommType::F64);
+  if (!lead_) return;
+  double mean = 0;
+  std::string per_rank;
+  for (int r = 0; r < p; ++r) {
+    mean += all[2 * r] / p;
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%s%.1f%%", r ? ", " : "", 100 * all[2 * r]);
+    per_rank += buf;
+  }
+  double recomputed = 0;
+  for (int r = 0; r < p; ++r) recomputed += all[2 * r + 1];
+  std::printf(
+      "pipeline: idle %.1f%% of the step on average over %d pipeline ranks (%s; steps 2+), the schedule's "
+      "bubble %.1f%%; %.0f stage forwards re-run per step\n",
+      100 * mean, p, per_rank.c_str(), 100 * plan_.pipeline.bubble_fraction(), recomputed);
+}
+
 }  // namespace titan
