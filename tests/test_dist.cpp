@@ -437,6 +437,17 @@ std::string train_args(const testing::TempDir& tmp, int steps) {
          " --training.global_batch_size=4 --training.val_fraction=0 --validation.enable=false";
 }
 
+// Random debug-flavor weights (vocabulary 1024) as an HF checkpoint in tmp/hf; the arguments that start a run
+// from them.
+std::string write_debug_hf(const testing::TempDir& tmp) {
+  Qwen3Config c = Qwen3Config::flavor("debug");
+  c.vocab_size = 1024;
+  Qwen3Model m(c);
+  m.init_weights(5);
+  m.save_hf(tmp / "hf", DType::F32);
+  return " --checkpoint.initial_load_path=" + (tmp / "hf");
+}
+
 // ---- expert parallel through `titan train` ----
 
 using testing::jsonl_losses;
@@ -516,14 +527,8 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
   testing::TempDir tmp;
   const std::string common = train_args(tmp, 10) + " --model.flavor=debug";
   const std::string tp2 = " --parallelism.tensor_parallel_degree=2";
-  {  // HF weights to start from (read one tensor at a time under TP, each rank keeping its slices)
-    Qwen3Config c = Qwen3Config::flavor("debug");
-    c.vocab_size = 1024;
-    Qwen3Model m(c);
-    m.init_weights(5);
-    m.save_hf(tmp / "hf", DType::F32);
-  }
-  const std::string hf = " --checkpoint.initial_load_path=" + (tmp / "hf");
+  // HF weights to start from (read one tensor at a time under TP, each rank keeping its slices)
+  const std::string hf = write_debug_hf(tmp);
   {  // the same weights as a model-only checkpoint (read slice by slice under TP)
     std::string out;
     ASSERT_EQ(testing::run_titan("convert --input " + (tmp / "hf") + " --output " + (tmp / "ckpt"), &out), 0)
@@ -585,14 +590,7 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
 TEST(DistPipelineParallel, TrainMatchesOneRank) {
   testing::TempDir tmp;
   const std::string common = train_args(tmp, 10);
-  {
-    Qwen3Config c = Qwen3Config::flavor("debug");
-    c.vocab_size = 1024;
-    Qwen3Model m(c);
-    m.init_weights(5);
-    m.save_hf(tmp / "hf", DType::F32);
-  }
-  const std::string hf = " --checkpoint.initial_load_path=" + (tmp / "hf");
+  const std::string hf = write_debug_hf(tmp);
   const std::string aux = " --model.flavor=debug_moe --model.moe_aux_loss=on";
   for (auto [name, args] : {std::pair<std::string, std::string>{"one", " --model.flavor=debug"},
                             {"one_hf", " --model.flavor=debug" + hf},
