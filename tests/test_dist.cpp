@@ -584,9 +584,9 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
 }
 
 // Pipeline parallel through `titan train`: every schedule on 2 and 4 pipeline ranks, with FSDP and DDP over
-// each stage, full activation checkpointing, HF weights and MoE (aux-loss statistics passed between the
-// stages) give the 1-rank loss sequence (1e-5 relative) and export (1e-4). The 1-rank runs accumulate the
-// same micro-batches (the MoE aux loss is per micro-batch).
+// each stage, tensor parallel inside each stage, full activation checkpointing, HF weights and MoE (aux-loss
+// statistics passed between the stages) give the 1-rank loss sequence (1e-5 relative) and export (1e-4). The
+// 1-rank runs accumulate the same micro-batches (the MoE aux loss is per micro-batch).
 TEST(DistPipelineParallel, TrainMatchesOneRank) {
   testing::TempDir tmp;
   const std::string common = train_args(tmp, 10);
@@ -620,6 +620,11 @@ TEST(DistPipelineParallel, TrainMatchesOneRank) {
         Layout{"pp2_ddp2", "one", pp2 + " --parallelism.data_parallel_replicate_degree=2", 4, 2},
         Layout{"pp2_full_ac", "one", pp2 + " --activation_checkpoint.mode=full", 2, 4},
         Layout{"pp2_hf", "one_hf", pp2 + hf, 2, 4},
+        Layout{"pp2_tp2", "one", pp2 + " --parallelism.tensor_parallel_degree=2", 4, 4},
+        Layout{"pp2_tp2_no_sp", "one",
+               pp2 + " --parallelism.tensor_parallel_degree=2 --parallelism.enable_sequence_parallel=false"
+                     " --parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+               4, 4},
         Layout{"pp2_ep2", "one_moe",
                " --model.flavor=debug_moe --parallelism.pipeline_parallel_degree=2"
                " --parallelism.expert_parallel_degree=2 --parallelism.data_parallel_replicate_degree=2",
@@ -660,8 +665,8 @@ TEST(DistPipelineParallel, TrainMatchesOneRank) {
 }
 
 // Pipeline checkpoints hold the full model's groups (each stage writes its own): a PP 2 run's step-3
-// checkpoint resumes on 1 rank and on PP 2 with another schedule, and a 1-rank checkpoint resumes under
-// PP 2 x DDP 2, each continuing with the straight 1-rank run's losses.
+// checkpoint resumes on 1 rank, on PP 2 with another schedule and on PP 2 x TP 2, a PP 2 x TP 2 one on 1
+// rank, and a 1-rank checkpoint under PP 2 x DDP 2, each continuing with the straight 1-rank run's losses.
 TEST(DistPipelineParallel, CheckpointsResumeOnAnyLayout) {
   testing::TempDir tmp;
   const std::string common = train_args(tmp, 6) +
@@ -679,13 +684,17 @@ TEST(DistPipelineParallel, CheckpointsResumeOnAnyLayout) {
   const std::vector<double> straight = train(1, "", "one");
   ASSERT_EQ(straight.size(), 6u);
   // A step-3 checkpoint of each layout, as a run stopped there leaves it (the step-6 one removed).
+  const std::string tp2 = " --parallelism.tensor_parallel_degree=2";
   train(2, pp2, "pp2");
-  fs::remove_all(tmp / "pp2/checkpoint/step-6");
-  for (auto [np, args, name] :
-       {std::tuple<int, std::string, std::string>{1, "", "from_pp2_on_one"},
-        {2, pp2 + " --parallelism.pipeline_parallel_schedule=GPipe", "from_pp2_on_pp2_gpipe"}}) {
+  train(4, pp2 + tp2, "pp2_tp2");
+  for (const char* src : {"pp2", "pp2_tp2"}) fs::remove_all(tmp / (std::string(src) + "/checkpoint/step-6"));
+  for (auto [np, args, src, name] :
+       {std::tuple<int, std::string, std::string, std::string>{1, "", "pp2", "from_pp2_on_one"},
+        {2, pp2 + " --parallelism.pipeline_parallel_schedule=GPipe", "pp2", "from_pp2_on_pp2_gpipe"},
+        {4, pp2 + tp2, "pp2", "from_pp2_on_pp2_tp2"},
+        {1, "", "pp2_tp2", "from_pp2_tp2_on_one"}}) {
     fs::create_directories(tmp / name);
-    fs::copy(tmp / "pp2/checkpoint", tmp / (name + "/checkpoint"), fs::copy_options::recursive);
+    fs::copy(tmp / (src + "/checkpoint"), tmp / (name + "/checkpoint"), fs::copy_options::recursive);
     const std::vector<double> got = train(np, args, name);
     ASSERT_EQ(got.size(), 3u) << name;
     for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], straight[3 + i], 1e-5 * straight[3 + i]) << name;

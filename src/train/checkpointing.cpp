@@ -92,8 +92,11 @@ std::vector<ckpt::Slice> tensor_parallel_slices(Qwen3Model& model, dist::DataPar
   std::vector<ckpt::Slice> out;
   const Qwen3Model full(full_config, {}, nullptr, /*allocate=*/false);
   const int64_t L = full_config.num_hidden_layers;
+  std::vector<Param> local;  // (pipeline parallel: a tied embedding's copy on the last stage is not saved)
+  for (const Param& p : model.params())
+    if (!(for_save && p.group == 0 && model.holds_embedding_copy())) local.push_back(p);
   tensor_parallel_slices(
-      model.params(), full.params(),
+      local, full.params(),
       [L](int g) {
         const std::string group = group_name(L, g);
         return std::array<std::string, 3>{"model/" + group, "exp_avg/" + group, "exp_avg_sq/" + group};

@@ -30,7 +30,7 @@ int PipelineStep::local_stage(int64_t stage) const {
 
 void PipelineStep::run(const data::Batch& batch, const ForwardOptions& base, PipelineTotals& totals) {
   const int64_t mb = layout_.microbatch_size, T = batch.seq_len, H = model_.config().hidden_size;
-  const int64_t N = mb * T, E = model_.config().num_experts;
+  const int64_t N = model_.stage_rows(mb, T), E = model_.config().num_experts;
   const bool moe = model_.aux_stats().size() > 0;
   TITAN_CHECK(batch.batch_size == layout_.microbatches * mb, "pipeline: a batch of ", batch.batch_size,
               " rows for ", layout_.microbatches, " micro-batches of ", mb);
@@ -128,7 +128,7 @@ void PipelineStep::forward_only(const data::Batch& batch, const ForwardOptions& 
   const int64_t T = batch.seq_len, H = model_.config().hidden_size, E = model_.config().num_experts;
   const int64_t mb =
       batch.batch_size % layout_.microbatch_size == 0 ? layout_.microbatch_size : batch.batch_size;
-  const int64_t N = mb * T;
+  const int64_t N = model_.stage_rows(mb, T);
   const bool moe = model_.aux_stats().size() > 0;
   Tensor input = Tensor::empty({N, H}, DType::F32, model_.device());
   std::vector<double> aux_in(moe ? 2 * static_cast<size_t>(E) : 0);

@@ -185,9 +185,9 @@ StepOutcome Trainer::train_step(int64_t step) {
   }
   // Clipping (torch's clip_grad_norm_) is applied inside the optimizer step: one pass fewer over the
   // gradients.
-  s.grad_norm = tp_         ? std::sqrt(tp_->grad_sq_norm(trained, tp_grads()))
-                : pipeline_ ? pipeline_grad_norm()
-                            : dp_->grad_norm();
+  s.grad_norm = pipeline_ ? pipeline_grad_norm()
+                : tp_     ? std::sqrt(tp_->grad_sq_norm(trained, tp_grads()))
+                          : dp_->grad_norm();
   s.lr = cfg_.optimizer.lr * schedule_->factor(step - 1);
   optimizer_->step(static_cast<float>(s.lr), clip_coefficient(s.grad_norm, cfg_.training.max_norm));
   dp_->after_optimizer_step();
@@ -198,11 +198,19 @@ StepOutcome Trainer::train_step(int64_t step) {
 // The global gradient norm under pipeline parallel: each pipeline rank's part (over its data-parallel
 // group), summed over the pipeline; the last stage's tied embedding copy is counted once (on the first).
 double Trainer::pipeline_grad_norm() {
-  double sq = dp_->grad_norm();
-  sq *= sq;
-  if (embed_group_ && pp_group_->rank() == pp_group_->size() - 1) {
-    const double copy = dist::global_grad_norm({dp_->optimizer_grads()[0]}, dp_->grad_shard_group());
-    sq -= copy * copy;
+  double sq = 0;
+  if (tp_) {
+    std::vector<Param> counted;
+    for (const Param& p : model_->params())
+      if (p.group != 0 || !model_->holds_embedding_copy()) counted.push_back(p);
+    sq = tp_->grad_sq_norm(counted, tp_grads());
+  } else {
+    sq = dp_->grad_norm();
+    sq *= sq;
+    if (model_->holds_embedding_copy()) {
+      const double copy = dist::global_grad_norm({dp_->optimizer_grads()[0]}, dp_->grad_shard_group());
+      sq -= copy * copy;
+    }
   }
   return std::sqrt(std::max(0.0, pp_group_->all_reduce(sq, dist::ReduceOp::Sum)));
 }

@@ -61,7 +61,7 @@ void Trainer::build_process_group_and_plan() {
                   ": pipeline parallel does not run with ", what,
                   " yet (titan plan --nproc N plans such layouts)");
     };
-    refuse(tp > 1, "tensor parallel (parallelism.tensor_parallel_degree > 1)");
+    refuse(tp > 1 && mc_.is_moe(), "tensor parallel on a MoE model");
     refuse(cfg_.lora.enable, "LoRA (lora.enable)");
     refuse(cfg_.job.device != "cpu", "a device other than the CPU (job.device)");
     TITAN_CHECK(world_ % pp == 0, "parallelism.pipeline_parallel_degree = ", pp,
@@ -95,19 +95,24 @@ void Trainer::build_process_group_and_plan() {
   if (tp > 1) {
     // Groups of tp consecutive ranks (innermost); the ranks holding the same slice across groups. On a
     // device the groups are the device group's (NCCL on GPUs), their host side that of the MPI group.
+    // (Under pipeline parallel the data-parallel group is also one pipeline rank's: see below.)
+    const int64_t pp_rank = rank_ / (world_ / pp);
     tp_group_ = tensor_pg().split(rank_ / tp, rank_ % tp);
-    dp_group_ = tensor_pg().split(rank_ % tp, rank_ / tp);
+    dp_group_ = tensor_pg().split(static_cast<int>(pp_rank * tp + rank_ % tp), rank_ / tp);
     tp_ = std::make_unique<dist::TensorParallel>(tp_group_, par.enable_sequence_parallel,
                                                  plan_.experts_over_tensor_parallel);
   }
   if (pp > 1) {
-    // The pipeline dimension outermost: world rank = pipeline rank x dp + data-parallel index.
-    const int64_t dp = world_ / pp, pp_rank = rank_ / dp, dp_index = rank_ % dp;
-    pp_group_ = pg_->split(static_cast<int>(dp_index), static_cast<int>(pp_rank));
-    dp_group_ = pg_->split(static_cast<int>(pp_rank), static_cast<int>(dp_index));
+    // The pipeline dimension outermost (torchtitan's mesh order pp, dp, tp): world rank = pipeline rank x
+    // (dp x tp) + data-parallel index x tp + tensor-parallel index. The pipeline group joins the ranks with
+    // the same place inside their stage.
+    const int64_t per_stage = world_ / pp, pp_rank = rank_ / per_stage, in_stage = rank_ % per_stage;
+    pp_group_ = pg_->split(static_cast<int>(in_stage), static_cast<int>(pp_rank));
+    if (tp == 1) dp_group_ = pg_->split(static_cast<int>(pp_rank), static_cast<int>(in_stage));
     if (mc_.tie_word_embeddings) {  // (collective over the world: every rank takes part in the split)
       const bool ends = pp_rank == 0 || pp_rank == pp - 1;
-      embed_group_ = pg_->split(static_cast<int>(ends ? dp_index : dp + rank_), static_cast<int>(pp_rank));
+      embed_group_ =
+          pg_->split(static_cast<int>(ends ? in_stage : per_stage + rank_), static_cast<int>(pp_rank));
       if (!ends) embed_group_.reset();
     }
   }
@@ -193,7 +198,7 @@ void Trainer::build_tensor_parallel_model() {
                   ? tp_group_
                   : dist::make_expert_group(dp_pg(), static_cast<int>(plan_.expert_parallel));
   model_ = std::make_unique<Qwen3Model>(dist::tensor_parallel_config(mc_, tp_->size()), kernels_,
-                                        ep_group_.get(), true, device_);
+                                        ep_group_.get(), true, device_, pipeline_ranges());
   find_resume_checkpoint();
   const auto& c = cfg_.checkpoint;
   // HF weights and the seeded init: the full parameters one at a time, of which the rank keeps its slices;
@@ -223,6 +228,7 @@ void Trainer::build_tensor_parallel_model() {
         tp_->size(), (long long)model_->config().num_attention_heads,
         (long long)model_->config().num_key_value_heads, (long long)model_->config().intermediate_size,
         (long long)model_->config().vocab_size, tp_->sequence_parallel() ? "on" : "off");
+  if (pp_group_) start_pipeline();
 }
 
 // Data parallelism (DDP / FSDP / HSDP from the replicate x shard degrees; with one rank a no-op) and

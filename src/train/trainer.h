@@ -162,6 +162,8 @@ class Trainer {
   std::shared_ptr<dist::ProcessGroup> pp_group_, embed_group_;
   std::unique_ptr<PipelineStep> pipeline_;
   void build_pipeline_model();
+  std::vector<StageRange> pipeline_ranges() const;  // this rank's stages (empty: the whole model)
+  void start_pipeline();
   void gather_pipeline_model();
   double pipeline_grad_norm();
   // This rank's seconds of stage compute and of waiting for messages over the steps after the first, and

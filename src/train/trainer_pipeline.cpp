@@ -13,13 +13,18 @@
 
 namespace titan {
 
-void Trainer::build_pipeline_model() {
-  const dist::PipelineLayout& layout = plan_.pipeline;
+std::vector<StageRange> Trainer::pipeline_ranges() const {
   std::vector<StageRange> ranges;
-  for (int64_t s : layout.stages_of(pp_group_->rank())) {
-    const dist::PipelineStage& st = layout.stages[s];
+  if (!pp_group_) return ranges;  // the whole model
+  for (int64_t s : plan_.pipeline.stages_of(pp_group_->rank())) {
+    const dist::PipelineStage& st = plan_.pipeline.stages[s];
     ranges.push_back({st.first_layer, st.first_layer + st.num_layers, st.embedding, st.head});
   }
+  return ranges;
+}
+
+void Trainer::build_pipeline_model() {
+  const std::vector<StageRange> ranges = pipeline_ranges();
   // Expert parallel inside each stage: groups of expert_parallel_degree ranks of its data-parallel group.
   ep_group_ = dist::make_expert_group(dp_pg(), static_cast<int>(plan_.expert_parallel));
   model_ = std::make_unique<Qwen3Model>(mc_, kernels_, ep_group_.get(), true, device_, ranges);
@@ -29,6 +34,11 @@ void Trainer::build_pipeline_model() {
   export_model_ = model_.get();
   find_resume_checkpoint();
   load_initial_weights();
+  start_pipeline();
+}
+
+void Trainer::start_pipeline() {
+  const dist::PipelineLayout& layout = plan_.pipeline;
   pipeline_ = std::make_unique<PipelineStep>(*model_, layout, *pp_group_);
   if (lead_) {
     std::printf(
@@ -44,8 +54,11 @@ void Trainer::build_pipeline_model() {
 // each stage's experts are first gathered on its expert group's rank 0), and the sparse layers' expert
 // biases. Collective over the expert groups, then over rank 0's pipeline group.
 void Trainer::gather_pipeline_model() {
-  const NamedTensors mine = ep_group_ ? model_->gathered_state_dict() : model_->state_dict();
-  if (dp_pg().rank() != 0) return;
+  // Tensor parallel: the stage's slices gathered on its tensor-parallel rank 0 (collective over the group).
+  const NamedTensors mine = tp_         ? tp_->gather(*model_, tp_->rank() == 0)
+                            : ep_group_ ? model_->gathered_state_dict()
+                                        : model_->state_dict();
+  if (dp_pg().rank() != 0 || (tp_ && tp_->rank() != 0)) return;
   dist::ProcessGroup& pp = *pp_group_;
   const int64_t L = mc_.num_hidden_layers, E = mc_.num_experts;
   auto owner = [&](int64_t g) -> int {

@@ -147,6 +147,9 @@ class Qwen3Model {
   // After forward of a stage without the head: its output hidden states (N,H, device); after backward of a
   // stage without the embedding: d(loss)/d(its input) (N,H, device).
   const float* stage_output() const { return final_resid_.f32(); }
+  // Rows of the hidden states a stage passes on for a (B,T) batch: B x T, or this rank's share under
+  // sequence parallel.
+  int64_t stage_rows(int64_t B, int64_t T) const { return sp_ ? B * T / tp_->size() : B * T; }
   const float* stage_input_grad() const { return dresid_.f32(); }
   // MoE, after forward: the aux-loss statistics (2E: routed slots, then router probability sums per expert)
   // of this stage's sparse layers plus opts.aux_stats_in; after the head stage's forward, d aux / d probs

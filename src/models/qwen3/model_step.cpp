@@ -47,14 +47,21 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   }
   ForwardResult r;
   if (total_moe_layers_ > 0) aux_stats_.zero_();
-  if (!head) {  // a stage before the last: its layers into stage_output()
-    if (embed) {
-      acquire_params(0);
-      embedding_->forward(stage_in(range), ids_.data<int32_t>(), flat_params_[0].f32(), N, H);
-      release_params(0);
-    } else {
-      dev_->copy(stage_in(range), opts.stage_input, N * H * sizeof(float));
+  // The stage's input: the embedding (vocab parallel: each token's row from the rank holding it, summed over
+  // the group), or the previous stage's hidden states (this rank's rows under sequence parallel).
+  auto stage_input = [&] {
+    if (!embed) {
+      dev_->copy(stage_in(range), opts.stage_input, local_rows() * H * sizeof(float));
+      return;
     }
+    acquire_params(0);
+    float* emb = sp_ ? sp_full_.f32() : stage_in(range);
+    embedding_->forward(emb, ids_.data<int32_t>(), flat_params_[0].f32(), N, H);
+    sum_row_parallel(emb, stage_in(range));
+    release_params(0);
+  };
+  if (!head) {  // a stage before the last: its layers into stage_output()
+    stage_input();
     run_layers(range, opts);
     if (total_moe_layers_ > 0) {
       aux_stats_.copy_to_host(aux_host_.data());
@@ -79,16 +86,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   targets_.copy_from_host(tgt);
   tgt = targets_.data<int32_t>();
 
-  if (embed) {
-    acquire_params(0);
-    // Vocab-parallel embedding: each token's row comes from the rank holding it (a sum over the group).
-    float* emb = sp_ ? sp_full_.f32() : stage_in(range);
-    embedding_->forward(emb, ids_.data<int32_t>(), flat_params_[0].f32(), N, H);
-    sum_row_parallel(emb, stage_in(range));
-    release_params(0);
-  } else {
-    dev_->copy(stage_in(range), opts.stage_input, N * H * sizeof(float));
-  }
+  stage_input();
   auto bf16 = [this](float* x, int64_t n) { round_bf16_if(x, n); };
   run_layers(range, opts);
   const int group_head = static_cast<int>(c.num_hidden_layers) + 1;
