@@ -42,12 +42,12 @@ struct ForwardOptions {
   const int32_t* position_ids = nullptr;
   // Pipeline parallel (a model holding stages): the stage to run; its input hidden states (N,H) on the
   // device (null for a stage holding the embedding); the MoE aux-loss statistics of the stages before it
-  // (2E, host; null: none); recompute: the same micro-batch again (its MoE expert token counts are not added
-  // a second time).
+  // (2E, host; null: none). A pipeline runs each stage's forward with compute_grad once per micro-batch
+  // (its MoE token counts are taken there); a forward that will be run again before its backward goes
+  // without.
   int stage = 0;
   const float* stage_input = nullptr;
   const double* aux_stats_in = nullptr;
-  bool recompute = false;
 };
 
 struct ForwardResult {

@@ -181,7 +181,7 @@ void Qwen3Model::run_layers(const StageRange& range, const ForwardOptions& opts)
   for (int64_t l = range.first; l < range.end; ++l) {
     float* out = l + 1 < range.end ? layer_acts_[l + 1].resid_in : final_resid_.f32();
     acquire_params(static_cast<int>(l) + 1);
-    forward_layer(l, out, opts.compute_grad && !opts.recompute, true);
+    forward_layer(l, out, opts.compute_grad, true);
     release_params(static_cast<int>(l) + 1);
   }
 }
