@@ -89,8 +89,8 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
     // then shards them like the rest.)
     TITAN_CHECK(
         dp_shard == 1 || p.experts_over_tensor_parallel, "parallelism.expert_parallel_degree = ", e,
-        " works with DDP only: set parallelism.data_parallel_replicate_degree = world size (", world,
-        ") so that data_parallel_shard_degree = 1 (got ", dp_shard,
+        " works with DDP only: set parallelism.data_parallel_replicate_degree = the data-parallel size (",
+        dp_replicate * dp_shard, ") so that data_parallel_shard_degree = 1 (got ", dp_shard,
         "; FSDP/HSDP with expert parallel is supported only with the experts over the tensor-parallel "
         "group: tensor_parallel_degree = expert_parallel_degree with sequence parallel)");
   }
