@@ -55,6 +55,14 @@ void Trainer::build_process_group_and_plan() {
   lead_ = rank_ == 0;
   const auto& par = cfg_.parallelism;
   const int64_t tp = par.tensor_parallel_degree, pp = par.pipeline_parallel_degree;
+  TITAN_CHECK(
+      par.context_parallel_degree == 1, "parallelism.context_parallel_degree = ", par.context_parallel_degree,
+      ": titan train does not run context parallel yet (titan plan --nproc N plans the layout); set it "
+      "to 1");
+  const int64_t dp_shard = par.data_parallel_shard_degree > 0
+                               ? par.data_parallel_shard_degree
+                               : world_ / tp / pp / par.data_parallel_replicate_degree;
+  mc_ = resolve_model_config(cfg_);
   if (pp > 1) {
     auto refuse = [&](bool bad, const char* what) {
       TITAN_CHECK(!bad, "parallelism.pipeline_parallel_degree = ", pp,
@@ -67,16 +75,8 @@ void Trainer::build_process_group_and_plan() {
     TITAN_CHECK(world_ % pp == 0, "parallelism.pipeline_parallel_degree = ", pp,
                 " does not divide the world size ", world_);
   }
-  TITAN_CHECK(
-      par.context_parallel_degree == 1, "parallelism.context_parallel_degree = ", par.context_parallel_degree,
-      ": titan train does not run context parallel yet (titan plan --nproc N plans the layout); set it "
-      "to 1");
   TITAN_CHECK(world_ % tp == 0, "parallelism.tensor_parallel_degree = ", tp,
               " does not divide the world size ", world_);
-  const int64_t dp_shard = par.data_parallel_shard_degree > 0
-                               ? par.data_parallel_shard_degree
-                               : world_ / tp / pp / par.data_parallel_replicate_degree;
-  mc_ = resolve_model_config(cfg_);
   plan_ =
       make_plan(mc_, world_, par.data_parallel_replicate_degree, dp_shard, cfg_.training.local_batch_size,
                 cfg_.training.global_batch_size, cfg_.training.seq_len, cfg_.activation_checkpoint.policy(),
