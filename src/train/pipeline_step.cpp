@@ -24,6 +24,24 @@ PipelineStep::PipelineStep(Qwen3Model& model, const dist::PipelineLayout& layout
   actions_ = dist::pipeline_actions(layout, group.rank());
 }
 
+void PipelineStep::recv_input(int64_t stage, int64_t rows, Tensor& input, std::vector<double>& aux_in) {
+  const int64_t H = model_.config().hidden_size, E = model_.config().num_experts;
+  if (!input.defined() || input.numel() != rows * H)
+    input = Tensor::empty({rows, H}, DType::F32, model_.device());
+  group_.recv(input.raw(), rows * H, dist::CommType::F32, peer(stage - 1));
+  if (model_.aux_stats().empty()) return;
+  aux_in.resize(2 * static_cast<size_t>(E));
+  group_.recv(aux_in.data(), 2 * E, dist::CommType::F64, peer(stage - 1));
+}
+
+void PipelineStep::send_output(int64_t stage, int64_t rows) {
+  group_.send(model_.stage_output(), rows * model_.config().hidden_size, dist::CommType::F32,
+              peer(stage + 1));
+  const std::vector<double>& aux = model_.aux_stats();
+  if (!aux.empty())
+    group_.send(aux.data(), static_cast<int64_t>(aux.size()), dist::CommType::F64, peer(stage + 1));
+}
+
 int PipelineStep::local_stage(int64_t stage) const {
   return static_cast<int>(std::find(mine_.begin(), mine_.end(), stage) - mine_.begin());
 }
@@ -66,16 +84,8 @@ void PipelineStep::run(const data::Batch& batch, const ForwardOptions& base, Pip
     const dist::PipelineStage& st = layout_.stages[a.stage];
     if (a.forward) {
       Kept& k = kept[{a.stage, a.micro}];
-      if (!st.embedding) {  // the previous stage's output (and aux statistics)
-        k.input = Tensor::empty({N, H}, DType::F32, model_.device());
-        timed_wait([&] {
-          group_.recv(k.input.raw(), N * H, dist::CommType::F32, peer(a.stage - 1));
-          if (moe) {
-            k.aux_in.resize(2 * static_cast<size_t>(E));
-            group_.recv(k.aux_in.data(), 2 * E, dist::CommType::F64, peer(a.stage - 1));
-          }
-        });
-      }
+      if (!st.embedding)  // the previous stage's output (and aux statistics)
+        timed_wait([&] { recv_input(a.stage, N, k.input, k.aux_in); });
       // With gradients only when this micro-batch's backward comes next here (else that backward
       // re-runs it): each stage's forward with gradients runs once per micro-batch.
       const bool grad_now = i + 1 < actions_.size() && !actions_[i + 1].forward &&
@@ -86,8 +96,7 @@ void PipelineStep::run(const data::Batch& batch, const ForwardOptions& base, Pip
         totals.num_valid += static_cast<double>(r.num_valid);
         totals.aux_sum += r.aux_loss;
       } else {
-        group_.send(model_.stage_output(), N * H, dist::CommType::F32, peer(a.stage + 1));
-        if (moe) group_.send(model_.aux_stats().data(), 2 * E, dist::CommType::F64, peer(a.stage + 1));
+        send_output(a.stage, N);
       }
       continue;
     }
@@ -125,13 +134,12 @@ void PipelineStep::run(const data::Batch& batch, const ForwardOptions& base, Pip
 
 void PipelineStep::forward_only(const data::Batch& batch, const ForwardOptions& base,
                                 PipelineTotals& totals) {
-  const int64_t T = batch.seq_len, H = model_.config().hidden_size, E = model_.config().num_experts;
+  const int64_t T = batch.seq_len;
   const int64_t mb =
       batch.batch_size % layout_.microbatch_size == 0 ? layout_.microbatch_size : batch.batch_size;
   const int64_t N = model_.stage_rows(mb, T);
-  const bool moe = model_.aux_stats().size() > 0;
-  Tensor input = Tensor::empty({N, H}, DType::F32, model_.device());
-  std::vector<double> aux_in(moe ? 2 * static_cast<size_t>(E) : 0);
+  Tensor input;
+  std::vector<double> aux_in;
   // Micro-batch by micro-batch, this rank's stages in model order: every item waits only on an earlier one.
   for (int64_t row = 0; row < batch.batch_size; row += mb)
     for (int64_t stage : mine_) {
@@ -140,10 +148,9 @@ void PipelineStep::forward_only(const data::Batch& batch, const ForwardOptions& 
       o.stage = local_stage(stage);
       o.compute_grad = false;
       if (!st.embedding) {
-        group_.recv(input.raw(), N * H, dist::CommType::F32, peer(stage - 1));
-        if (moe) group_.recv(aux_in.data(), 2 * E, dist::CommType::F64, peer(stage - 1));
+        recv_input(stage, N, input, aux_in);
         o.stage_input = input.f32();
-        o.aux_stats_in = moe ? aux_in.data() : nullptr;
+        o.aux_stats_in = aux_in.empty() ? nullptr : aux_in.data();
       }
       const int64_t at = row * T;
       if (!batch.position_ids.empty()) o.position_ids = batch.position_ids.data() + at;
@@ -152,8 +159,7 @@ void PipelineStep::forward_only(const data::Batch& batch, const ForwardOptions& 
         totals.loss_sum += r.loss_sum;
         totals.num_valid += static_cast<double>(r.num_valid);
       } else {
-        group_.send(model_.stage_output(), N * H, dist::CommType::F32, peer(stage + 1));
-        if (moe) group_.send(model_.aux_stats().data(), 2 * E, dist::CommType::F64, peer(stage + 1));
+        send_output(stage, N);
       }
     }
   group_.wait_sends();

@@ -46,6 +46,10 @@ class PipelineStep {
  private:
   int local_stage(int64_t stage) const;  // the model's stage index of layout stage `stage`
   int peer(int64_t stage) const { return static_cast<int>(layout_.stages[stage].rank); }
+  // The messages between stages: stage `stage`'s input (rows x H) and the earlier stages' MoE aux
+  // statistics (2E, MoE models) from its predecessor; its output and the statistics so far to its successor.
+  void recv_input(int64_t stage, int64_t rows, Tensor& input, std::vector<double>& aux_in);
+  void send_output(int64_t stage, int64_t rows);
 
   Qwen3Model& model_;
   const dist::PipelineLayout& layout_;

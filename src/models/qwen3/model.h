@@ -142,8 +142,6 @@ class Qwen3Model {
   bool holds_group(int g) const { return held_[g]; }
   // The last stage's copy of a tied embedding (the first stage's is the one checkpoints keep).
   bool holds_embedding_copy() const { return held_[0] && !stages_[0].embedding; }
-  // The whole model in one stage (no pipeline).
-  bool whole() const { return stages_.size() == 1 && stages_[0].first == 0 && stage_has_head(0); }
   // After forward of a stage without the head: its output hidden states (N,H, device); after backward of a
   // stage without the embedding: d(loss)/d(its input) (N,H, device).
   const float* stage_output() const { return final_resid_.f32(); }
