@@ -290,6 +290,99 @@ TEST(Kernels, AttentionDocumentMaskIsSeparateSequences) {
   check_attention_all(1, 300, 2, 2, 32, 87, doc_starts({{1, 128, 127, 1, 43}}, 300));
 }
 
+// Ring attention (context parallel) against whole-sequence attention: a sequence of T tokens (zero-padded to
+// a multiple of 2 S) split over S ranks as two mirrored chunks each; every rank runs its queries against each
+// rank's keys and values (forward block by block, merged) and the backward of each block from the merged
+// output. Every rank's rows of the output and of dq, and the sum over ranks of each rank's dk / dv, equal
+// the whole sequence's attention (the reference kernel), for every implementation of attention_ring.
+void check_ring_attention(int64_t B, int64_t T, int64_t S, int64_t nH, int64_t nKV, int64_t hd, uint64_t seed,
+                          const std::vector<int32_t>& docs = {}) {
+  const int64_t Tp = (T + 2 * S - 1) / (2 * S) * (2 * S), c = Tp / (2 * S), Tl = 2 * c;
+  auto pad = [&](const std::vector<float>& x, int64_t heads) {
+    std::vector<float> y(B * Tp * heads * hd, 0.0f);
+    for (int64_t b = 0; b < B; ++b)
+      std::copy_n(x.begin() + b * T * heads * hd, T * heads * hd, y.begin() + b * Tp * heads * hd);
+    return y;
+  };
+  const auto q = pad(randn(B * T * nH * hd, seed), nH), k = pad(randn(B * T * nKV * hd, seed + 1), nKV),
+             v = pad(randn(B * T * nKV * hd, seed + 2), nKV),
+             dout = pad(randn(B * T * nH * hd, seed + 3), nH);
+  std::vector<int32_t> start;  // padded rows: a padding token reads itself and the tokens before it
+  if (!docs.empty())
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < Tp; ++t) start.push_back(t < T ? docs[b * T + t] : docs[b * T + T - 1]);
+  const int32_t* doc_start = start.empty() ? nullptr : start.data();
+  const auto& ref = get_kernel<AttentionKernels>(DeviceType::CPU, "reference");
+  std::vector<float> out(q.size()), p(ref.saved_floats(B, Tp, nH)), dq(q.size()), dk(k.size()), dv(v.size());
+  ref.forward(out.data(), p.data(), q.data(), k.data(), v.data(), B, Tp, nH, nKV, hd, doc_start);
+  ref.backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
+               p.data(), B, Tp, nH, nKV, hd, doc_start);
+  // Rank r's rows: chunks r and 2S - 1 - r.
+  auto pos = [&](int64_t r) {
+    std::vector<int32_t> ps(Tl);
+    for (int64_t t = 0; t < Tl; ++t) ps[t] = static_cast<int32_t>((t < c ? r : 2 * S - 1 - r) * c + t % c);
+    return ps;
+  };
+  auto rows_of = [&](const std::vector<float>& x, int64_t heads, int64_t r) {
+    const auto ps = pos(r);
+    std::vector<float> y(B * Tl * heads * hd);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < Tl; ++t)
+        std::copy_n(x.begin() + (b * Tp + ps[t]) * heads * hd, heads * hd,
+                    y.begin() + (b * Tl + t) * heads * hd);
+    return y;
+  };
+  for (auto& name : impls<AttentionRingKernels>()) {
+    const auto& ring = variant<AttentionRingKernels>(name);
+    std::vector<std::vector<float>> o(S), lse(S), dqs(S), dks(S), dvs(S);
+    for (int64_t r = 0; r < S; ++r) {
+      const auto qp = pos(r);
+      const auto ql = rows_of(q, nH, r);
+      std::vector<int32_t> ks;
+      for (int64_t b = 0; doc_start && b < B; ++b)
+        for (int32_t t : qp) ks.push_back(doc_start[b * Tp + t]);
+      o[r].assign(ql.size(), 7.0f), lse[r].assign(B * nH * Tl, 7.0f);
+      std::vector<float> po(ql.size()), pl(B * nH * Tl);
+      for (int64_t s = 0; s < S; ++s) {  // the ring order: the rank's own block first
+        const int64_t src = (r - s + S) % S;
+        const auto kp = pos(src);
+        const auto kl = rows_of(k, nKV, src), vl = rows_of(v, nKV, src);
+        float *oo = s == 0 ? o[r].data() : po.data(), *ll = s == 0 ? lse[r].data() : pl.data();
+        ring.forward(oo, ll, ql.data(), kl.data(), vl.data(), B, Tl, Tl, nH, nKV, hd, qp.data(), kp.data(),
+                     ks.empty() ? nullptr : ks.data());
+        if (s > 0) ring.merge(o[r].data(), lse[r].data(), po.data(), pl.data(), B, Tl, nH, hd);
+      }
+      EXPECT_LE(rel(o[r], rows_of(out, nH, r)), kTol) << name << " rank " << r << " T=" << T;
+    }
+    for (int64_t r = 0; r < S; ++r) dqs[r].assign(B * Tl * nH * hd, 0.0f);
+    for (int64_t r = 0; r < S; ++r)
+      dks[r].assign(B * Tl * nKV * hd, 0.0f), dvs[r].assign(B * Tl * nKV * hd, 0.0f);
+    for (int64_t r = 0; r < S; ++r) {
+      const auto qp = pos(r);
+      const auto ql = rows_of(q, nH, r), dol = rows_of(dout, nH, r);
+      std::vector<int32_t> ks;
+      for (int64_t b = 0; doc_start && b < B; ++b)
+        for (int32_t t : qp) ks.push_back(doc_start[b * Tp + t]);
+      for (int64_t src = 0; src < S; ++src)
+        ring.backward(dqs[r].data(), dks[src].data(), dvs[src].data(), dol.data(), ql.data(),
+                      rows_of(k, nKV, src).data(), rows_of(v, nKV, src).data(), o[r].data(), lse[r].data(), B,
+                      Tl, Tl, nH, nKV, hd, qp.data(), pos(src).data(), ks.empty() ? nullptr : ks.data());
+    }
+    for (int64_t r = 0; r < S; ++r) {
+      EXPECT_LE(rel(dqs[r], rows_of(dq, nH, r)), kTol) << name << " rank " << r << " T=" << T;
+      EXPECT_LE(rel(dks[r], rows_of(dk, nKV, r)), kTol) << name << " rank " << r << " T=" << T;
+      EXPECT_LE(rel(dvs[r], rows_of(dv, nKV, r)), kTol) << name << " rank " << r << " T=" << T;
+    }
+  }
+}
+
+TEST(Kernels, RingAttentionEqualsWholeSequence) {
+  check_ring_attention(2, 13, 2, 4, 2, 8, 200);    // padded 13 -> 16, chunks of 4
+  check_ring_attention(1, 150, 4, 4, 1, 16, 210);  // padded to 152, chunks of 19 across 64-row tiles
+  check_ring_attention(1, 600, 2, 2, 2, 32, 220);  // chunks of 150: several tiles per block
+  check_ring_attention(2, 90, 3, 4, 2, 8, 230, doc_starts({{5, 40, 1, 44}, {90}}, 90));  // packed documents
+}
+
 // The tiled implementation saves O(T) floats per head (row logsumexp), not the [T,T] probabilities.
 TEST(Kernels, FlashAttentionSavesNoTxTMatrix) {
   const auto& flash = get_kernel<AttentionKernels>(DeviceType::CPU, "flash");

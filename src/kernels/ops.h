@@ -79,6 +79,30 @@ inline int64_t attention_key_start(const int32_t* doc_start, int64_t b, int64_t 
   return doc_start ? doc_start[b * T + t] : 0;
 }
 
+// Context parallel (ring attention): causal GQA attention of a rank's queries against one block of keys and
+// values, every row placed by its position in the whole sequence. q (B,Tq,nH,hd), k/v (B,Tk,nKV,hd); q_pos
+// (Tq) and k_pos (Tk): the rows' positions (the same in every batch row); query i reads key j iff
+// k_pos[j] <= q_pos[i] and, with key_start (B,Tq) (packed documents: the position of the query's
+// document's first token), k_pos[j] >= key_start[b,i]. scale = hd^-0.5. lse is (B,nH,Tq).
+// forward: out := the attention over this block's keys alone, lse := its row logsumexp (a row that reads no
+//   key of the block: out 0, lse -inf).
+// merge: (out, lse) := the attention over the keys of both, from (out, lse) and another block's (part_out,
+//   part_lse): lse' = log(e^lse + e^part_lse), out' = e^(lse - lse') out + e^(part_lse - lse') part_out.
+// backward: accumulates this block's share of dq (B,Tq,nH,hd) and dk/dv (B,Tk,nKV,hd) from the final out
+//   and lse (merged over every block): P = exp(scale q k^T - lse), D = rowsum(dout * out).
+struct AttentionRingKernels {
+  static constexpr const char* kOp = "attention_ring";
+  void (*forward)(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
+                  int64_t Tq, int64_t Tk, int64_t nH, int64_t nKV, int64_t hd, const int32_t* q_pos,
+                  const int32_t* k_pos, const int32_t* key_start);
+  void (*merge)(float* out, float* lse, const float* part_out, const float* part_lse, int64_t B, int64_t T,
+                int64_t nH, int64_t hd);
+  void (*backward)(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                   const float* v, const float* out, const float* lse, int64_t B, int64_t Tq, int64_t Tk,
+                   int64_t nH, int64_t nKV, int64_t hd, const int32_t* q_pos, const int32_t* k_pos,
+                   const int32_t* key_start);
+};
+
 // Attention of n new queries against a KV cache (generation): query i sits at position p + i and reads
 // the keys/values at positions [0, p + i] (causal), scale = hd^-0.5, GQA as AttentionKernels. Batch 1.
 // q (n,nH,hd), k/v (p+n,nKV,hd) (the first p + n rows of a cache: p cached, then the n new ones),

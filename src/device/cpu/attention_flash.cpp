@@ -19,7 +19,9 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "device/cpu/sgemm.h"
@@ -211,6 +213,213 @@ void flash_backward(float* dq, float* dk, float* dv, const float* dout, const fl
   }
 }
 
+// ---- Ring attention blocks (context parallel) ------------------------------------------------------------
+// The same tiles with every row placed by its position in the whole sequence (AttentionRingKernels): a score
+// is masked (-inf, probability 0) where the key's position is after the query's or before its document's
+// start. A rank's rows are two chunks of the sequence, so positions need not grow along a tile: a tile is
+// skipped when its first-read key position (the smallest) is after every query's position in the block, or
+// its last (the largest) before every query's document start.
+struct RingTiles {
+  std::vector<int32_t> kmin, kmax;  // per key block
+  std::vector<int32_t> qmax;        // per query block
+};
+
+template <TileEngine E>
+RingTiles ring_tiles(int64_t Tq, int64_t Tk, const int32_t* q_pos, const int32_t* k_pos) {
+  constexpr int64_t bs = kBlock<E>;
+  RingTiles t;
+  for (int64_t j0 = 0; j0 < Tk; j0 += bs) {
+    const int32_t* p = k_pos + j0;
+    const int64_t n = std::min(bs, Tk - j0);
+    t.kmin.push_back(*std::min_element(p, p + n));
+    t.kmax.push_back(*std::max_element(p, p + n));
+  }
+  for (int64_t i0 = 0; i0 < Tq; i0 += bs)
+    t.qmax.push_back(*std::max_element(q_pos + i0, q_pos + i0 + std::min(bs, Tq - i0)));
+  return t;
+}
+
+// Whether query block [i0, i0 + br) of batch row b reads any key of key block jb.
+inline bool ring_tile_live(const RingTiles& t, int64_t ib, int64_t jb, const int32_t* key_start, int64_t b,
+                           int64_t Tq, int64_t i0, int64_t br) {
+  if (t.kmin[jb] > t.qmax[ib]) return false;
+  if (!key_start) return true;
+  const int32_t* ks = key_start + b * Tq + i0;
+  return t.kmax[jb] >= *std::min_element(ks, ks + br);
+}
+
+// Scores of query row i (position qp, document start ks) against keys [j0, j0 + bc): the masked ones -inf.
+// Returns whether any is read.
+inline bool ring_mask_row(float* row, int64_t bc, const int32_t* k_pos, int64_t j0, int32_t qp, int32_t ks) {
+  bool any = false;
+  for (int64_t c = 0; c < bc; ++c) {
+    const int32_t kp = k_pos[j0 + c];
+    if (kp > qp || kp < ks)
+      row[c] = -INFINITY;
+    else
+      any = true;
+  }
+  return any;
+}
+
+template <TileEngine E>
+void ring_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
+                  int64_t Tq, int64_t Tk, int64_t nH, int64_t nKV, int64_t hd, const int32_t* q_pos,
+                  const int32_t* k_pos, const int32_t* key_start) {
+  constexpr int64_t bs = kBlock<E>;
+  const int64_t rep = nH / nKV;
+  const float scale = 1.0f / std::sqrt((float)hd);
+  const int64_t ldq = nH * hd, ldk = nKV * hd;
+  const int64_t nqb = (Tq + bs - 1) / bs, nkb = (Tk + bs - 1) / bs, rows = rep * bs;
+  const RingTiles tiles = ring_tiles<E>(Tq, Tk, q_pos, k_pos);
+#pragma omp parallel
+  {
+    std::vector<float> qs(rows * hd), s(rows * bs), o(rows * hd), m(rows), l(rows);
+#pragma omp for collapse(3) schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t kh = 0; kh < nKV; ++kh)
+        for (int64_t ib = 0; ib < nqb; ++ib) {
+          const int64_t i0 = ib * bs, br = std::min(bs, Tq - i0), R = rep * br;
+          stack_group_rows(qs.data(), q, b, Tq, i0, br, kh, rep, ldq, hd);
+          std::fill_n(m.begin(), R, -INFINITY);
+          std::fill_n(l.begin(), R, 0.0f);
+          std::fill_n(o.begin(), R * hd, 0.0f);
+          for (int64_t jb = 0; jb < nkb; ++jb) {
+            if (!ring_tile_live(tiles, ib, jb, key_start, b, Tq, i0, br)) continue;
+            const int64_t j0 = jb * bs, bc = std::min(bs, Tk - j0);
+            const float* kj = k + (b * Tk + j0) * ldk + kh * hd;
+            const float* vj = v + (b * Tk + j0) * ldk + kh * hd;
+            tile_gemm<E>(false, true, R, bc, hd, scale, qs.data(), hd, kj, ldk, 0.0f, s.data(), bc);
+            for (int64_t rr = 0; rr < R; ++rr) {
+              const int64_t i = i0 + rr % br;
+              float* row = s.data() + rr * bc;
+              const int32_t ks = key_start ? key_start[b * Tq + i] : INT32_MIN;
+              if (!ring_mask_row(row, bc, k_pos, j0, q_pos[i], ks)) {
+                std::fill(row, row + bc, 0.0f);
+                continue;
+              }
+              const float mnew = std::max(m[rr], vec::max(row, bc));
+              const float sum = vec::exp_scale(row, row, bc, mnew, 1.0f);  // exp(-inf) = 0 where masked
+              const float c = std::exp(m[rr] - mnew);
+              l[rr] = l[rr] * c + sum;
+              m[rr] = mnew;
+              if (c != 1.0f) {
+                float* orow = o.data() + rr * hd;
+#pragma omp simd
+                for (int64_t d = 0; d < hd; ++d) orow[d] *= c;
+              }
+            }
+            tile_gemm<E>(false, false, R, hd, bc, 1.0f, s.data(), bc, vj, ldk, 1.0f, o.data(), hd);
+          }
+          for (int64_t rr = 0; rr < R; ++rr) {
+            const int64_t g = rr / br, r = rr % br, h = kh * rep + g;
+            const float inv = l[rr] > 0 ? 1.0f / l[rr] : 0.0f;
+            float* dst = out + (b * Tq + i0 + r) * ldq + h * hd;
+            const float* orow = o.data() + rr * hd;
+#pragma omp simd
+            for (int64_t d = 0; d < hd; ++d) dst[d] = orow[d] * inv;
+            lse[(b * nH + h) * Tq + i0 + r] = l[rr] > 0 ? m[rr] + std::log(l[rr]) : -INFINITY;
+          }
+        }
+  }
+}
+
+void ring_merge(float* out, float* lse, const float* part_out, const float* part_lse, int64_t B, int64_t T,
+                int64_t nH, int64_t hd) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < nH; ++h) {
+        float& l = lse[(b * nH + h) * T + t];
+        const float p = part_lse[(b * nH + h) * T + t];
+        if (p == -INFINITY) continue;
+        const float mx = std::max(l, p);
+        const float merged = mx + std::log1p(std::exp(std::min(l, p) - mx));
+        const float ca = std::exp(l - merged), cp = std::exp(p - merged);
+        float* o = out + ((b * T + t) * nH + h) * hd;
+        const float* po = part_out + ((b * T + t) * nH + h) * hd;
+#pragma omp simd
+        for (int64_t d = 0; d < hd; ++d) o[d] = ca * o[d] + cp * po[d];
+        l = merged;
+      }
+}
+
+template <TileEngine E>
+void ring_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                   const float* v, const float* out, const float* lse, int64_t B, int64_t Tq, int64_t Tk,
+                   int64_t nH, int64_t nKV, int64_t hd, const int32_t* q_pos, const int32_t* k_pos,
+                   const int32_t* key_start) {
+  constexpr int64_t bs = kBlock<E>;
+  const int64_t rep = nH / nKV;
+  const float scale = 1.0f / std::sqrt((float)hd);
+  const int64_t ldq = nH * hd, ldk = nKV * hd, rows = rep * bs;
+  const int64_t nqb = (Tq + bs - 1) / bs, nkb = (Tk + bs - 1) / bs;
+  const RingTiles tiles = ring_tiles<E>(Tq, Tk, q_pos, k_pos);
+#pragma omp parallel
+  {
+    std::vector<float> qs(nqb * rows * hd), dos(nqb * rows * hd), D(nqb * rows);
+    std::vector<float> p(rows * bs), dp(rows * bs);
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t kh = 0; kh < nKV; ++kh) {
+        for (int64_t ib = 0; ib < nqb; ++ib) {
+          const int64_t i0 = ib * bs, br = std::min(bs, Tq - i0);
+          float* qb = qs.data() + ib * rows * hd;
+          float* dob = dos.data() + ib * rows * hd;
+          stack_group_rows(qb, q, b, Tq, i0, br, kh, rep, ldq, hd);
+          stack_group_rows(dob, dout, b, Tq, i0, br, kh, rep, ldq, hd);
+          for (int64_t rr = 0; rr < rep * br; ++rr) {
+            const float* o = out + (b * Tq + i0 + rr % br) * ldq + (kh * rep + rr / br) * hd;
+            const float* d = dob + rr * hd;
+            float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t c = 0; c < hd; ++c) acc += o[c] * d[c];
+            D[ib * rows + rr] = acc;
+          }
+        }
+        for (int64_t jb = 0; jb < nkb; ++jb) {
+          const int64_t j0 = jb * bs, bc = std::min(bs, Tk - j0);
+          const float* kj = k + (b * Tk + j0) * ldk + kh * hd;
+          const float* vj = v + (b * Tk + j0) * ldk + kh * hd;
+          float* dkj = dk + (b * Tk + j0) * ldk + kh * hd;
+          float* dvj = dv + (b * Tk + j0) * ldk + kh * hd;
+          for (int64_t ib = 0; ib < nqb; ++ib) {
+            const int64_t i0 = ib * bs, br = std::min(bs, Tq - i0), R = rep * br;
+            if (!ring_tile_live(tiles, ib, jb, key_start, b, Tq, i0, br)) continue;
+            const float* qi = qs.data() + ib * rows * hd;
+            const float* doi = dos.data() + ib * rows * hd;
+            const float* Di = D.data() + ib * rows;
+            tile_gemm<E>(false, true, R, bc, hd, scale, qi, hd, kj, ldk, 0.0f, p.data(), bc);
+            for (int64_t rr = 0; rr < R; ++rr) {
+              const int64_t g = rr / br, i = i0 + rr % br;
+              float* row = p.data() + rr * bc;
+              const int32_t ks = key_start ? key_start[b * Tq + i] : INT32_MIN;
+              const float l = lse[(b * nH + kh * rep + g) * Tq + i];
+              if (!ring_mask_row(row, bc, k_pos, j0, q_pos[i], ks) || l == -INFINITY)
+                std::fill(row, row + bc, 0.0f);
+              else
+                vec::exp_scale(row, row, bc, l, 1.0f);
+            }
+            // dV_J += P^T dO_I;  dP = dO_I V_J^T;  dS = P (dP - D) scale;  dQ_I += dS K_J;  dK_J += dS^T Q_I
+            tile_gemm<E>(true, false, bc, hd, R, 1.0f, p.data(), bc, doi, hd, 1.0f, dvj, ldk);
+            tile_gemm<E>(false, true, R, bc, hd, 1.0f, doi, hd, vj, ldk, 0.0f, dp.data(), bc);
+            for (int64_t rr = 0; rr < R; ++rr) {
+              const float* pr = p.data() + rr * bc;
+              float* dr = dp.data() + rr * bc;
+              const float d = Di[rr];
+#pragma omp simd
+              for (int64_t c = 0; c < bc; ++c) dr[c] = pr[c] * (dr[c] - d) * scale;
+            }
+            for (int64_t g = 0; g < rep; ++g)
+              tile_gemm<E>(false, false, br, hd, bc, 1.0f, dp.data() + g * br * bc, bc, kj, ldk, 1.0f,
+                           dq + (b * Tq + i0) * ldq + (kh * rep + g) * hd, ldq);
+            tile_gemm<E>(true, false, bc, hd, R, 1.0f, dp.data(), bc, qi, hd, 1.0f, dkj, ldk);
+          }
+        }
+      }
+  }
+}
+
 const AttentionKernels kFlash{flash_forward<TileEngine::kBlas>, flash_backward<TileEngine::kBlas>,
                               flash_saved_floats};
 // Measured faster than "blas" at every shape tried (bench_attention, bench/BENCHMARKS.md).
@@ -220,6 +429,14 @@ TITAN_REGISTER_KERNEL(AttentionKernels, CPU, "flash", kFlash, 20);
 const AttentionKernels kFlashOneDnn{flash_forward<TileEngine::kOneDnn>, flash_backward<TileEngine::kOneDnn>,
                                     flash_saved_floats};
 TITAN_REGISTER_KERNEL(AttentionKernels, CPU, "flash_onednn", kFlashOneDnn, 25);
+#endif
+const AttentionRingKernels kRingFlash{ring_forward<TileEngine::kBlas>, ring_merge,
+                                      ring_backward<TileEngine::kBlas>};
+TITAN_REGISTER_KERNEL(AttentionRingKernels, CPU, "flash", kRingFlash, 20);
+#ifdef TITAN_HAVE_DNNL
+const AttentionRingKernels kRingFlashOneDnn{ring_forward<TileEngine::kOneDnn>, ring_merge,
+                                            ring_backward<TileEngine::kOneDnn>};
+TITAN_REGISTER_KERNEL(AttentionRingKernels, CPU, "flash_onednn", kRingFlashOneDnn, 25);
 #endif
 
 }  // namespace

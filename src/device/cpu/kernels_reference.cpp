@@ -272,6 +272,92 @@ double sum_squares(const float* x, int64_t n) {
   return s;
 }
 
+// Ring attention blocks (context parallel), one query row at a time in double.
+bool ring_reads(const int32_t* q_pos, const int32_t* k_pos, const int32_t* key_start, int64_t b, int64_t Tq,
+                int64_t i, int64_t j) {
+  return k_pos[j] <= q_pos[i] && (!key_start || k_pos[j] >= key_start[b * Tq + i]);
+}
+
+void attention_ring_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
+                            int64_t Tq, int64_t Tk, int64_t nH, int64_t nKV, int64_t hd, const int32_t* q_pos,
+                            const int32_t* k_pos, const int32_t* key_start) {
+  const int64_t rep = nH / nKV;
+  const double scale = 1.0 / std::sqrt((double)hd);
+  std::vector<double> row(Tk);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < nH; ++h)
+      for (int64_t i = 0; i < Tq; ++i) {
+        const float* qi = q + ((b * Tq + i) * nH + h) * hd;
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < Tk; ++j) {
+          if (!ring_reads(q_pos, k_pos, key_start, b, Tq, i, j)) continue;
+          const float* kj = k + ((b * Tk + j) * nKV + h / rep) * hd;
+          double s = 0;
+          for (int64_t d = 0; d < hd; ++d) s += (double)qi[d] * kj[d];
+          mx = std::max(mx, row[j] = s * scale);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < Tk; ++j)
+          sum += row[j] = ring_reads(q_pos, k_pos, key_start, b, Tq, i, j) ? std::exp(row[j] - mx) : 0.0;
+        float* o = out + ((b * Tq + i) * nH + h) * hd;
+        for (int64_t d = 0; d < hd; ++d) {
+          double acc = 0;
+          for (int64_t j = 0; j < Tk; ++j)
+            if (row[j] != 0.0) acc += row[j] * v[((b * Tk + j) * nKV + h / rep) * hd + d];
+          o[d] = sum > 0 ? (float)(acc / sum) : 0.0f;
+        }
+        lse[(b * nH + h) * Tq + i] = sum > 0 ? (float)(mx + std::log(sum)) : -INFINITY;
+      }
+}
+
+void attention_ring_merge(float* out, float* lse, const float* part_out, const float* part_lse, int64_t B,
+                          int64_t T, int64_t nH, int64_t hd) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < nH; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        float& l = lse[(b * nH + h) * T + t];
+        const double a = l, p = part_lse[(b * nH + h) * T + t];
+        if (p == -INFINITY) continue;
+        const double m = std::max(a, p), merged = m + std::log(std::exp(a - m) + std::exp(p - m));
+        const double ca = std::exp(a - merged), cp = std::exp(p - merged);
+        float* o = out + ((b * T + t) * nH + h) * hd;
+        const float* po = part_out + ((b * T + t) * nH + h) * hd;
+        for (int64_t d = 0; d < hd; ++d) o[d] = (float)(ca * o[d] + cp * po[d]);
+        l = (float)merged;
+      }
+}
+
+void attention_ring_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                             const float* k, const float* v, const float* out, const float* lse, int64_t B,
+                             int64_t Tq, int64_t Tk, int64_t nH, int64_t nKV, int64_t hd,
+                             const int32_t* q_pos, const int32_t* k_pos, const int32_t* key_start) {
+  const int64_t rep = nH / nKV;
+  const double scale = 1.0 / std::sqrt((double)hd);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < nH; ++h)
+      for (int64_t i = 0; i < Tq; ++i) {
+        const float* qi = q + ((b * Tq + i) * nH + h) * hd;
+        const float* doi = dout + ((b * Tq + i) * nH + h) * hd;
+        const float* oi = out + ((b * Tq + i) * nH + h) * hd;
+        float* dqi = dq + ((b * Tq + i) * nH + h) * hd;
+        double D = 0;
+        for (int64_t d = 0; d < hd; ++d) D += (double)doi[d] * oi[d];
+        const double l = lse[(b * nH + h) * Tq + i];
+        for (int64_t j = 0; j < Tk; ++j) {
+          if (!ring_reads(q_pos, k_pos, key_start, b, Tq, i, j)) continue;
+          const int64_t kv = ((b * Tk + j) * nKV + h / rep) * hd;
+          double s = 0, dp = 0;
+          for (int64_t d = 0; d < hd; ++d) s += (double)qi[d] * k[kv + d], dp += (double)doi[d] * v[kv + d];
+          const double p = std::exp(s * scale - l), ds = p * (dp - D) * scale;
+          for (int64_t d = 0; d < hd; ++d) {
+            dv[kv + d] += (float)(p * doi[d]);
+            dqi[d] += (float)(ds * k[kv + d]);
+            dk[kv + d] += (float)(ds * qi[d]);
+          }
+        }
+      }
+}
+
 const MatmulKernels kMatmul{matmul_forward, matmul_backward};
 const RmsNormKernels kRmsNorm{rmsnorm_forward, rmsnorm_backward};
 const RopeKernels kRope{rope_forward, rope_backward};
@@ -279,6 +365,8 @@ int64_t attention_probs_floats(int64_t B, int64_t T, int64_t nH) {
   return B * nH * T * T;
 }
 const AttentionKernels kAttention{attention_forward, attention_backward, attention_probs_floats};
+const AttentionRingKernels kAttentionRing{attention_ring_forward, attention_ring_merge,
+                                          attention_ring_backward};
 const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy};
@@ -291,6 +379,7 @@ TITAN_REGISTER_KERNEL(MatmulKernels, CPU, "reference", kMatmul, 0);
 TITAN_REGISTER_KERNEL(RmsNormKernels, CPU, "reference", kRmsNorm, 0);
 TITAN_REGISTER_KERNEL(RopeKernels, CPU, "reference", kRope, 0);
 TITAN_REGISTER_KERNEL(AttentionKernels, CPU, "reference", kAttention, 0);
+TITAN_REGISTER_KERNEL(AttentionRingKernels, CPU, "reference", kAttentionRing, 0);
 TITAN_REGISTER_KERNEL(SwigluKernels, CPU, "reference", kSwiglu, 0);
 TITAN_REGISTER_KERNEL(EmbeddingKernels, CPU, "reference", kEmbedding, 0);
 TITAN_REGISTER_KERNEL(CrossEntropyKernels, CPU, "reference", kCrossEntropy, 0);
