@@ -6,11 +6,12 @@
 namespace titan {
 
 EvalResult evaluate_loss(Qwen3Model& model, data::DataLoader& loader, int64_t max_batches,
-                         dist::ProcessGroup* pg, PipelineStep* pipeline) {
+                         dist::ProcessGroup* pg, PipelineStep* pipeline, const BatchRows& rows) {
   EvalResult out;
   data::Batch batch;
   double sums[2] = {0, 0};  // CE sum, valid targets: summed over the ranks at the end
   while ((max_batches < 0 || out.batches < max_batches) && loader.next_batch(batch)) {
+    if (rows) batch = rows(batch);
     ForwardOptions fo;
     fo.compute_grad = false;
     fo.labels_shifted = true;  // loader labels: labels[t] is the target of position t

@@ -3,6 +3,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <functional>
 
 #include "data/loader.h"
 #include "models/qwen3/model.h"
@@ -33,7 +34,10 @@ struct EvalResult {
 // loaders must give every rank the same number of batches (DataLoader does).
 // pipeline: the model holds pipeline stages; each batch runs forward through the pipeline (every rank of
 // a pipeline reads the same batches; the loss is the last stage's).
+// rows: this rank's part of each batch (context parallel: its chunks of every sequence); null: the batch.
+using BatchRows = std::function<data::Batch(const data::Batch&)>;
 EvalResult evaluate_loss(Qwen3Model& model, data::DataLoader& loader, int64_t max_batches,
-                         dist::ProcessGroup* pg = nullptr, PipelineStep* pipeline = nullptr);
+                         dist::ProcessGroup* pg = nullptr, PipelineStep* pipeline = nullptr,
+                         const BatchRows& rows = nullptr);
 
 }  // namespace titan

@@ -86,8 +86,10 @@ void Trainer::forward_backward(int64_t step, double totals[3]) {
   model_->zero_grad();
   totals[0] = totals[1] = totals[2] = 0;
   std::vector<data::Batch> micro(static_cast<size_t>(plan_.grad_accum));
-  for (data::Batch& b : micro)
+  for (data::Batch& b : micro) {
     TITAN_CHECK(data_.train->next_batch(b), "the dataset ran out of data at step ", step);
+    if (cp_) b = context_parallel_rows(b);
+  }
   const float grad_scale = micro_batch_grad_scale(micro);
   if (pipeline_) {
     // Each accumulation step's batch through the pipeline schedule, in micro-batches.
@@ -137,8 +139,10 @@ void Trainer::forward_backward(int64_t step, double totals[3]) {
 // then makes world / targets the per-rank scale).
 float Trainer::micro_batch_grad_scale(const std::vector<data::Batch>& micro) const {
   if (cfg_.training.dataset_format != "chat") {
+    // (context parallel: a rank holds 1/cp of each sequence; the gradients are averaged over dp x cp ranks)
     const int64_t tokens_per_micro = cfg_.training.local_batch_size * cfg_.training.seq_len;
-    return 1.0f / static_cast<float>(tokens_per_micro * plan_.grad_accum);
+    return static_cast<float>(plan_.context_parallel) /
+           static_cast<float>(tokens_per_micro * plan_.grad_accum);
   }
   double targets = 0;
   for (const data::Batch& mb : micro)
@@ -233,7 +237,8 @@ bool Trainer::validation_due(int64_t step) const {
 EvalResult Trainer::validate() {
   TITAN_CHECK(data_.validation, "validate(): validation.enable is false, there is no validation data");
   data_.validation->reset();
-  return evaluate_loss(*model_, *data_.validation, cfg_.validation.steps, pg_, pipeline_.get());
+  return evaluate_loss(*model_, *data_.validation, cfg_.validation.steps, pg_, pipeline_.get(),
+                       cp_ ? [this](const data::Batch& b) { return context_parallel_rows(b); } : BatchRows());
 }
 
 void Trainer::log_step(int64_t step, const StepOutcome& s, double seconds) {
@@ -250,7 +255,8 @@ void Trainer::log_step(int64_t step, const StepOutcome& s, double seconds) {
   m.tokens = cfg_.training.local_batch_size * cfg_.training.seq_len * plan_.grad_accum;
   m.tps = m.tokens / seconds;
   // A rank's share of the FLOPs.
-  m.tflops = plan_.flops_per_token * m.tps / 1e12 / plan_.tensor_parallel / plan_.pipeline.degree;
+  m.tflops = plan_.flops_per_token * m.tps / 1e12 / plan_.tensor_parallel / plan_.pipeline.degree /
+             plan_.context_parallel;
   m.mfu = 100.0 * m.tflops / peak_tflops_;
   m.mem_gib = mem.peak.load() / double(int64_t(1) << 30);
   m.mem_pct = 100.0 * m.mem_gib / phys_gib;

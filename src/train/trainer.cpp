@@ -54,15 +54,24 @@ void Trainer::build_process_group_and_plan() {
   rank_ = pg_->rank();
   lead_ = rank_ == 0;
   const auto& par = cfg_.parallelism;
-  const int64_t tp = par.tensor_parallel_degree, pp = par.pipeline_parallel_degree;
-  TITAN_CHECK(
-      par.context_parallel_degree == 1, "parallelism.context_parallel_degree = ", par.context_parallel_degree,
-      ": titan train does not run context parallel yet (titan plan --nproc N plans the layout); set it "
-      "to 1");
+  const int64_t tp = par.tensor_parallel_degree, pp = par.pipeline_parallel_degree,
+                cp = par.context_parallel_degree;
   const int64_t dp_shard = par.data_parallel_shard_degree > 0
                                ? par.data_parallel_shard_degree
-                               : world_ / tp / pp / par.data_parallel_replicate_degree;
+                               : world_ / tp / pp / cp / par.data_parallel_replicate_degree;
   mc_ = resolve_model_config(cfg_);
+  if (cp > 1) {
+    auto refuse = [&](bool bad, const char* what) {
+      TITAN_CHECK(!bad, "parallelism.context_parallel_degree = ", cp, ": context parallel does not run with ",
+                  what, " yet (titan plan --nproc N plans such layouts)");
+    };
+    refuse(pp > 1, "pipeline parallel (parallelism.pipeline_parallel_degree)");
+    refuse(mc_.is_moe(), "a MoE model (the router's statistics are per sequence)");
+    refuse(cfg_.lora.enable, "LoRA (lora.enable)");
+    refuse(cfg_.job.device != "cpu", "a device other than the CPU (job.device)");
+    TITAN_CHECK(world_ % (cp * tp) == 0, "parallelism.context_parallel_degree (", cp,
+                ") x tensor_parallel_degree (", tp, ") does not divide the world size ", world_);
+  }
   if (pp > 1) {
     auto refuse = [&](bool bad, const char* what) {
       TITAN_CHECK(!bad, "parallelism.pipeline_parallel_degree = ", pp,
@@ -80,7 +89,7 @@ void Trainer::build_process_group_and_plan() {
   plan_ =
       make_plan(mc_, world_, par.data_parallel_replicate_degree, dp_shard, cfg_.training.local_batch_size,
                 cfg_.training.global_batch_size, cfg_.training.seq_len, cfg_.activation_checkpoint.policy(),
-                par.expert_parallel_degree, tp, par.enable_sequence_parallel, par.pipeline());
+                par.expert_parallel_degree, tp, par.enable_sequence_parallel, par.pipeline(), cp);
   if (cfg_.lora.enable) {
     // LoRA: the frozen base (bf16 or f32) without gradients or optimizer state; the adapters train.
     LoraConfig lc;
@@ -115,6 +124,14 @@ void Trainer::build_process_group_and_plan() {
           pg_->split(static_cast<int>(ends ? in_stage : per_stage + rank_), static_cast<int>(pp_rank));
       if (!ends) embed_group_.reset();
     }
+  }
+  if (cp > 1) {
+    // torchtitan's mesh order dp, cp, tp: world rank = data-parallel index x (cp x tp) + context-parallel
+    // index x tp + tensor-parallel index. The data-parallel group (above: the ranks with the same
+    // tensor-parallel index, or the world) holds the context-parallel ranks.
+    const int64_t t = rank_ % tp, c = rank_ / tp % cp, d = rank_ / (tp * cp);
+    cp_ = std::make_unique<dist::ContextParallel>(tensor_pg().split(static_cast<int>(d * tp + t), c));
+    data_group_ = tensor_pg().split(static_cast<int>(c * tp + t), static_cast<int>(d));
   }
   if (cfg_.job.print_config && lead_)
     std::printf("# titan train: resolved config\n%s", cfg_.to_toml().c_str());
@@ -153,7 +170,8 @@ void Trainer::check_dry_run() {
 }
 
 void Trainer::build_data() {
-  data_ = build_train_data(cfg_, dp_pg(), mc_.vocab_size);  // the ranks of a tensor-parallel group: one batch
+  // (the ranks of a tensor-parallel or context-parallel group: one batch)
+  data_ = build_train_data(cfg_, data_pg(), mc_.vocab_size);
   if (lead_ && data_.validation) {
     const int64_t steps = cfg_.validation.steps;
     std::printf("validation: %s, every %lld steps and after the last, %s\n", data_.validation_source.c_str(),
@@ -180,6 +198,7 @@ void Trainer::build_model() {
   model_->init_weights(cfg_.training.seed);
   model_->set_activation_checkpoint_every(cfg_.activation_checkpoint.every());
   model_->set_activation_recompute_ops(cfg_.activation_checkpoint.recompute_ops());
+  start_context_parallel();
   export_model_ = model_.get();
   find_resume_checkpoint();
   load_initial_weights();
@@ -228,7 +247,34 @@ void Trainer::build_tensor_parallel_model() {
         tp_->size(), (long long)model_->config().num_attention_heads,
         (long long)model_->config().num_key_value_heads, (long long)model_->config().intermediate_size,
         (long long)model_->config().vocab_size, tp_->sequence_parallel() ? "on" : "off");
+  start_context_parallel();
   if (pp_group_) start_pipeline();
+}
+
+void Trainer::start_context_parallel() {
+  if (!cp_) return;
+  model_->set_context_parallel(cp_.get());
+  if (lead_) {
+    const int64_t T = cfg_.training.seq_len, Tp = cp_->padded_len(T), S = cp_->size();
+    std::printf(
+        "context parallel: %lld ranks per sequence, %lld tokens each (two chunks of %lld: rank r holds "
+        "chunks "
+        "r and %lld - r)%s, ring attention (attention_ring=%s)\n",
+        (long long)S, (long long)(Tp / S), (long long)(Tp / S / 2), (long long)(2 * S - 1),
+        Tp > T ? str_cat("; seq_len ", T, " padded to ", Tp).c_str() : "",
+        model_->kernel_names()["attention_ring"].c_str());
+  }
+}
+
+data::Batch Trainer::context_parallel_rows(const data::Batch& batch) const {
+  if (!cp_) return batch;
+  data::Batch out = batch;
+  const int64_t B = batch.batch_size, T = batch.seq_len;
+  out.seq_len = cp_->padded_len(T) / cp_->size();
+  out.input_ids = cp_->local_rows(batch.input_ids, B, T, 0);  // padding: token 0, ignored target, its own
+  out.labels = cp_->local_rows(batch.labels, B, T, -100);     // document (position 0)
+  if (!batch.position_ids.empty()) out.position_ids = cp_->local_rows(batch.position_ids, B, T, 0);
+  return out;
 }
 
 // Data parallelism (DDP / FSDP / HSDP from the replicate x shard degrees; with one rank a no-op) and
@@ -239,10 +285,12 @@ void Trainer::build_tensor_parallel_model() {
 void Trainer::build_parallelism() {
   if (lora_) return build_lora_parallelism();
   bf16_ = cfg_.training.mixed_precision_param == "bfloat16";
-  stream_ = plan_.dp_shard > 1;
+  // (context parallel: FSDP over dp_shard x cp, as torchtitan's dp_shard_cp mesh dimension)
+  const int64_t shard = plan_.dp_shard * plan_.context_parallel;
+  stream_ = shard > 1;
   if (bf16_ && !stream_) build_mixed_precision_master();
   dp_ = std::make_unique<dist::DataParallelPlan>(
-      dp_pg(), static_cast<int>(plan_.dp_replicate), static_cast<int>(plan_.dp_shard),
+      dp_pg(), static_cast<int>(plan_.dp_replicate), static_cast<int>(shard),
       master_.empty() ? model_->flat_params() : master_, model_->flat_grads(), int64_t(25) << 20, stream_,
       // (experts over the tensor-parallel group: each rank's experts are averaged like its slices)
       dist::ExpertParallelLayout{tp_ && tp_->experts_over_group() ? nullptr : ep_group_,

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "distributed/context_parallel.h"
 #include "distributed/tensor_parallel.h"
 #include "models/qwen3/config.h"
 #include "models/qwen3/lora.h"
@@ -132,10 +133,8 @@ class Trainer {
   std::vector<ckpt::Slice> lora_slices(bool for_save);
   LoraConfig lora_config_;  // the adapters' (r, alpha, targets: the adapter file's when one is loaded)
   void gather_lora();
-  Qwen3Model::TensorSlicer tp_slicer()
-      const;  // tensor parallel: this rank's slice of a full tensor       // tensor parallel: the full
-              // adapters into lora_full_ on rank 0 (collective)
-  std::unique_ptr<LoraAdapters> lora_full_;  // tensor parallel: the gathered adapters (rank 0's export)
+  Qwen3Model::TensorSlicer tp_slicer() const;  // tensor parallel: this rank's slice of a full tensor
+  std::unique_ptr<LoraAdapters> lora_full_;    // tensor parallel: the gathered adapters (rank 0's export)
   void export_lora(const std::string& dir);
   void export_hf(const std::string& dir);
   void write_sample();
@@ -154,6 +153,16 @@ class Trainer {
   std::shared_ptr<dist::ProcessGroup> tp_group_, dp_group_;
   std::unique_ptr<dist::TensorParallel> tp_;
   dist::ProcessGroup& dp_pg() { return dp_group_ ? *dp_group_ : tensor_pg(); }
+  // Context parallel (parallelism.context_parallel_degree > 1, CPU; mesh dp, cp, tp as torchtitan's): cp_
+  // joins the ranks holding chunks of the same sequences (same data-parallel and tensor-parallel index). The
+  // data-parallel group holds them too (their gradients are summed like data parallel's; FSDP shards over
+  // dp_shard x cp); data_group_ is the ranks that read different batches.
+  std::unique_ptr<dist::ContextParallel> cp_;
+  std::shared_ptr<dist::ProcessGroup> data_group_;
+  dist::ProcessGroup& data_pg() { return data_group_ ? *data_group_ : dp_pg(); }
+  // This rank's rows of a batch under context parallel (the batch itself without).
+  data::Batch context_parallel_rows(const data::Batch& batch) const;
+  void start_context_parallel();
   void build_tensor_parallel_model();
   // Pipeline parallel (parallelism.pipeline_parallel_degree > 1, CPU): pp_group_ holds one rank per stage
   // set (ranks r, r + dp, r + 2 dp, ...: the pipeline dimension outermost, as torchtitan's mesh), dp_group_

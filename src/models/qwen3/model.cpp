@@ -178,6 +178,11 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
     std::map<std::string, std::string> glue;
     cross_entropy_vp_ = pick<VocabParallelCrossEntropyKernels>(dev, kernels, glue);
   }
+  if (!KernelRegistry::global().impls(AttentionRingKernels::kOp, dev).empty()) {
+    std::map<std::string, std::string> names;  // listed once context parallel is on
+    ring_ = pick<AttentionRingKernels>(dev, kernels, names);
+    ring_name_ = names[AttentionRingKernels::kOp];
+  }
   {
     std::map<std::string, std::string> glue;  // not listed among the model's kernels
     elementwise_ = pick<ElementwiseKernels>(dev, kernels, glue);

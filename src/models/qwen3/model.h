@@ -193,6 +193,14 @@ class Qwen3Model {
   void set_tensor_parallel(TensorParallelComm* comm, bool sequence_parallel = false,
                            bool experts_over_group = false);
   bool sequence_parallel() const { return sp_; }
+  // Context parallel (ContextParallelComm's layout; nullptr: none): forward takes this rank's rows of every
+  // sequence (T = 2c, the two chunks) with targets already shifted (opts.labels_shifted) and position_ids,
+  // if any, of the whole sequence; RoPE takes the rows' positions in the whole sequence and attention runs
+  // as a ring over the group (attention_ring: each rank's keys and values pass around it, the partial
+  // results merged by their logsumexp; in backward the key/value gradients travel with them back to their
+  // rank). Losses and gradients are this rank's rows' (the trainer sums them over the group). Dense models.
+  void set_context_parallel(ContextParallelComm* comm);
+  ContextParallelComm* context_parallel() const { return cp_; }
   // Vocab parallel: the embedding / lm_head rows here are the full vocabulary's [vocab_start(),
   // vocab_start() + config().vocab_size) of full_vocab_size().
   bool vocab_parallel() const { return tp_ && tp_->size() > 1; }
@@ -331,6 +339,19 @@ class Qwen3Model {
   void tp_sum(float* x, int64_t n) {
     if (tp_) tp_->sum(x, n);
   }
+  // Context parallel: the ring attention of layer l (forward into a.att and its logsumexp into a.attn_saved;
+  // backward accumulating into dqr, dkr, dv).
+  void ring_attention_forward(int64_t l);
+  void ring_attention_backward(int64_t l, float* dqr, float* dkr, float* dv, const float* datt);
+  int64_t attn_saved_floats(int64_t B, int64_t T, int64_t nH) const {
+    return cp_ ? B * nH * T : attention_->saved_floats(B, T, nH);
+  }
+  ContextParallelComm* cp_ = nullptr;
+  const AttentionRingKernels* ring_ = nullptr;  // null where the device has none
+  std::string ring_name_;
+  bool cp_docs_ = false;             // packed documents under context parallel: doc_start_ holds positions
+  Tensor cp_pos_;                    // (size, T_) int32: every rank's rows' positions in the whole sequence
+  Tensor cp_kv_, cp_dkv_, cp_part_;  // ring scratch: 2 x [k|v], 2 x [dk|dv], a block's out and lse
   std::map<std::string, std::string> kernel_names_;
   const MatmulKernels* matmul_;  // matmul_f32_, or &matmul_bf16_ under bf16 compute
   const MatmulKernels* matmul_f32_;

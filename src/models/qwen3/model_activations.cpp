@@ -22,18 +22,38 @@ void Qwen3Model::build_rope_tables(int64_t T) {
   rope_T_ = T;
 }
 
+// Packed rows, and every row under context parallel: per-token RoPE tables and the attention's document
+// starts. Under context parallel a row's position is its place in the whole sequence (the rank's two
+// chunks), position_ids (if any) that of the whole sequence, and doc_start_ holds positions in it.
 void Qwen3Model::set_packing(const int32_t* position_ids) {
-  packed_ = position_ids != nullptr;
+  packed_ = position_ids != nullptr || cp_;
+  cp_docs_ = cp_ && position_ids;
   if (!packed_) return;
   const int64_t B = B_, T = T_, N = B * T, half = config_.head_dim / 2;
-  std::vector<int32_t> start(N);
+  std::vector<int32_t> start(N), pos(N);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
-      const int32_t p = position_ids[b * T + t];
-      TITAN_CHECK(p == 0 || (t > 0 && p == position_ids[b * T + t - 1] + 1), "position_ids[", b, "][", t,
-                  "] = ", p, ": a packed row's positions count 0, 1, 2, ... from each document's first token",
-                  t == 0 ? " (a row starts with 0)" : "");
-      start[b * T + t] = static_cast<int32_t>(t - p);
+      const int64_t n = b * T + t;
+      const int64_t g = cp_ ? context_parallel_position(cp_->rank(), cp_->size(), T, t) : t;
+      if (!position_ids) {
+        pos[n] = static_cast<int32_t>(g);
+        continue;
+      }
+      const int32_t p = position_ids[n];
+      if (cp_) {
+        // (a chunk's first row may continue a document of the chunk before it)
+        const bool chunk_start = t % (T / 2) == 0;
+        TITAN_CHECK(p >= 0 && p <= g && (chunk_start || p == 0 || p == position_ids[n - 1] + 1),
+                    "position_ids[", b, "][", t, "] = ", p, " (position ", g,
+                    " of the sequence under context parallel): a packed row's positions count 0, 1, 2, ... "
+                    "from each document's first token");
+      } else {
+        TITAN_CHECK(p == 0 || (t > 0 && p == position_ids[n - 1] + 1), "position_ids[", b, "][", t, "] = ", p,
+                    ": a packed row's positions count 0, 1, 2, ... from each document's first token",
+                    t == 0 ? " (a row starts with 0)" : "");
+      }
+      pos[n] = p;
+      start[n] = static_cast<int32_t>(g - p);
     }
   if (!doc_start_.defined() || doc_start_.numel() != N) {
     doc_start_ = Tensor::empty({N}, DType::I32, device_);
@@ -41,13 +61,13 @@ void Qwen3Model::set_packing(const int32_t* position_ids) {
     token_sin_ = Tensor::empty({N, half}, DType::F32, device_);
   }
   doc_start_.copy_from_host(start.data());
-  // Per-token tables: row n is the position table's row position_ids[n] (bit-equal to the unpacked values).
-  std::vector<float> cos(T * half), sin(T * half), tcos(N * half), tsin(N * half);
+  // Per-token tables: row n is the position table's row pos[n] (bit-equal to the unpacked values).
+  std::vector<float> cos(rope_T_ * half), sin(rope_T_ * half), tcos(N * half), tsin(N * half);
   rope_cos_.copy_to_host(cos.data());
   rope_sin_.copy_to_host(sin.data());
   for (int64_t n = 0; n < N; ++n) {
-    std::copy_n(cos.data() + position_ids[n] * half, half, tcos.data() + n * half);
-    std::copy_n(sin.data() + position_ids[n] * half, half, tsin.data() + n * half);
+    std::copy_n(cos.data() + pos[n] * half, half, tcos.data() + n * half);
+    std::copy_n(sin.data() + pos[n] * half, half, tsin.data() + n * half);
   }
   token_cos_.copy_from_host(tcos.data());
   token_sin_.copy_from_host(tsin.data());
@@ -139,7 +159,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   // sparse layer run replicated on the gathered rows.
   auto ln2_rows = [&](int64_t l) { return sp_ && (!c.is_moe_layer(l) || moe_local_) ? Nl : N; };
   const int64_t attn = N * H + Nl * H * 3 + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) +
-                       attention_->saved_floats(B, T, nH);
+                       attn_saved_floats(B, T, nH);
   // Checkpointing: a checkpointed layer keeps only its input; the rest is one block shared by those layers
   // (a layer's activations are recomputed into it during backward).
   float* shared = nullptr;
@@ -209,7 +229,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     a.k_rstd = take(N * nKV);
     a.qr = take_pointwise(N * c.q_dim());
     a.kr = take_pointwise(N * c.kv_dim());
-    a.attn_saved = take(attention_->saved_floats(B, T, nH));
+    a.attn_saved = take(attn_saved_floats(B, T, nH));
     a.att = take(N * c.q_dim());
     a.resid_mid = take(Nl * H);
     a.ln2 = take_pointwise(ln2_rows(l) * H);
@@ -246,6 +266,20 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   final_resid_ = alloc({Nl, H});
   lnf_ = alloc({N, H});
   rstdf_ = alloc({Nl});
+  if (cp_) {
+    // Ring scratch: the keys and values in flight (this block's and the next), their gradients, a block's
+    // partial output and logsumexp; every rank's rows' positions.
+    cp_kv_ = alloc({2, 2 * N * c.kv_dim()});
+    cp_dkv_ = alloc({2, 2 * N * c.kv_dim()});
+    cp_part_ = alloc({N * c.q_dim() + B * nH * T});
+    const int S = cp_->size();
+    std::vector<int32_t> pos(S * T);
+    for (int r = 0; r < S; ++r)
+      for (int64_t t = 0; t < T; ++t)
+        pos[r * T + t] = static_cast<int32_t>(context_parallel_position(r, S, T, t));
+    cp_pos_ = alloc({S, T}, DType::I32);
+    cp_pos_.copy_from_host(pos.data());
+  }
   if (sp_) {
     sp_local_ = alloc({Nl, H});
     sp_full_ = alloc({N, H});

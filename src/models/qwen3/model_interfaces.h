@@ -98,4 +98,28 @@ class TensorParallelComm {
   virtual void reduce_scatter(const float* full, float* local, int64_t n) = 0;
 };
 
+// Context parallel: every sequence of the batch split over a group of ranks for causal load balance as two
+// mirrored chunks per rank. A sequence padded to a multiple of 2 x size is cut into 2 x size chunks of c
+// tokens; rank r holds chunks r and 2 x size - 1 - r, in that order (its 2c rows per sequence). Every op but
+// attention is row-wise; attention passes the keys and values around the ring (Qwen3Model). The layout that
+// made the group owns it; the model only calls it.
+class ContextParallelComm {
+ public:
+  virtual ~ContextParallelComm() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  // The ring (device buffers): ring_send starts sending n floats to the next rank (rank + 1 mod size) and
+  // returns at once (the data are copied first); ring_recv blocks until n floats from the previous rank are
+  // in buf. Messages arrive in the order they were sent.
+  virtual void ring_send(const float* buf, int64_t n) = 0;
+  virtual void ring_recv(float* buf, int64_t n) = 0;
+  virtual void ring_wait() = 0;  // returns when every ring_send of this rank has been delivered
+};
+
+// Position in the whole sequence of row t of rank `rank`'s rows (local_len = 2c rows per sequence).
+inline int64_t context_parallel_position(int rank, int size, int64_t local_len, int64_t t) {
+  const int64_t c = local_len / 2;
+  return (t < c ? rank : 2 * size - 1 - rank) * c + t % c;
+}
+
 }  // namespace titan

@@ -29,8 +29,13 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   TITAN_CHECK(!(opts.keep_logits && vocab_parallel()),
               "forward: keep_logits under vocab parallel (each rank ",
               "holds a slice of the vocabulary's logits)");
+  TITAN_CHECK(!cp_ || opts.labels_shifted,
+              "forward: context parallel needs the targets already shifted (labels_shifted): a rank's rows "
+              "are two chunks of the sequence");
+  TITAN_CHECK(!cp_ || T % 2 == 0, "forward: context parallel takes a rank's two chunks of equal length, got ",
+              T, " rows per sequence");
   plan_activations(B, T);
-  build_rope_tables(T);
+  build_rope_tables(cp_ ? T * cp_->size() : T);  // (context parallel: the whole sequence's positions)
   set_packing(opts.position_ids);
   if (lora_) lora_->begin_forward(opts.compute_grad);
   // bf16 GEMMs: the weights converted once here (they may have changed since the last forward); streamed
@@ -207,7 +212,10 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   }
   bf16(a.ln1, Nl * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim()), bf16(a.v, N * c.kv_dim());
   qk_norm_rope(l);
-  attention_->forward(a.att, a.attn_saved, a.qr, a.kr, a.v, B, T, nH, nKV, hd, doc_start());
+  if (cp_)
+    ring_attention_forward(l);
+  else
+    attention_->forward(a.att, a.attn_saved, a.qr, a.kr, a.v, B, T, nH, nKV, hd, doc_start());
   bf16(a.att, N * c.q_dim());
   // resid_mid = resid_in + att @ wo^T (row-parallel o_proj: the ranks' partial outputs summed)
   float* o = sp_ ? partial : a.resid_mid;
@@ -381,8 +389,11 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
     zero(dqr, N * c.q_dim());
     zero(dkr, N * c.kv_dim());
     zero(dv, N * c.kv_dim());
-    attention_->backward(dqr, dkr, dv, datt, a.qr, a.kr, a.v, a.att, a.attn_saved, B, T, nH, nKV, hd,
-                         doc_start());
+    if (cp_)
+      ring_attention_backward(l, dqr, dkr, dv, datt);
+    else
+      attention_->backward(dqr, dkr, dv, datt, a.qr, a.kr, a.v, a.att, a.attn_saved, B, T, nH, nKV, hd,
+                           doc_start());
     // RoPE backward into dq/dk (as scratch), then q_norm/k_norm backward into dqr/dkr (reused).
     zero(dq, N * c.q_dim());
     zero(dk, N * c.kv_dim());
