@@ -257,7 +257,8 @@ TEST(ChatTemplate, Qwen3MatchesApplyChatTemplate) {
 
 TEST(ChatTemplate, QwenFamiliesMatchApplyChatTemplate) {
   // Qwen2.5, Qwen3 (revised), Qwen3-Instruct-2507, Qwen3-Thinking-2507 (the prompt opens <think>), QwQ and
-  // Qwen3-Coder (macros, XML tool calls), each on its conversations (tools/golden/make_chat_family_golden.py).
+  // Qwen3-Coder (macros, XML tool calls), each on its conversations
+  // (tools/golden/make_chat_family_golden.py).
   SKIP_WITHOUT_QWEN3_TOKENIZER();
   std::map<std::string, std::vector<ojson>> by_template;
   for (ojson& c : read_jsonl(kGolden + "/families.jsonl")) by_template[c["template"]].push_back(std::move(c));
@@ -883,6 +884,37 @@ TEST(ChatTrain, PackedTensorParallelMatchesOneRank) {
   ASSERT_EQ(ref.size(), 3u);
   ASSERT_EQ(got.size(), 3u);
   for (const auto& [step, loss] : ref) EXPECT_NEAR(got.at(step), loss, 1e-5 * loss) << "step " << step;
+}
+
+TEST(ChatTrain, PackedContextParallelMatchesOneRank) {
+  SKIP_WITHOUT_QWEN3_TOKENIZER();
+  // Packed chat SFT under context parallel: each rank's two chunks of every row, the document mask and the
+  // per-conversation positions taken at whole-sequence positions, conversations running across the chunk
+  // boundaries; the assistant-only loss mean over the ranks' targets. seq_len 150 is padded to 152 (CP 2:
+  // four chunks of 38; CP 2 x TP 2 with sequence parallel).
+  TempDir tmp;
+  std::string common;
+  for (const auto& a : small_chat_args(tmp, 3))
+    if (!a.starts_with("--job.dump_folder")) common += " " + a;
+  common += " --training.packing=true --training.seq_len=150";
+  auto one = testing::run_shell_command(std::string(TITAN_BINARY) + " train" + common +
+                                        " --job.dump_folder=" + (tmp / "one"));
+  ASSERT_EQ(one.rc, 0) << one.output;
+  const auto ref = step_losses(tmp / "one/metrics.jsonl");
+  ASSERT_EQ(ref.size(), 3u);
+  for (auto [np, args, name] : {std::tuple<int, std::string, std::string>{2, "", "cp2"},
+                                {4, " --parallelism.tensor_parallel_degree=2", "cp2_tp2"}}) {
+    auto r = testing::run_shell_command("timeout 300 mpirun --oversubscribe --bind-to none -np " +
+                                        std::to_string(np) + " " + std::string(TITAN_BINARY) + " train" +
+                                        common + " --parallelism.context_parallel_degree=2" + args +
+                                        " --job.dump_folder=" + (tmp / name));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_NE(r.output.find("seq_len 150 padded to 152"), std::string::npos) << r.output;
+    const auto got = step_losses(tmp / (name + "/metrics.jsonl"));
+    ASSERT_EQ(got.size(), 3u) << name;
+    for (const auto& [step, loss] : ref)
+      EXPECT_NEAR(got.at(step), loss, 1e-5 * loss) << name << " step " << step;
+  }
 }
 
 }  // namespace

@@ -735,8 +735,21 @@ TEST(Trainer, PipelineAndContextParallelPlans) {
       testing::run_titan("train --dry-run --parallelism.pipeline_parallel_degree=2 --lora.enable=true", &out),
       0);
   EXPECT_NE(out.find("pipeline parallel does not run with LoRA"), std::string::npos) << out;
+  // ... and what context parallel does not run with yet, or a world it does not divide.
   EXPECT_NE(testing::run_titan("train --dry-run --parallelism.context_parallel_degree=2", &out), 0);
-  EXPECT_NE(out.find("titan train does not run context parallel yet"), std::string::npos) << out;
+  EXPECT_NE(
+      out.find("parallelism.context_parallel_degree (2) x tensor_parallel_degree (1) does not divide the "
+               "world size 1"),
+      std::string::npos)
+      << out;
+  for (auto [args, what] : {std::pair<std::string, std::string>{"--model.flavor=debug_moe", "a MoE model"},
+                            {"--lora.enable=true", "LoRA"},
+                            {"--parallelism.pipeline_parallel_degree=2", "pipeline parallel"}}) {
+    EXPECT_NE(testing::run_titan("train --dry-run --parallelism.context_parallel_degree=2 " + args, &out), 0);
+    EXPECT_NE(out.find("parallelism.context_parallel_degree = 2: context parallel does not run with " + what),
+              std::string::npos)
+        << out;
+  }
 }
 
 TEST(Trainer, GpuRooflineCountsEachOpClass) {
