@@ -454,19 +454,22 @@ using testing::jsonl_losses;
 
 // A parallel run `name` against the 1-rank run `ref` (both 10 steps in tmp): the loss of every step within
 // 1e-5 relative, and the HF export of step 10 with the same tensors, each within 1e-4 (relative L2).
-void expect_run_matches(const testing::TempDir& tmp, const std::string& ref_name, const std::string& name) {
+void expect_run_matches(const testing::TempDir& tmp, const std::string& ref_name, const std::string& name,
+                        size_t steps = 10) {
   const auto ref = jsonl_losses(tmp / (ref_name + "/metrics.jsonl"));
   const auto got = jsonl_losses(tmp / (name + "/metrics.jsonl"));
-  ASSERT_EQ(ref.size(), 10u) << ref_name;
+  ASSERT_EQ(ref.size(), steps) << ref_name;
   ASSERT_EQ(got.size(), ref.size()) << name;
   double max_rel = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << name << " step " << i + 1;
     max_rel = std::max(max_rel, std::abs(got[i] - ref[i]) / ref[i]);
   }
-  std::printf("%s: max relative loss difference to 1 rank over 10 steps: %.3g\n", name.c_str(), max_rel);
-  SafetensorsFile ref_st(tmp / (ref_name + "/checkpoint/step-10/model.safetensors"));
-  SafetensorsFile st(tmp / (name + "/checkpoint/step-10/model.safetensors"));
+  std::printf("%s: max relative loss difference to 1 rank over %zu steps: %.3g\n", name.c_str(), steps,
+              max_rel);
+  const std::string last = "/checkpoint/step-" + std::to_string(steps) + "/model.safetensors";
+  SafetensorsFile ref_st(tmp / (ref_name + last));
+  SafetensorsFile st(tmp / (name + last));
   ASSERT_EQ(st.entries().size(), ref_st.entries().size()) << name;
   double max_param_rel = 0;
   for (auto& [key, e] : ref_st.entries()) {
@@ -475,8 +478,8 @@ void expect_run_matches(const testing::TempDir& tmp, const std::string& ref_name
     ASSERT_EQ(a.shape(), b.shape()) << key;
     max_param_rel = std::max(max_param_rel, testing::rel_error(a, b));
   }
-  std::printf("%s: max relative parameter difference (per tensor, L2) after 10 steps: %.3g\n", name.c_str(),
-              max_param_rel);
+  std::printf("%s: max relative parameter difference (per tensor, L2) after %zu steps: %.3g\n", name.c_str(),
+              steps, max_param_rel);
   EXPECT_LE(max_param_rel, 1e-4) << name;
 }
 
@@ -672,11 +675,15 @@ TEST(DistPipelineParallel, TrainMatchesOneRank) {
 // recompute); CP 2 from HF weights. Validation runs through the ring too: the same validation losses.
 TEST(DistContextParallel, TrainMatchesOneRank) {
   testing::TempDir tmp;
-  const std::string common = train_args(tmp, 10) + " --model.flavor=debug";
+  const std::string common = train_args(tmp, 10);
+  const std::string dense = " --model.flavor=debug",
+                    moe = " --model.flavor=debug_moe --model.moe_aux_loss=on --training.steps=6";
   const std::string hf = write_debug_hf(tmp);
-  const std::string seq30 = " --training.seq_len=30";
-  for (auto [name, args] :
-       {std::pair<std::string, std::string>{"one", ""}, {"one_30", seq30}, {"one_hf", hf}}) {
+  const std::string seq30 = dense + " --training.seq_len=30";
+  for (auto [name, args] : {std::pair<std::string, std::string>{"one", dense},
+                            {"one_30", seq30},
+                            {"one_hf", dense + hf},
+                            {"one_moe", moe}}) {
     RunResult r = run_shell("timeout 300 " + kTitan + " train" + common + args +
                             " --training.local_batch_size=4 --job.dump_folder=" + (tmp / name));
     ASSERT_EQ(r.rc, 0) << r.output;
@@ -684,8 +691,10 @@ TEST(DistContextParallel, TrainMatchesOneRank) {
   struct Layout {
     std::string name, ref, args;
     int np, local_batch;
+    size_t steps = 10;
   };
-  const std::string cp2 = " --parallelism.context_parallel_degree=2";
+  const std::string cp2 = dense + " --parallelism.context_parallel_degree=2",
+                    cp2_moe = moe + " --parallelism.context_parallel_degree=2";
   for (const Layout& l :
        {Layout{"cp2", "one", cp2, 2, 4},
         Layout{"cp4_30", "one_30", seq30 + " --parallelism.context_parallel_degree=4", 4, 4},
@@ -693,13 +702,14 @@ TEST(DistContextParallel, TrainMatchesOneRank) {
         Layout{"cp2_ddp2", "one", cp2 + " --parallelism.data_parallel_replicate_degree=2", 4, 2},
         Layout{"cp2_tp2", "one", cp2 + " --parallelism.tensor_parallel_degree=2", 4, 4},
         Layout{"cp2_full_ac", "one", cp2 + " --activation_checkpoint.mode=full", 2, 4},
-        Layout{"cp2_hf", "one_hf", cp2 + hf, 2, 4}}) {
+        Layout{"cp2_hf", "one_hf", cp2 + hf, 2, 4}, Layout{"cp2_moe", "one_moe", cp2_moe, 2, 4, 6},
+        Layout{"cp2_tp2_moe", "one_moe", cp2_moe + " --parallelism.tensor_parallel_degree=2", 4, 4, 6}}) {
     RunResult r = run_shell("timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(l.np) +
                             " " + kTitan + " train" + common + l.args + " --training.local_batch_size=" +
                             std::to_string(l.local_batch) + " --job.dump_folder=" + (tmp / l.name));
     ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.output;
     EXPECT_NE(r.output.find("context parallel: "), std::string::npos) << r.output;
-    expect_run_matches(tmp, l.ref, l.name);
+    expect_run_matches(tmp, l.ref, l.name, l.steps);
   }
   const std::string val =
       " --training.steps=4 --training.val_fraction=0.1 --validation.enable=true"
@@ -710,7 +720,7 @@ TEST(DistContextParallel, TrainMatchesOneRank) {
       v.push_back(std::stod(out.substr(at + 9)));
     return v;
   };
-  RunResult one = run_shell("timeout 300 " + kTitan + " train" + common + val +
+  RunResult one = run_shell("timeout 300 " + kTitan + " train" + common + dense + val +
                             " --job.dump_folder=" + (tmp / "one_val"));
   ASSERT_EQ(one.rc, 0) << one.output;
   RunResult cp = run_shell("timeout 300 mpirun --oversubscribe --bind-to none -np 2 " + kTitan + " train" +

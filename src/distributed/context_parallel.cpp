@@ -16,6 +16,10 @@ void ContextParallel::ring_recv(float* buf, int64_t n) {
   group_->recv(buf, n, CommType::F32, (rank() - 1 + size()) % size());
 }
 
+void ContextParallel::sum_host(double* x, int64_t n) {
+  group_->host_group().all_reduce(x, n, CommType::F64, ReduceOp::Sum);
+}
+
 int64_t ContextParallel::padded_len(int64_t seq_len) const {
   const int64_t chunks = 2 * size();
   return (seq_len + chunks - 1) / chunks * chunks;

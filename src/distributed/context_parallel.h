@@ -23,6 +23,7 @@ class ContextParallel : public ContextParallelComm {
   void ring_send(const float* buf, int64_t n) override;
   void ring_recv(float* buf, int64_t n) override;
   void ring_wait() override { group_->wait_sends(); }
+  void sum_host(double* x, int64_t n) override;
   ProcessGroup& group() { return *group_; }
 
   // A sequence of seq_len tokens padded to a multiple of 2 x size.

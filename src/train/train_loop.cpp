@@ -120,9 +120,12 @@ void Trainer::forward_backward(int64_t step, double totals[3]) {
     fo.grad_scale = grad_scale;
     fo.labels_shifted = true;  // the loader's labels are the next tokens (torchtitan packing)
     if (!batch.position_ids.empty()) fo.position_ids = batch.position_ids.data();  // packed chat rows
-    // MoE aux loss: its coefficient split over the micro-batches (each contributes its own aux).
+    // MoE aux loss: its coefficient split over the micro-batches (each contributes its own aux). Context
+    // parallel: each rank's rows carry their part of its gradient, averaged over dp x cp ranks like the CE's.
     fo.aux_loss_scale =
-        mc_.output_router_logits ? static_cast<float>(mc_.router_aux_loss_coef / plan_.grad_accum) : 0.0f;
+        mc_.output_router_logits
+            ? static_cast<float>(mc_.router_aux_loss_coef * plan_.context_parallel / plan_.grad_accum)
+            : 0.0f;
     ForwardResult r =
         model_->forward(batch.input_ids.data(), batch.labels.data(), batch.batch_size, batch.seq_len, fo);
     model_->backward();

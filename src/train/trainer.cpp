@@ -66,7 +66,13 @@ void Trainer::build_process_group_and_plan() {
                   what, " yet (titan plan --nproc N plans such layouts)");
     };
     refuse(pp > 1, "pipeline parallel (parallelism.pipeline_parallel_degree)");
-    refuse(mc_.is_moe(), "a MoE model (the router's statistics are per sequence)");
+    // MoE: the aux-loss statistics are summed over the group; a padded token would count in them.
+    refuse(mc_.is_moe() && cfg_.training.seq_len % (2 * cp) != 0,
+           str_cat("a MoE model whose training.seq_len (", cfg_.training.seq_len,
+                   ") is not a multiple of 2 x context_parallel_degree (", 2 * cp,
+                   "; padding would enter the router's statistics)")
+               .c_str());
+    refuse(par.expert_parallel_degree > 1, "expert parallel (parallelism.expert_parallel_degree)");
     refuse(cfg_.lora.enable, "LoRA (lora.enable)");
     refuse(cfg_.job.device != "cpu", "a device other than the CPU (job.device)");
     TITAN_CHECK(world_ % (cp * tp) == 0, "parallelism.context_parallel_degree (", cp,

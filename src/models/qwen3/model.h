@@ -198,7 +198,8 @@ class Qwen3Model {
   // if any, of the whole sequence; RoPE takes the rows' positions in the whole sequence and attention runs
   // as a ring over the group (attention_ring: each rank's keys and values pass around it, the partial
   // results merged by their logsumexp; in backward the key/value gradients travel with them back to their
-  // rank). Losses and gradients are this rank's rows' (the trainer sums them over the group). Dense models.
+  // rank). Losses and gradients are this rank's rows' (the trainer sums them over the group); the MoE
+  // aux-loss statistics are summed over the group (every row must be a token of the sequence: no padding).
   void set_context_parallel(ContextParallelComm* comm);
   ContextParallelComm* context_parallel() const { return cp_; }
   // Vocab parallel: the embedding / lm_head rows here are the full vocabulary's [vocab_start(),

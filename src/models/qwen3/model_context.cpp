@@ -18,9 +18,6 @@ void Qwen3Model::set_context_parallel(ContextParallelComm* comm) {
   }
   TITAN_CHECK(ring_, "context parallel: op '", AttentionRingKernels::kOp, "' has no implementation on ",
               device_type_name(device_.type));
-  TITAN_CHECK(!config_.is_moe(),
-              "context parallel: MoE models are not supported yet (the router's aux-loss statistics and "
-              "token counts would need summing over the context-parallel group)");
   kernel_names_[AttentionRingKernels::kOp] = ring_name_;
 }
 

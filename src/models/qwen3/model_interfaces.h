@@ -114,6 +114,7 @@ class ContextParallelComm {
   virtual void ring_send(const float* buf, int64_t n) = 0;
   virtual void ring_recv(float* buf, int64_t n) = 0;
   virtual void ring_wait() = 0;  // returns when every ring_send of this rank has been delivered
+  virtual void sum_host(double* x, int64_t n) = 0;  // in place over the group, x on the host
 };
 
 // Position in the whole sequence of row t of rank `rank`'s rows (local_len = 2c rows per sequence).

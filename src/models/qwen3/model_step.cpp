@@ -157,10 +157,12 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     // HF load_balancing_loss_func over the concatenated router outputs of all sparse layers (R rows):
     // aux = E * sum_e (tokens routed to e / R) * (mean router probability of e).
     const int64_t E = c.num_experts;
-    const double R = (double)N * (double)total_moe_layers_;
+    // (context parallel: the rows of the whole sequences, every rank's statistics)
+    const double R = (double)N * (cp_ ? cp_->size() : 1) * (double)total_moe_layers_;
     aux_stats_.copy_to_host(aux_host_.data());
     // Sparse layers on this rank's rows (experts over the tensor-parallel group): the group's statistics.
     if (moe_local_) tp_->sum_host(aux_host_.data(), static_cast<int64_t>(aux_host_.size()));
+    if (cp_) cp_->sum_host(aux_host_.data(), static_cast<int64_t>(aux_host_.size()));
     if (opts.aux_stats_in)  // pipeline parallel: the earlier stages' sparse layers
       for (size_t i = 0; i < aux_host_.size(); ++i) aux_host_[i] += opts.aux_stats_in[i];
     const double* counts = aux_host_.data();
