@@ -139,7 +139,10 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   };
   // Ring attention per layer and forward: each rank passes K and V chunks on cp - 1 times in forward, K, V,
   // dK and dV in backward (a recomputed layer repeats its forward's).
-  auto cp_units = [&](int64_t l) { return 6 + (checkpointed(l) ? 2 : 0); };
+  // Ring traffic of a layer in units of the rank's K or V block (N x kv_dim floats): K and V go cp - 1 hops
+  // in forward (again when the layer is recomputed) and in backward, where their gradients go cp hops (the
+  // last one brings them home).
+  auto cp_units = [&](int64_t l) { return (4.0 + (checkpointed(l) ? 2 : 0)) * (cp - 1) + 2.0 * cp; };
   const int64_t shard_over = dp_shard * cp;
   int64_t worst = -1;
   for (int64_t r = 0; r < pp; ++r) {
@@ -182,7 +185,7 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
     pr.activation_bytes = 4 * (static_cast<int64_t>(pr.inflight * (double)kept) + once);
     pr.pp_comm_bytes = sends * 4.0 * Nl * H * forwards;
     pr.tp_comm_bytes = tp > 1 ? units * 4.0 * N * H * (tp - 1) / tp * forwards : 0;
-    pr.cp_comm_bytes = cp > 1 ? ring * 4.0 * N * lc.kv_dim() * (cp - 1) * forwards : 0;
+    pr.cp_comm_bytes = cp > 1 ? ring * 4.0 * N * lc.kv_dim() * forwards : 0;
     if (r == 0 || pr.total_bytes() > p.per_stage_rank[worst].total_bytes()) worst = r;
     p.per_stage_rank.push_back(pr);
   }

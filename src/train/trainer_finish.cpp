@@ -85,6 +85,7 @@ void Trainer::export_hf(const std::string& dir) {
 void Trainer::finish() {
   gather_final_model();
   if (pipeline_) report_pipeline_bubble();
+  if (cp_) model_->set_context_parallel(nullptr);  // (the sample runs whole sequences on rank 0)
   if (!lead_) return;
   if (cfg_.checkpoint.last_save_in_hf && !cfg_.checkpoint.enable) {
     const fs::path final_dir = fs::path(ckpt_folder_) / ("step-" + std::to_string(cfg_.training.steps));

@@ -351,6 +351,7 @@ class Qwen3Model {
   const AttentionRingKernels* ring_ = nullptr;  // null where the device has none
   std::string ring_name_;
   bool cp_docs_ = false;             // packed documents under context parallel: doc_start_ holds positions
+  bool cp_tables_ready_ = false;     // the per-token RoPE tables hold this shape's context-parallel positions
   Tensor cp_pos_;                    // (size, T_) int32: every rank's rows' positions in the whole sequence
   Tensor cp_kv_, cp_dkv_, cp_part_;  // ring scratch: 2 x [k|v], 2 x [dk|dv], a block's out and lse
   std::map<std::string, std::string> kernel_names_;

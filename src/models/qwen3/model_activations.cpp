@@ -30,6 +30,9 @@ void Qwen3Model::set_packing(const int32_t* position_ids) {
   cp_docs_ = cp_ && position_ids;
   if (!packed_) return;
   const int64_t B = B_, T = T_, N = B * T, half = config_.head_dim / 2;
+  // (context parallel without packing: the same positions every forward of this shape)
+  if (!position_ids && cp_tables_ready_) return;
+  cp_tables_ready_ = !position_ids;
   std::vector<int32_t> start(N), pos(N);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
@@ -116,6 +119,7 @@ void Qwen3Model::set_activation_recompute_ops(bool on) {
 
 void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   if (B == B_ && T == T_) return;
+  cp_tables_ready_ = false;
   const auto& c = config_;
   const int64_t N = B * T, H = c.hidden_size, I = c.intermediate_size, nH = c.num_attention_heads,
                 nKV = c.num_key_value_heads, L = c.num_hidden_layers;

@@ -11,7 +11,7 @@ namespace titan {
 
 void Qwen3Model::set_context_parallel(ContextParallelComm* comm) {
   cp_ = comm && comm->size() > 1 ? comm : nullptr;
-  B_ = T_ = 0;  // the activation plan depends on it
+  B_ = T_ = 0;  // the activation plan (and the per-token RoPE tables) depend on it
   if (!cp_) {
     kernel_names_.erase(AttentionRingKernels::kOp);
     return;
