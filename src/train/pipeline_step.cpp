@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "models/qwen3/lora.h"
 
 namespace titan {
 
@@ -65,8 +66,13 @@ void PipelineStep::run(const data::Batch& batch, const ForwardOptions& base, Pip
     f();
     totals.wait_s += now_s() - t0;
   };
+  // LoRA dropout: every micro-batch draws the masks of its rows of the batch in this batch's pass, as one
+  // rank's forward of the whole batch would (also a forward without gradients whose output goes on).
+  LoraAdapters* lora = model_.lora();
+  const uint64_t pass = lora ? lora->passes() + 1 : 0;
   auto forward = [&](int64_t stage, int64_t micro, bool grad) {
     Kept& k = kept[{stage, micro}];
+    if (lora) lora->pin_masks(pass, micro * mb * T);
     ForwardOptions o = base;
     o.stage = local_stage(stage);
     o.compute_grad = grad;
@@ -129,6 +135,7 @@ void PipelineStep::run(const data::Batch& batch, const ForwardOptions& base, Pip
     }
     kept.erase({a.stage, a.micro});
   }
+  if (lora) lora->unpin_masks();  // (the pass count stays at this batch's)
   timed_wait([&] { group_.wait_sends(); });
 }
 

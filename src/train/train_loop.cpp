@@ -177,6 +177,9 @@ StepOutcome Trainer::train_step(int64_t step) {
     return s;
   }
   dp_->reduce_grads();
+  // Pipeline parallel with LoRA: each adapter's gradient is non-zero on the pipeline rank running its layer;
+  // summed over the pipeline, every pipeline rank holds (and steps) all of them.
+  if (lora_ && pp_group_) pp_group_->all_reduce(dp_->optimizer_grads()[0], dist::ReduceOp::Sum);
   // Pipeline parallel with tied embeddings: the first stage's embedding and the last stage's copy used as
   // lm_head get the sum of both gradients (the same AdamW update keeps the copies equal).
   if (embed_group_) embed_group_->all_reduce(dp_->optimizer_grads()[0], dist::ReduceOp::Sum);
@@ -192,9 +195,9 @@ StepOutcome Trainer::train_step(int64_t step) {
   }
   // Clipping (torch's clip_grad_norm_) is applied inside the optimizer step: one pass fewer over the
   // gradients.
-  s.grad_norm = pipeline_ ? pipeline_grad_norm()
-                : tp_     ? std::sqrt(tp_->grad_sq_norm(trained, tp_grads()))
-                          : dp_->grad_norm();
+  s.grad_norm = pipeline_ && !lora_ ? pipeline_grad_norm()
+                : tp_               ? std::sqrt(tp_->grad_sq_norm(trained, tp_grads()))
+                                    : dp_->grad_norm();
   s.lr = cfg_.optimizer.lr * schedule_->factor(step - 1);
   optimizer_->step(static_cast<float>(s.lr), clip_coefficient(s.grad_norm, cfg_.training.max_norm));
   dp_->after_optimizer_step();

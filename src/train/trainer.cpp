@@ -85,7 +85,7 @@ void Trainer::build_process_group_and_plan() {
                   " yet (titan plan --nproc N plans such layouts)");
     };
     refuse(tp > 1 && mc_.is_moe(), "tensor parallel on a MoE model");
-    refuse(cfg_.lora.enable, "LoRA (lora.enable)");
+    refuse(tp > 1 && cfg_.lora.enable, "tensor parallel and LoRA together");
     refuse(cfg_.job.device != "cpu", "a device other than the CPU (job.device)");
     TITAN_CHECK(world_ % pp == 0, "parallelism.pipeline_parallel_degree = ", pp,
                 " does not divide the world size ", world_);
@@ -124,7 +124,8 @@ void Trainer::build_process_group_and_plan() {
     const int64_t per_stage = world_ / pp, pp_rank = rank_ / per_stage, in_stage = rank_ % per_stage;
     pp_group_ = pg_->split(static_cast<int>(in_stage), static_cast<int>(pp_rank));
     if (tp == 1) dp_group_ = pg_->split(static_cast<int>(pp_rank), static_cast<int>(in_stage));
-    if (mc_.tie_word_embeddings) {  // (collective over the world: every rank takes part in the split)
+    // (LoRA: the embedding is frozen, its two copies stay equal without a gradient)
+    if (mc_.tie_word_embeddings && !cfg_.lora.enable) {  // (collective over the world: every rank splits)
       const bool ends = pp_rank == 0 || pp_rank == pp - 1;
       embed_group_ =
           pg_->split(static_cast<int>(ends ? in_stage : per_stage + rank_), static_cast<int>(pp_rank));

@@ -102,10 +102,11 @@ void Trainer::finish() {
                  "titan train: " + mc_.to_hf_json().value("model_type", "qwen3") + " loss", val);
   std::printf("loss curve: %s\n", svg.c_str());
   if (cfg_.training.sample_tokens > 0 && !data_.tokenizer_path.empty()) {
-    if (lora_ && tp_)
+    if (lora_ && (tp_ || pipeline_))
       std::printf(
-          "sample: none under tensor parallel with LoRA (each rank holds a slice of the base); "
+          "sample: none under %s parallel with LoRA (each rank holds a part of the base); "
           "titan generate --lora %s samples the adapter\n",
+          tp_ ? "tensor" : "pipeline",
           result_.export_dir.empty() ? "<checkpoint>" : result_.export_dir.c_str());
     else
       write_sample();

@@ -1,7 +1,9 @@
 // LoRA fine-tuning in the Trainer ([lora] enable = true): the base model is frozen (bf16 by default, 2 bytes
 // per parameter, or f32), the adapters are the only parameters the optimizer, the gradient reduction and
 // the checkpoints see. Data parallel (DDP or FSDP degrees) runs over the adapters: only their gradients
-// are reduced (FSDP shards the adapters' optimizer state); every rank holds the frozen base. Under tensor
+// are reduced (FSDP shards the adapters' optimizer state); every rank holds the frozen base (under pipeline
+// parallel its stages' part; the adapters are whole on every pipeline rank, their gradients summed over the
+// pipeline, so every pipeline rank takes the same optimizer step). Under tensor
 // parallel the base and the adapters are the rank's slices (distributed/tensor_parallel.h), made from the
 // full ones (read or drawn one tensor at a time), and checkpoints and the PEFT export hold the full adapters.
 #include <array>
@@ -61,7 +63,10 @@ void Trainer::build_lora_model() {
     lora_->load_peft(lc.adapter_path);
   }
   if (lead_ && !lc.adapter_path.empty()) std::printf("lora: adapters from %s\n", lc.adapter_path.c_str());
-  model_ = std::make_unique<Qwen3Model>(local, kernels_, nullptr, /*allocate=*/!bf16_base, device_);
+  // (pipeline parallel: this rank's stages of the base; every rank holds all the adapters, see
+  // build_lora_parallelism)
+  model_ = std::make_unique<Qwen3Model>(local, kernels_, nullptr, /*allocate=*/!bf16_base, device_,
+                                        pipeline_ranges());
   model_->set_lora(lora_.get());
   if (tp_) model_->set_tensor_parallel(tp_.get(), tp_->sequence_parallel());
   model_->set_activation_checkpoint_every(cfg_.activation_checkpoint.every());
@@ -98,6 +103,7 @@ void Trainer::build_lora_model() {
     std::printf("lora: rank %lld, alpha %g, dropout %g, %lld adapter parameters (%.4f%% of %lld)\n",
                 (long long)cfg.rank, cfg.alpha, cfg.dropout, (long long)lora_->num_params(),
                 100.0 * lora_->num_params() / model_->num_params(), (long long)model_->num_params());
+  if (pp_group_) start_pipeline();
 }
 
 void Trainer::build_lora_parallelism() {
@@ -119,9 +125,11 @@ void Trainer::build_lora_parallelism() {
 }
 
 // The adapters and their AdamW moments where dp puts them (full, or this rank's FSDP shard); under tensor
-// parallel each slice at its place in the full adapters' layout.
+// parallel each slice at its place in the full adapters' layout. Under pipeline parallel every pipeline
+// rank holds the same adapters: pipeline rank 0's data-parallel ranks write them.
 std::vector<ckpt::Slice> Trainer::lora_slices(bool for_save) {
   std::vector<ckpt::Slice> out;
+  if (for_save && pp_group_ && pp_group_->rank() != 0) return out;
   if (tp_) {
     const LoraAdapters full(mc_, lora_config_);  // the full layout (names, offsets)
     const int64_t n = full.num_params();

@@ -160,8 +160,9 @@ void LoraAdapters::apply_dropout(const Slot& s, int si, float* out, const float*
                                  bool backward) {
   const float p = static_cast<float>(cfg_.dropout);
   const bool sliced = tp_size_ > 1 && (s.proj == LoraProj::O || s.proj == LoraProj::Down);
-  const uint64_t key = mask_key(si) + (sliced ? static_cast<uint64_t>(tp_rank_ * s.in) : 0);
   const uint64_t stride = static_cast<uint64_t>((sliced ? tp_size_ : 1) * s.in);
+  const uint64_t key = mask_key(si) + (sliced ? static_cast<uint64_t>(tp_rank_ * s.in) : 0) +
+                       static_cast<uint64_t>(row0_) * stride;
   if (backward)
     dropout_->backward_add(out, x, N, s.in, key, stride, p);
   else

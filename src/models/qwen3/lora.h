@@ -97,8 +97,20 @@ class LoraAdapters {
   // Marks the start of a forward: training applies dropout (masks keyed by seed and pass number, so the
   // activation-checkpointing recompute draws the same ones).
   void begin_forward(bool training) {
-    training_ = training;
-    ++pass_;
+    training_ = training || pinned_;
+    if (!pinned_) ++pass_;
+  }
+  // Pipeline parallel: until unpin_masks, every forward is a training forward that draws the masks of pass
+  // `pass` at rows [row0, row0 + N) of that pass's batch (a micro-batch of the batch one rank's forward
+  // would run; a stage forward run again before its backward draws the same masks).
+  void pin_masks(uint64_t pass, int64_t row0) {
+    pinned_ = true;
+    pass_ = pass;
+    row0_ = row0;
+  }
+  void unpin_masks() {
+    pinned_ = false;
+    row0_ = 0;
   }
   // Forwards so far (the dropout masks' pass number): checkpoints keep it, so a resumed run draws the masks
   // the uninterrupted one would.
@@ -140,8 +152,9 @@ class LoraAdapters {
   // tensor parallel a row-parallel slot's masks are the full input's at this rank's columns.
   void apply_dropout(const Slot& s, int si, float* out, const float* x, int64_t N, bool backward);
   int tp_rank_ = 0, tp_size_ = 1;
-  bool training_ = false;
+  bool training_ = false, pinned_ = false;
   uint64_t pass_ = 0;
+  int64_t row0_ = 0;  // pinned: the first row's index in its pass's batch
 };
 
 // Adds (alpha / r) B A of the PEFT adapter in `adapter_dir` to the model's base weights in place (what PEFT's
