@@ -587,8 +587,9 @@ TEST(DistTensorParallel, TrainMatchesOneRank) {
 }
 
 // Pipeline parallel through `titan train`: every schedule on 2 and 4 pipeline ranks, with FSDP and DDP over
-// each stage, tensor parallel inside each stage, full activation checkpointing, HF weights and MoE (aux-loss
-// statistics passed between the stages) give the 1-rank loss sequence (1e-5 relative) and export (1e-4). The
+// each stage, tensor parallel inside each stage (dense, and MoE with replicated experts or the experts over
+// the tensor-parallel group), full activation checkpointing, HF weights and MoE (aux-loss statistics passed
+// between the stages) give the 1-rank loss sequence (1e-5 relative) and export (1e-4). The
 // 1-rank runs accumulate the same micro-batches (the MoE aux loss is per micro-batch).
 TEST(DistPipelineParallel, TrainMatchesOneRank) {
   testing::TempDir tmp;
@@ -636,7 +637,17 @@ TEST(DistPipelineParallel, TrainMatchesOneRank) {
             "pp2_moe_aux", "one_moe_aux",
             aux +
                 " --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_microbatch_size=1",
-            2, 4}}) {
+            2, 4},
+        Layout{"pp2_tp2_moe", "one_moe",
+               " --model.flavor=debug_moe --parallelism.pipeline_parallel_degree=2"
+               " --parallelism.tensor_parallel_degree=2",
+               4, 4},
+        Layout{
+            "pp2_tp2_ep2_moe_aux", "one_moe_aux",
+            aux +
+                " --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_microbatch_size=1"
+                " --parallelism.tensor_parallel_degree=2 --parallelism.expert_parallel_degree=2",
+            4, 4}}) {
     RunResult r = run_shell("timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(l.np) +
                             " " + kTitan + " train" + common + l.args + " --training.local_batch_size=" +
                             std::to_string(l.local_batch) + " --job.dump_folder=" + (tmp / l.name));

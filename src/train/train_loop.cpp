@@ -164,10 +164,11 @@ StepOutcome Trainer::train_step(int64_t step) {
   // global mean.
   if (world_ > 1) pg_->all_reduce(totals, 3, dist::ReduceOp::Sum);
   s.loss = totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
-  // HF MoE loss: CE + router_aux_loss_coef x aux (aux averaged over micro-batches and ranks).
+  // HF MoE loss: CE + router_aux_loss_coef x aux (aux averaged over micro-batches and the ranks reporting it:
+  // every rank, or under pipeline parallel those of the last stage).
   if (mc_.num_experts > 0 && mc_.output_router_logits)
     s.loss += mc_.router_aux_loss_coef * totals[2] /
-              static_cast<double>(plan_.grad_accum * (pipeline_ ? dp_pg().size() : world_));
+              static_cast<double>(plan_.grad_accum * (world_ / plan_.pipeline.degree));
   if (!std::isfinite(s.loss)) {
     TITAN_CHECK(cfg_.training.skip_nan_inf, "loss is ", s.loss, " at step ", step,
                 " (set training.skip_nan_inf = true to skip such steps)");

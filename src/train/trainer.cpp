@@ -84,7 +84,6 @@ void Trainer::build_process_group_and_plan() {
                   ": pipeline parallel does not run with ", what,
                   " yet (titan plan --nproc N plans such layouts)");
     };
-    refuse(tp > 1 && mc_.is_moe(), "tensor parallel on a MoE model");
     refuse(tp > 1 && cfg_.lora.enable, "tensor parallel and LoRA together");
     refuse(cfg_.job.device != "cpu", "a device other than the CPU (job.device)");
     TITAN_CHECK(world_ % pp == 0, "parallelism.pipeline_parallel_degree = ", pp,
