@@ -751,8 +751,13 @@ TEST(DistPipelineParallel, LoraMatchesOneRank) {
 
 // Context parallel against 1 rank (same global batch, 10 steps: losses within 1e-5 relative, the HF export
 // within 1e-4): CP 2; CP 4 at seq_len 30, not divisible by the 8 chunks (padded to 32); CP 2 x FSDP 2; CP 2 x
-// DDP 2; CP 2 x TP 2 (sequence parallel); CP 2 with full activation checkpointing (the ring runs again in the
-// recompute); CP 2 from HF weights. Validation runs through the ring too: the same validation losses.
+// DDP 2; CP 2 x TP 2 (sequence parallel); CP 2 x PP 2 (1F1B at seq_len 30, Interleaved1F1B); CP 2 with full
+// activation checkpointing (the ring runs again in the recompute); CP 2 from HF weights. The MoE model with
+// the HF aux loss (its router statistics summed over the group) under CP 2, CP 2 x TP 2 and CP 2 x PP 2 (one
+// micro-batch: the aux loss is per micro-batch) over 6 steps: this MoE run's gradient norm quadruples at
+// step 5 and amplifies any change of f32 summation order from then on (1 rank with matmul=reference instead
+// of oneDNN drifts to 6.7e-6 by step 9, as CP 2 does). Validation runs through the ring too: the same
+// validation losses.
 TEST(DistContextParallel, TrainMatchesOneRank) {
   testing::TempDir tmp;
   const std::string common = train_args(tmp, 10);
@@ -782,7 +787,20 @@ TEST(DistContextParallel, TrainMatchesOneRank) {
         Layout{"cp2_ddp2", "one", cp2 + " --parallelism.data_parallel_replicate_degree=2", 4, 2},
         Layout{"cp2_tp2", "one", cp2 + " --parallelism.tensor_parallel_degree=2", 4, 4},
         Layout{"cp2_full_ac", "one", cp2 + " --activation_checkpoint.mode=full", 2, 4},
-        Layout{"cp2_hf", "one_hf", cp2 + hf, 2, 4}, Layout{"cp2_moe", "one_moe", cp2_moe, 2, 4, 6},
+        Layout{"cp2_hf", "one_hf", cp2 + hf, 2, 4},
+        Layout{"cp2_pp2", "one_30",
+               seq30 + " --parallelism.context_parallel_degree=2 --parallelism.pipeline_parallel_degree=2", 4,
+               4},
+        Layout{"cp2_pp2_interleaved", "one",
+               cp2 + " --parallelism.pipeline_parallel_degree=2"
+                     " --parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+               4, 4},
+        Layout{"cp2_moe", "one_moe", cp2_moe, 2, 4, 6},
+        Layout{"cp2_pp2_moe", "one_moe",
+               cp2_moe +
+                   " --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=GPipe"
+                   " --parallelism.pipeline_parallel_microbatch_size=4",
+               4, 4, 6},
         Layout{"cp2_tp2_moe", "one_moe", cp2_moe + " --parallelism.tensor_parallel_degree=2", 4, 4, 6}}) {
     RunResult r = run_shell("timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(l.np) +
                             " " + kTitan + " train" + common + l.args + " --training.local_batch_size=" +

@@ -99,9 +99,10 @@ void Trainer::forward_backward(int64_t step, double totals[3]) {
       ForwardOptions fo;
       fo.grad_scale = grad_scale;
       fo.labels_shifted = true;
-      fo.aux_loss_scale = mc_.output_router_logits
-                              ? static_cast<float>(mc_.router_aux_loss_coef / (plan_.grad_accum * m))
-                              : 0.0f;
+      fo.aux_loss_scale =
+          mc_.output_router_logits
+              ? static_cast<float>(mc_.router_aux_loss_coef * plan_.context_parallel / (plan_.grad_accum * m))
+              : 0.0f;
       pipeline_->run(batch, fo, t);
     }
     if (step > first_step_) {  // (the first step's allocations are no steady state)

@@ -65,7 +65,6 @@ void Trainer::build_process_group_and_plan() {
       TITAN_CHECK(!bad, "parallelism.context_parallel_degree = ", cp, ": context parallel does not run with ",
                   what, " yet (titan plan --nproc N plans such layouts)");
     };
-    refuse(pp > 1, "pipeline parallel (parallelism.pipeline_parallel_degree)");
     // MoE: the aux-loss statistics are summed over the group; a padded token would count in them.
     refuse(mc_.is_moe() && cfg_.training.seq_len % (2 * cp) != 0,
            str_cat("a MoE model whose training.seq_len (", cfg_.training.seq_len,
@@ -75,8 +74,9 @@ void Trainer::build_process_group_and_plan() {
     refuse(par.expert_parallel_degree > 1, "expert parallel (parallelism.expert_parallel_degree)");
     refuse(cfg_.lora.enable, "LoRA (lora.enable)");
     refuse(cfg_.job.device != "cpu", "a device other than the CPU (job.device)");
-    TITAN_CHECK(world_ % (cp * tp) == 0, "parallelism.context_parallel_degree (", cp,
-                ") x tensor_parallel_degree (", tp, ") does not divide the world size ", world_);
+    TITAN_CHECK(world_ % (cp * tp * pp) == 0, "parallelism.context_parallel_degree (", cp,
+                ") x tensor_parallel_degree (", tp, ") x pipeline_parallel_degree (", pp,
+                ") does not divide the world size ", world_);
   }
   if (pp > 1) {
     auto refuse = [&](bool bad, const char* what) {
@@ -132,12 +132,15 @@ void Trainer::build_process_group_and_plan() {
     }
   }
   if (cp > 1) {
-    // torchtitan's mesh order dp, cp, tp: world rank = data-parallel index x (cp x tp) + context-parallel
-    // index x tp + tensor-parallel index. The data-parallel group (above: the ranks with the same
-    // tensor-parallel index, or the world) holds the context-parallel ranks.
-    const int64_t t = rank_ % tp, c = rank_ / tp % cp, d = rank_ / (tp * cp);
-    cp_ = std::make_unique<dist::ContextParallel>(tensor_pg().split(static_cast<int>(d * tp + t), c));
-    data_group_ = tensor_pg().split(static_cast<int>(c * tp + t), static_cast<int>(d));
+    // torchtitan's mesh order pp, dp, cp, tp: world rank = pipeline rank x (dp x cp x tp) + data-parallel
+    // index x (cp x tp) + context-parallel index x tp + tensor-parallel index. The data-parallel group
+    // (above: a stage's ranks with the same tensor-parallel index) holds the context-parallel ranks.
+    const int64_t per_stage = world_ / pp, pp_rank = rank_ / per_stage, in_stage = rank_ % per_stage;
+    const int64_t dp = per_stage / (cp * tp), t = in_stage % tp, c = in_stage / tp % cp,
+                  d = in_stage / (tp * cp);
+    cp_ = std::make_unique<dist::ContextParallel>(
+        tensor_pg().split(static_cast<int>((pp_rank * dp + d) * tp + t), static_cast<int>(c)));
+    data_group_ = tensor_pg().split(static_cast<int>((pp_rank * cp + c) * tp + t), static_cast<int>(d));
   }
   if (cfg_.job.print_config && lead_)
     std::printf("# titan train: resolved config\n%s", cfg_.to_toml().c_str());

@@ -34,6 +34,7 @@ void Trainer::build_pipeline_model() {
   export_model_ = model_.get();
   find_resume_checkpoint();
   load_initial_weights();
+  start_context_parallel();
   start_pipeline();
 }
 

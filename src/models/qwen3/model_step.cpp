@@ -72,6 +72,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
       aux_stats_.copy_to_host(aux_host_.data());
       // (experts over the tensor-parallel group: each rank routed its own rows; the group's statistics)
       if (moe_local_) tp_->sum_host(aux_host_.data(), static_cast<int64_t>(aux_host_.size()));
+      if (cp_) cp_->sum_host(aux_host_.data(), static_cast<int64_t>(aux_host_.size()));  // (whole sequences)
       if (opts.aux_stats_in)
         for (size_t i = 0; i < aux_host_.size(); ++i) aux_host_[i] += opts.aux_stats_in[i];
     }
