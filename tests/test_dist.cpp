@@ -659,12 +659,6 @@ TEST(DistPipelineParallel, TrainMatchesOneRank) {
   const std::string val =
       " --training.steps=4 --training.val_fraction=0.1 --validation.enable=true"
       " --validation.freq=2 --validation.steps=3 --training.local_batch_size=4";
-  auto val_losses = [](const std::string& out) {
-    std::vector<double> v;
-    for (size_t at = out.find("val_loss:"); at != std::string::npos; at = out.find("val_loss:", at + 1))
-      v.push_back(std::stod(out.substr(at + 9)));
-    return v;
-  };
   RunResult one = run_shell("timeout 300 " + kTitan + " train" + common + " --model.flavor=debug" + val +
                             " --job.dump_folder=" + (tmp / "one_val"));
   ASSERT_EQ(one.rc, 0) << one.output;
@@ -672,7 +666,8 @@ TEST(DistPipelineParallel, TrainMatchesOneRank) {
                            common + pp2 + " --parallelism.pipeline_parallel_schedule=Interleaved1F1B" + val +
                            " --job.dump_folder=" + (tmp / "pp2_val"));
   ASSERT_EQ(pp.rc, 0) << pp.output;
-  const std::vector<double> want = val_losses(one.output), got = val_losses(pp.output);
+  const std::vector<double> want = testing::jsonl_val_losses(tmp / "one_val/metrics.jsonl"),
+                            got = testing::jsonl_val_losses(tmp / "pp2_val/metrics.jsonl");
   ASSERT_EQ(want.size(), 2u) << one.output;
   ASSERT_EQ(got.size(), want.size()) << pp.output;
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]);
@@ -812,19 +807,14 @@ TEST(DistContextParallel, TrainMatchesOneRank) {
   const std::string val =
       " --training.steps=4 --training.val_fraction=0.1 --validation.enable=true"
       " --validation.freq=2 --validation.steps=3 --training.local_batch_size=4";
-  auto val_losses = [](const std::string& out) {
-    std::vector<double> v;
-    for (size_t at = out.find("val_loss:"); at != std::string::npos; at = out.find("val_loss:", at + 1))
-      v.push_back(std::stod(out.substr(at + 9)));
-    return v;
-  };
   RunResult one = run_shell("timeout 300 " + kTitan + " train" + common + dense + val +
                             " --job.dump_folder=" + (tmp / "one_val"));
   ASSERT_EQ(one.rc, 0) << one.output;
   RunResult cp = run_shell("timeout 300 mpirun --oversubscribe --bind-to none -np 2 " + kTitan + " train" +
                            common + cp2 + val + " --job.dump_folder=" + (tmp / "cp2_val"));
   ASSERT_EQ(cp.rc, 0) << cp.output;
-  const std::vector<double> want = val_losses(one.output), got = val_losses(cp.output);
+  const std::vector<double> want = testing::jsonl_val_losses(tmp / "one_val/metrics.jsonl"),
+                            got = testing::jsonl_val_losses(tmp / "cp2_val/metrics.jsonl");
   ASSERT_EQ(want.size(), 2u) << one.output;
   ASSERT_EQ(got.size(), want.size()) << cp.output;
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]);

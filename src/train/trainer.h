@@ -126,6 +126,7 @@ class Trainer {
   bool validation_due(int64_t step) const;
   void log_step(int64_t step, const StepOutcome& s, double seconds);
   void gather_final_model();
+  NamedTensors gather_tensor_parallel(bool keep);  // (collective; see trainer_finish.cpp)
   // LoRA ([lora] enable; train/trainer_lora.cpp): frozen base + adapters, data parallel over the adapters,
   // checkpoints of the adapters and their optimizer state, PEFT adapter export.
   void build_lora_model();
@@ -153,7 +154,7 @@ class Trainer {
   std::shared_ptr<dist::ProcessGroup> tp_group_, dp_group_;
   std::unique_ptr<dist::TensorParallel> tp_;
   dist::ProcessGroup& dp_pg() { return dp_group_ ? *dp_group_ : tensor_pg(); }
-  // Context parallel (parallelism.context_parallel_degree > 1, CPU; mesh dp, cp, tp as torchtitan's): cp_
+  // Context parallel (parallelism.context_parallel_degree > 1, CPU; mesh pp, dp, cp, tp as torchtitan's): cp_
   // joins the ranks holding chunks of the same sequences (same data-parallel and tensor-parallel index). The
   // data-parallel group holds them too (their gradients are summed like data parallel's; FSDP shards over
   // dp_shard x cp); data_group_ is the ranks that read different batches.

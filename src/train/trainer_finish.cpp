@@ -31,24 +31,8 @@ void Trainer::gather_final_model() {
   if (!want) return;
   if (pipeline_) return gather_pipeline_model();
   if (tp_) {
-    // Tensor parallel: rank 0's group gathers the slices (collective over it); with expert parallel rank
-    // 0's expert group gathers every expert.
-    NamedTensors experts;
-    const bool in_first_expert_group =
-        ep_group_ && (tp_->experts_over_group() ? dp_pg().rank() == 0
-                                                : tp_->rank() == 0 && dp_pg().rank() < ep_group_->size());
-    if (in_first_expert_group)
-      for (auto& [name, t] : model_->gathered_state_dict())
-        if (name.find(".mlp.experts.") != std::string::npos) experts.emplace_back(name, t);
-    if (dp_pg().rank() == 0) gathered_state_ = tp_->gather(*model_, lead_);
+    gathered_state_ = gather_tensor_parallel(lead_);
     if (!lead_) return;
-    if (ep_group_) {  // rank 0's own experts replaced by all of them
-      NamedTensors merged;
-      for (auto& nt : gathered_state_)
-        if (nt.first.find(".mlp.experts.") == std::string::npos) merged.push_back(std::move(nt));
-      for (auto& nt : experts) merged.push_back(std::move(nt));
-      gathered_state_ = std::move(merged);
-    }
     if (cfg_.training.sample_tokens > 0) {  // the sample needs a model
       gathered_ = std::make_unique<Qwen3Model>(mc_, on_cpu ? cfg_.kernels : KernelChoice{});
       gathered_->load_state_dict(gathered_state_);
@@ -66,6 +50,27 @@ void Trainer::gather_final_model() {
       export_model_ = gathered_.get();
     }
   }
+}
+
+// Tensor parallel: the slices of data-parallel index 0's group gathered into full tensors, kept where `keep`
+// (collective over that group); with expert parallel the first expert group's rank 0 gathers every expert
+// first (collective over that group), and they replace the keeping rank's own. Other ranks get nothing.
+NamedTensors Trainer::gather_tensor_parallel(bool keep) {
+  NamedTensors experts;
+  const bool in_first_expert_group =
+      ep_group_ && (tp_->experts_over_group() ? dp_pg().rank() == 0
+                                              : tp_->rank() == 0 && dp_pg().rank() < ep_group_->size());
+  if (in_first_expert_group)
+    for (auto& [name, t] : model_->gathered_state_dict())
+      if (name.find(".mlp.experts.") != std::string::npos) experts.emplace_back(name, t);
+  if (dp_pg().rank() != 0) return {};
+  NamedTensors all = tp_->gather(*model_, keep);
+  if (!keep || !ep_group_) return all;
+  NamedTensors merged;
+  for (auto& nt : all)
+    if (nt.first.find(".mlp.experts.") == std::string::npos) merged.push_back(std::move(nt));
+  for (auto& nt : experts) merged.push_back(std::move(nt));
+  return merged;
 }
 
 // HF export (rank 0): config.json + safetensors (+ tokenizer.json) into `dir`.

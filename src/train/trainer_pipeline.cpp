@@ -55,28 +55,10 @@ void Trainer::start_pipeline() {
 // each stage's experts are first gathered on its expert group's rank 0), and the sparse layers' expert
 // biases. Collective over the expert groups, then over rank 0's pipeline group.
 void Trainer::gather_pipeline_model() {
-  // Tensor parallel: the stage's slices gathered on its tensor-parallel rank 0 (collective over the group);
-  // with expert parallel its experts on the first expert group's rank 0 first (as gather_final_model).
-  NamedTensors mine;
-  if (tp_) {
-    NamedTensors experts;
-    const bool in_first_expert_group =
-        ep_group_ && (tp_->experts_over_group() ? dp_pg().rank() == 0
-                                                : tp_->rank() == 0 && dp_pg().rank() < ep_group_->size());
-    if (in_first_expert_group)
-      for (auto& [name, t] : model_->gathered_state_dict())
-        if (name.find(".mlp.experts.") != std::string::npos) experts.emplace_back(name, t);
-    mine = tp_->gather(*model_, tp_->rank() == 0);
-    if (ep_group_) {  // the rank's own experts replaced by all of them
-      NamedTensors merged;
-      for (auto& nt : mine)
-        if (nt.first.find(".mlp.experts.") == std::string::npos) merged.push_back(std::move(nt));
-      for (auto& nt : experts) merged.push_back(std::move(nt));
-      mine = std::move(merged);
-    }
-  } else {
-    mine = ep_group_ ? model_->gathered_state_dict() : model_->state_dict();
-  }
+  // Tensor parallel: the stage's slices (and experts) gathered on its tensor-parallel rank 0.
+  const NamedTensors mine = tp_         ? gather_tensor_parallel(tp_->rank() == 0)
+                            : ep_group_ ? model_->gathered_state_dict()
+                                        : model_->state_dict();
   if (dp_pg().rank() != 0 || (tp_ && tp_->rank() != 0)) return;
   dist::ProcessGroup& pp = *pp_group_;
   const int64_t L = mc_.num_hidden_layers, E = mc_.num_experts;

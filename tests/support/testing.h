@@ -147,6 +147,18 @@ inline std::vector<double> jsonl_losses(const std::string& path) {
   return out;
 }
 
+// The "val_loss" of the lines of a metrics.jsonl file that have one, in order (full precision; the console
+// prints 4 decimals).
+inline std::vector<double> jsonl_val_losses(const std::string& path) {
+  std::vector<double> out;
+  std::ifstream f(path);
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("val_loss")) out.push_back(j["val_loss"].get<double>());
+  }
+  return out;
+}
+
 inline std::string source_path(const std::string& rel) {
   return std::string(TITAN_SOURCE_DIR) + "/" + rel;
 }
