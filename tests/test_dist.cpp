@@ -483,6 +483,31 @@ void expect_run_matches(const testing::TempDir& tmp, const std::string& ref_name
   EXPECT_LE(max_param_rel, 1e-4) << name;
 }
 
+// A LoRA run `name` against the 1-rank run `ref` (both 10 steps in tmp, checkpoints at step 10): the loss of
+// every step within 1e-5 relative, and the adapters of the step-10 checkpoint within 1e-4 (relative L2).
+void expect_lora_run_matches(const testing::TempDir& tmp, const std::string& ref_name,
+                             const std::string& name) {
+  const auto ref = jsonl_losses(tmp / (ref_name + "/metrics.jsonl"));
+  const auto got = jsonl_losses(tmp / (name + "/metrics.jsonl"));
+  ASSERT_EQ(ref.size(), 10u) << ref_name;
+  ASSERT_EQ(got.size(), ref.size()) << name;
+  for (size_t i = 0; i < ref.size(); ++i)
+    EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << name << " step " << i + 1;
+  const std::string file = "/checkpoint/step-10/adapter_model.safetensors";
+  SafetensorsFile want(tmp / (ref_name + file)), have(tmp / (name + file));
+  ASSERT_EQ(have.entries().size(), want.entries().size()) << name;
+  double worst = 0;
+  for (auto& [key, e] : want.entries()) {
+    ASSERT_TRUE(have.contains(key)) << name << ": " << key;
+    Tensor a = have.load(key), b = want.load(key);
+    ASSERT_EQ(a.shape(), b.shape()) << key;
+    worst = std::max(worst, testing::rel_error(a, b));
+  }
+  std::printf("%s: max relative adapter difference (per tensor, L2) after 10 steps: %.3g\n", name.c_str(),
+              worst);
+  EXPECT_LE(worst, 1e-4) << name;
+}
+
 // Same global batch and seed on the debug MoE: expert parallel 2 (world 2) and expert parallel 2 x DDP 2
 // (world 4) give the 1-rank loss sequence over 10 steps, also with the HF aux loss on (world 4 against
 // 1 rank accumulating 4 micro-batches of one sequence: the aux loss is per micro-batch / per rank), and
@@ -691,10 +716,6 @@ TEST(DistPipelineParallel, LoraMatchesOneRank) {
                             " --training.local_batch_size=4 --job.dump_folder=" + (tmp / name));
     ASSERT_EQ(r.rc, 0) << r.output;
   }
-  auto adapters = [&](const std::string& run, int step) {
-    return SafetensorsFile(tmp /
-                           (run + "/checkpoint/step-" + std::to_string(step) + "/adapter_model.safetensors"));
-  };
   struct Layout {
     std::string name, ref, args;
     int np, local_batch;
@@ -712,22 +733,7 @@ TEST(DistPipelineParallel, LoraMatchesOneRank) {
                             std::to_string(l.local_batch) + " --job.dump_folder=" + (tmp / l.name));
     ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.output;
     EXPECT_NE(r.output.find("pipeline parallel: "), std::string::npos) << r.output;
-    const auto ref = jsonl_losses(tmp / (l.ref + "/metrics.jsonl"));
-    const auto got = jsonl_losses(tmp / (l.name + "/metrics.jsonl"));
-    ASSERT_EQ(ref.size(), 10u);
-    ASSERT_EQ(got.size(), ref.size()) << l.name;
-    for (size_t i = 0; i < ref.size(); ++i)
-      EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << l.name << " step " << i + 1;
-    SafetensorsFile want = adapters(l.ref, 10), have = adapters(l.name, 10);
-    ASSERT_EQ(have.entries().size(), want.entries().size()) << l.name;
-    double worst = 0;
-    for (auto& [key, e] : want.entries()) {
-      ASSERT_TRUE(have.contains(key)) << l.name << ": " << key;
-      worst = std::max(worst, testing::rel_error(have.load(key), want.load(key)));
-    }
-    std::printf("%s: max relative adapter difference (per tensor, L2) after 10 steps: %.3g\n", l.name.c_str(),
-                worst);
-    EXPECT_LE(worst, 1e-4) << l.name;
+    expect_lora_run_matches(tmp, l.ref, l.name);
   }
   fs::create_directories(tmp / "on_one/checkpoint");
   fs::copy(tmp / "pp2/checkpoint/step-5", tmp / "on_one/checkpoint/step-5", fs::copy_options::recursive);
@@ -1033,10 +1039,6 @@ TEST(DistTensorParallel, LoraMatchesOneRank) {
                             " --training.local_batch_size=4 --job.dump_folder=" + (tmp / name));
     ASSERT_EQ(r.rc, 0) << r.output;
   }
-  auto adapters = [&](const std::string& run, int step) {
-    return SafetensorsFile(tmp /
-                           (run + "/checkpoint/step-" + std::to_string(step) + "/adapter_model.safetensors"));
-  };
   struct Layout {
     std::string name, ref, args;
     int np, local_batch;
@@ -1052,24 +1054,7 @@ TEST(DistTensorParallel, LoraMatchesOneRank) {
                             " --parallelism.tensor_parallel_degree=2 --training.local_batch_size=" +
                             std::to_string(l.local_batch) + " --job.dump_folder=" + (tmp / l.name));
     ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.output;
-    const auto ref = jsonl_losses(tmp / (l.ref + "/metrics.jsonl"));
-    const auto got = jsonl_losses(tmp / (l.name + "/metrics.jsonl"));
-    ASSERT_EQ(ref.size(), 10u);
-    ASSERT_EQ(got.size(), ref.size()) << l.name;
-    for (size_t i = 0; i < ref.size(); ++i)
-      EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << l.name << " step " << i + 1;
-    SafetensorsFile want = adapters(l.ref, 10), have = adapters(l.name, 10);
-    ASSERT_EQ(have.entries().size(), want.entries().size()) << l.name;
-    double worst = 0;
-    for (auto& [key, e] : want.entries()) {
-      ASSERT_TRUE(have.contains(key)) << l.name << ": " << key;
-      Tensor a = have.load(key), b = want.load(key);
-      ASSERT_EQ(a.shape(), b.shape()) << key;
-      worst = std::max(worst, testing::rel_error(a, b));
-    }
-    std::printf("%s: max relative adapter difference (per tensor, L2) after 10 steps: %.3g\n", l.name.c_str(),
-                worst);
-    EXPECT_LE(worst, 1e-4) << l.name;
+    expect_lora_run_matches(tmp, l.ref, l.name);
   }
   // The TP 2 checkpoint (full adapters' layout) resumes on 1 rank: steps 6-10 as the straight run's.
   fs::create_directories(tmp / "on_one/checkpoint");

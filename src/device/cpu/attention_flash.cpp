@@ -69,6 +69,42 @@ void stack_group_rows(float* dst, const float* src, int64_t b, int64_t T, int64_
       std::copy_n(src + (b * T + i0 + r) * ld + (kh * rep + g) * hd, hd, dst + (g * br + r) * hd);
 }
 
+// D_i = dO_i . O_i of query block [i0, i0 + br), the rep heads of kv head kh stacked as stack_group_rows
+// does (dob holds the block's stacked dO rows; out is the forward's output, row stride ld).
+void row_dots(float* D, const float* out, const float* dob, int64_t b, int64_t T, int64_t i0, int64_t br,
+              int64_t kh, int64_t rep, int64_t ld, int64_t hd) {
+  for (int64_t rr = 0; rr < rep * br; ++rr) {
+    const float* o = out + (b * T + i0 + rr % br) * ld + (kh * rep + rr / br) * hd;
+    const float* d = dob + rr * hd;
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t c = 0; c < hd; ++c) acc += o[c] * d[c];
+    D[rr] = acc;
+  }
+}
+
+// One tile's gradients from its probabilities p (R = rep x br stacked rows, bc keys), all rep heads of the
+// group in one GEMM each: dV_J += P^T dO_I;  dP = dO_I V_J^T;  dS = P (dP - D_I) scale;  dQ_I += dS K_J (per
+// head: dq's rows are strided by head; dq points at the block's first row of the group's first head);
+// dK_J += dS^T Q_I.  dp is scratch (R x bc).
+template <TileEngine E>
+void tile_backward(const float* p, float* dp, const float* qi, const float* doi, const float* Di,
+                   const float* kj, const float* vj, float* dkj, float* dvj, float* dq, int64_t R, int64_t br,
+                   int64_t bc, int64_t rep, int64_t hd, int64_t ldk, int64_t ldq, float scale) {
+  tile_gemm<E>(true, false, bc, hd, R, 1.0f, p, bc, doi, hd, 1.0f, dvj, ldk);
+  tile_gemm<E>(false, true, R, bc, hd, 1.0f, doi, hd, vj, ldk, 0.0f, dp, bc);
+  for (int64_t rr = 0; rr < R; ++rr) {
+    const float* pr = p + rr * bc;
+    float* dr = dp + rr * bc;
+    const float d = Di[rr];
+#pragma omp simd
+    for (int64_t c = 0; c < bc; ++c) dr[c] = pr[c] * (dr[c] - d) * scale;
+  }
+  for (int64_t g = 0; g < rep; ++g)
+    tile_gemm<E>(false, false, br, hd, bc, 1.0f, dp + g * br * bc, bc, kj, ldk, 1.0f, dq + g * hd, ldq);
+  tile_gemm<E>(true, false, bc, hd, R, 1.0f, dp, bc, qi, hd, 1.0f, dkj, ldk);
+}
+
 template <TileEngine E>
 void flash_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
                    int64_t T, int64_t nH, int64_t nKV, int64_t hd, const int32_t* doc_start) {
@@ -158,15 +194,7 @@ void flash_backward(float* dq, float* dk, float* dv, const float* dout, const fl
           float* dob = dos.data() + ib * rows * hd;
           stack_group_rows(qb, q, b, T, i0, br, kh, rep, ldq, hd);
           stack_group_rows(dob, dout, b, T, i0, br, kh, rep, ldq, hd);
-          for (int64_t rr = 0; rr < rep * br; ++rr) {
-            const int64_t g = rr / br, r = rr % br;
-            const float* o = out + (b * T + i0 + r) * ldq + (kh * rep + g) * hd;
-            const float* d = dob + rr * hd;
-            float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-            for (int64_t c = 0; c < hd; ++c) acc += o[c] * d[c];
-            D[ib * rows + rr] = acc;
-          }
+          row_dots(D.data() + ib * rows, out, dob, b, T, i0, br, kh, rep, ldq, hd);
         }
         for (int64_t j0 = 0; j0 < T; j0 += kBlock<E>) {
           const int64_t bc = std::min(kBlock<E>, T - j0);
@@ -192,21 +220,8 @@ void flash_backward(float* dq, float* dk, float* dv, const float* dout, const fl
               std::fill(row, row + lo, 0.0f);
               std::fill(row + nv, row + bc, 0.0f);
             }
-            // dV_J += P^T dO_I;  dP = dO_I V_J^T  (all rep heads of the group in one GEMM each)
-            tile_gemm<E>(true, false, bc, hd, R, 1.0f, p.data(), bc, doi, hd, 1.0f, dvj, ldk);
-            tile_gemm<E>(false, true, R, bc, hd, 1.0f, doi, hd, vj, ldk, 0.0f, dp.data(), bc);
-            for (int64_t rr = 0; rr < R; ++rr) {
-              const float* pr = p.data() + rr * bc;
-              float* dr = dp.data() + rr * bc;
-              const float d = Di[rr];
-#pragma omp simd
-              for (int64_t c = 0; c < bc; ++c) dr[c] = pr[c] * (dr[c] - d) * scale;
-            }
-            // dQ_I += dS K_J (per head: dq's rows are strided by head);  dK_J += dS^T Q_I
-            for (int64_t g = 0; g < rep; ++g)
-              tile_gemm<E>(false, false, br, hd, bc, 1.0f, dp.data() + g * br * bc, bc, kj, ldk, 1.0f,
-                           dq + (b * T + i0) * ldq + (kh * rep + g) * hd, ldq);
-            tile_gemm<E>(true, false, bc, hd, R, 1.0f, dp.data(), bc, qi, hd, 1.0f, dkj, ldk);
+            tile_backward<E>(p.data(), dp.data(), qi, doi, Di, kj, vj, dkj, dvj,
+                             dq + (b * T + i0) * ldq + kh * rep * hd, R, br, bc, rep, hd, ldk, ldq, scale);
           }
         }
       }
@@ -368,14 +383,7 @@ void ring_backward(float* dq, float* dk, float* dv, const float* dout, const flo
           float* dob = dos.data() + ib * rows * hd;
           stack_group_rows(qb, q, b, Tq, i0, br, kh, rep, ldq, hd);
           stack_group_rows(dob, dout, b, Tq, i0, br, kh, rep, ldq, hd);
-          for (int64_t rr = 0; rr < rep * br; ++rr) {
-            const float* o = out + (b * Tq + i0 + rr % br) * ldq + (kh * rep + rr / br) * hd;
-            const float* d = dob + rr * hd;
-            float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-            for (int64_t c = 0; c < hd; ++c) acc += o[c] * d[c];
-            D[ib * rows + rr] = acc;
-          }
+          row_dots(D.data() + ib * rows, out, dob, b, Tq, i0, br, kh, rep, ldq, hd);
         }
         for (int64_t jb = 0; jb < nkb; ++jb) {
           const int64_t j0 = jb * bs, bc = std::min(bs, Tk - j0);
@@ -400,20 +408,8 @@ void ring_backward(float* dq, float* dk, float* dv, const float* dout, const flo
               else
                 vec::exp_scale(row, row, bc, l, 1.0f);
             }
-            // dV_J += P^T dO_I;  dP = dO_I V_J^T;  dS = P (dP - D) scale;  dQ_I += dS K_J;  dK_J += dS^T Q_I
-            tile_gemm<E>(true, false, bc, hd, R, 1.0f, p.data(), bc, doi, hd, 1.0f, dvj, ldk);
-            tile_gemm<E>(false, true, R, bc, hd, 1.0f, doi, hd, vj, ldk, 0.0f, dp.data(), bc);
-            for (int64_t rr = 0; rr < R; ++rr) {
-              const float* pr = p.data() + rr * bc;
-              float* dr = dp.data() + rr * bc;
-              const float d = Di[rr];
-#pragma omp simd
-              for (int64_t c = 0; c < bc; ++c) dr[c] = pr[c] * (dr[c] - d) * scale;
-            }
-            for (int64_t g = 0; g < rep; ++g)
-              tile_gemm<E>(false, false, br, hd, bc, 1.0f, dp.data() + g * br * bc, bc, kj, ldk, 1.0f,
-                           dq + (b * Tq + i0) * ldq + (kh * rep + g) * hd, ldq);
-            tile_gemm<E>(true, false, bc, hd, R, 1.0f, dp.data(), bc, qi, hd, 1.0f, dkj, ldk);
+            tile_backward<E>(p.data(), dp.data(), qi, doi, Di, kj, vj, dkj, dvj,
+                             dq + (b * Tq + i0) * ldq + kh * rep * hd, R, br, bc, rep, hd, ldk, ldq, scale);
           }
         }
       }
