@@ -508,6 +508,24 @@ void expect_lora_run_matches(const testing::TempDir& tmp, const std::string& ref
   EXPECT_LE(worst, 1e-4) << name;
 }
 
+// The step-5 checkpoint of run `from` (in tmp) resumed on 1 rank with `args`: steps 6-10 as the 1-rank run
+// "one"'s (1e-5 relative).
+void expect_resumes_on_one_rank(const testing::TempDir& tmp, const std::string& args,
+                                const std::string& from) {
+  fs::create_directories(tmp / "on_one/checkpoint");
+  fs::copy(tmp / (from + "/checkpoint/step-5"), tmp / "on_one/checkpoint/step-5",
+           fs::copy_options::recursive);
+  RunResult r =
+      run_shell("timeout 300 " + kTitan + " train" + args + " --job.dump_folder=" + (tmp / "on_one"));
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
+  const auto ref = jsonl_losses(tmp / "one/metrics.jsonl");
+  const auto got = jsonl_losses(tmp / "on_one/metrics.jsonl");
+  ASSERT_EQ(got.size(), 5u);
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], ref[5 + i], 1e-5 * ref[5 + i]) << "step " << 6 + i;
+}
+
 // Same global batch and seed on the debug MoE: expert parallel 2 (world 2) and expert parallel 2 x DDP 2
 // (world 4) give the 1-rank loss sequence over 10 steps, also with the HF aux loss on (world 4 against
 // 1 rank accumulating 4 micro-batches of one sequence: the aux loss is per micro-batch / per rank), and
@@ -735,17 +753,7 @@ TEST(DistPipelineParallel, LoraMatchesOneRank) {
     EXPECT_NE(r.output.find("pipeline parallel: "), std::string::npos) << r.output;
     expect_lora_run_matches(tmp, l.ref, l.name);
   }
-  fs::create_directories(tmp / "on_one/checkpoint");
-  fs::copy(tmp / "pp2/checkpoint/step-5", tmp / "on_one/checkpoint/step-5", fs::copy_options::recursive);
-  RunResult r = run_shell("timeout 300 " + kTitan + " train" + common + f32 +
-                          " --training.local_batch_size=4 --job.dump_folder=" + (tmp / "on_one"));
-  ASSERT_EQ(r.rc, 0) << r.output;
-  EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
-  const auto ref = jsonl_losses(tmp / "one/metrics.jsonl");
-  const auto got = jsonl_losses(tmp / "on_one/metrics.jsonl");
-  ASSERT_EQ(got.size(), 5u);
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i], ref[5 + i], 1e-5 * ref[5 + i]) << "step " << 6 + i;
+  expect_resumes_on_one_rank(tmp, common + f32 + " --training.local_batch_size=4", "pp2");
 }
 
 // ---- context parallel through `titan train` ----
@@ -1057,17 +1065,7 @@ TEST(DistTensorParallel, LoraMatchesOneRank) {
     expect_lora_run_matches(tmp, l.ref, l.name);
   }
   // The TP 2 checkpoint (full adapters' layout) resumes on 1 rank: steps 6-10 as the straight run's.
-  fs::create_directories(tmp / "on_one/checkpoint");
-  fs::copy(tmp / "tp2/checkpoint/step-5", tmp / "on_one/checkpoint/step-5", fs::copy_options::recursive);
-  RunResult r = run_shell("timeout 300 " + kTitan + " train" + common + f32 +
-                          " --training.local_batch_size=4 --job.dump_folder=" + (tmp / "on_one"));
-  ASSERT_EQ(r.rc, 0) << r.output;
-  EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
-  const auto ref = jsonl_losses(tmp / "one/metrics.jsonl");
-  const auto got = jsonl_losses(tmp / "on_one/metrics.jsonl");
-  ASSERT_EQ(got.size(), 5u);
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i], ref[5 + i], 1e-5 * ref[5 + i]) << "step " << 6 + i;
+  expect_resumes_on_one_rank(tmp, common + f32 + " --training.local_batch_size=4", "tp2");
 }
 
 TEST(DistTensorParallel, BadLayoutsNameTheKeysAndNumbers) {
