@@ -834,30 +834,24 @@ TEST(DistContextParallel, TrainMatchesOneRank) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]);
 }
 
-// A CP 2 x FSDP 2 run's step-3 checkpoint resumes on 1 rank and on CP 2 x TP 2; a 1-rank one on CP 4, each
-// continuing with the straight 1-rank run's losses.
-TEST(DistContextParallel, CheckpointsResumeOnAnyLayout) {
-  testing::TempDir tmp;
-  const std::string common = train_args(tmp, 6) +
-                             " --model.flavor=debug --training.local_batch_size=4 --checkpoint.enable=true"
-                             " --checkpoint.interval=3 --checkpoint.last_save_in_hf=false";
-  const std::string cp2 = " --parallelism.context_parallel_degree=2";
-  auto train = [&](int np, const std::string& args, const std::string& name) {
+// The 6-step debug runs of the checkpoint tests below (a checkpoint at step 3), in tmp.
+struct Step3Runs {
+  const testing::TempDir& tmp;
+  std::string common = train_args(tmp, 6) +
+                       " --model.flavor=debug --training.local_batch_size=4 --checkpoint.enable=true"
+                       " --checkpoint.interval=3 --checkpoint.last_save_in_hf=false";
+  std::vector<double> train(int np, const std::string& args, const std::string& name) const {
     const std::string cmd =
         np == 1 ? kTitan : "mpirun --oversubscribe --bind-to none -np " + std::to_string(np) + " " + kTitan;
     RunResult r =
         run_shell("timeout 300 " + cmd + " train" + common + args + " --job.dump_folder=" + (tmp / name));
     EXPECT_EQ(r.rc, 0) << name << "\n" << r.output;
     return jsonl_losses(tmp / (name + "/metrics.jsonl"));
-  };
-  const std::vector<double> straight = train(1, "", "one");
-  ASSERT_EQ(straight.size(), 6u);
-  train(4, cp2 + " --training.local_batch_size=2", "cp2_fsdp2");
-  fs::remove_all(tmp / "cp2_fsdp2/checkpoint/step-6");
-  for (auto [np, args, src, name] :
-       {std::tuple<int, std::string, std::string, std::string>{1, "", "cp2_fsdp2", "from_cp2_on_one"},
-        {4, cp2 + " --parallelism.tensor_parallel_degree=2", "cp2_fsdp2", "from_cp2_on_cp2_tp2"},
-        {4, " --parallelism.context_parallel_degree=4", "one", "from_one_on_cp4"}}) {
+  }
+  // Run `src`'s step-3 checkpoint (as a run stopped there leaves it) resumed as run `name` on np ranks with
+  // `args`: its steps 4-6 equal the straight run's.
+  void expect_resumes(int np, const std::string& args, const std::string& src, const std::string& name,
+                      const std::vector<double>& straight) const {
     fs::create_directories(tmp / name);
     fs::copy(tmp / (src + "/checkpoint"), tmp / (name + "/checkpoint"), fs::copy_options::recursive);
     fs::remove_all(tmp / (name + "/checkpoint/step-6"));
@@ -865,6 +859,21 @@ TEST(DistContextParallel, CheckpointsResumeOnAnyLayout) {
     ASSERT_EQ(got.size(), 3u) << name;
     for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], straight[3 + i], 1e-5 * straight[3 + i]) << name;
   }
+};
+
+// A CP 2 x FSDP 2 run's step-3 checkpoint resumes on 1 rank and on CP 2 x TP 2; a 1-rank one on CP 4, each
+// continuing with the straight 1-rank run's losses.
+TEST(DistContextParallel, CheckpointsResumeOnAnyLayout) {
+  testing::TempDir tmp;
+  const Step3Runs runs{tmp};
+  const std::string cp2 = " --parallelism.context_parallel_degree=2";
+  const std::vector<double> straight = runs.train(1, "", "one");
+  ASSERT_EQ(straight.size(), 6u);
+  runs.train(4, cp2 + " --training.local_batch_size=2", "cp2_fsdp2");
+  runs.expect_resumes(1, "", "cp2_fsdp2", "from_cp2_on_one", straight);
+  runs.expect_resumes(4, cp2 + " --parallelism.tensor_parallel_degree=2", "cp2_fsdp2", "from_cp2_on_cp2_tp2",
+                      straight);
+  runs.expect_resumes(4, " --parallelism.context_parallel_degree=4", "one", "from_one_on_cp4", straight);
 }
 
 // Pipeline checkpoints hold the full model's groups (each stage writes its own): a PP 2 run's step-3
@@ -872,44 +881,21 @@ TEST(DistContextParallel, CheckpointsResumeOnAnyLayout) {
 // rank, and a 1-rank checkpoint under PP 2 x DDP 2, each continuing with the straight 1-rank run's losses.
 TEST(DistPipelineParallel, CheckpointsResumeOnAnyLayout) {
   testing::TempDir tmp;
-  const std::string common = train_args(tmp, 6) +
-                             " --model.flavor=debug --training.local_batch_size=4 --checkpoint.enable=true"
-                             " --checkpoint.interval=3 --checkpoint.last_save_in_hf=false";
+  const Step3Runs runs{tmp};
   const std::string pp2 = " --parallelism.pipeline_parallel_degree=2";
-  auto train = [&](int np, const std::string& args, const std::string& name) {
-    const std::string cmd =
-        np == 1 ? kTitan : "mpirun --oversubscribe --bind-to none -np " + std::to_string(np) + " " + kTitan;
-    RunResult r =
-        run_shell("timeout 300 " + cmd + " train" + common + args + " --job.dump_folder=" + (tmp / name));
-    EXPECT_EQ(r.rc, 0) << name << "\n" << r.output;
-    return jsonl_losses(tmp / (name + "/metrics.jsonl"));
-  };
-  const std::vector<double> straight = train(1, "", "one");
-  ASSERT_EQ(straight.size(), 6u);
-  // A step-3 checkpoint of each layout, as a run stopped there leaves it (the step-6 one removed).
   const std::string tp2 = " --parallelism.tensor_parallel_degree=2";
-  train(2, pp2, "pp2");
-  train(4, pp2 + tp2, "pp2_tp2");
-  for (const char* src : {"pp2", "pp2_tp2"}) fs::remove_all(tmp / (std::string(src) + "/checkpoint/step-6"));
-  for (auto [np, args, src, name] :
-       {std::tuple<int, std::string, std::string, std::string>{1, "", "pp2", "from_pp2_on_one"},
-        {2, pp2 + " --parallelism.pipeline_parallel_schedule=GPipe", "pp2", "from_pp2_on_pp2_gpipe"},
-        {4, pp2 + tp2, "pp2", "from_pp2_on_pp2_tp2"},
-        {1, "", "pp2_tp2", "from_pp2_tp2_on_one"}}) {
-    fs::create_directories(tmp / name);
-    fs::copy(tmp / (src + "/checkpoint"), tmp / (name + "/checkpoint"), fs::copy_options::recursive);
-    const std::vector<double> got = train(np, args, name);
-    ASSERT_EQ(got.size(), 3u) << name;
-    for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], straight[3 + i], 1e-5 * straight[3 + i]) << name;
-  }
-  fs::create_directories(tmp / "from_one_on_pp2_ddp2");
-  fs::copy(tmp / "one/checkpoint", tmp / "from_one_on_pp2_ddp2/checkpoint", fs::copy_options::recursive);
-  fs::remove_all(tmp / "from_one_on_pp2_ddp2/checkpoint/step-6");
-  const std::vector<double> got =
-      train(4, pp2 + " --parallelism.data_parallel_replicate_degree=2 --training.local_batch_size=2",
-            "from_one_on_pp2_ddp2");
-  ASSERT_EQ(got.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], straight[3 + i], 1e-5 * straight[3 + i]);
+  const std::vector<double> straight = runs.train(1, "", "one");
+  ASSERT_EQ(straight.size(), 6u);
+  runs.train(2, pp2, "pp2");
+  runs.train(4, pp2 + tp2, "pp2_tp2");
+  runs.expect_resumes(1, "", "pp2", "from_pp2_on_one", straight);
+  runs.expect_resumes(2, pp2 + " --parallelism.pipeline_parallel_schedule=GPipe", "pp2",
+                      "from_pp2_on_pp2_gpipe", straight);
+  runs.expect_resumes(4, pp2 + tp2, "pp2", "from_pp2_on_pp2_tp2", straight);
+  runs.expect_resumes(1, "", "pp2_tp2", "from_pp2_tp2_on_one", straight);
+  runs.expect_resumes(4,
+                      pp2 + " --parallelism.data_parallel_replicate_degree=2 --training.local_batch_size=2",
+                      "one", "from_one_on_pp2_ddp2", straight);
 }
 
 // Checkpoints hold the full model's groups whatever the layout: a TP 2 run killed after its step-5

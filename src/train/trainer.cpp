@@ -277,9 +277,12 @@ void Trainer::start_context_parallel() {
 
 data::Batch Trainer::context_parallel_rows(const data::Batch& batch) const {
   if (!cp_) return batch;
-  data::Batch out = batch;
   const int64_t B = batch.batch_size, T = batch.seq_len;
+  data::Batch out;  // (the rows below, not copies of the whole batch's)
+  out.batch_size = B;
   out.seq_len = cp_->padded_len(T) / cp_->size();
+  out.step = batch.step;
+  out.epoch = batch.epoch;
   out.input_ids = cp_->local_rows(batch.input_ids, B, T, 0);  // padding: token 0, ignored target, its own
   out.labels = cp_->local_rows(batch.labels, B, T, -100);     // document (position 0)
   if (!batch.position_ids.empty()) out.position_ids = cp_->local_rows(batch.position_ids, B, T, 0);
