@@ -483,6 +483,25 @@ void expect_run_matches(const testing::TempDir& tmp, const std::string& ref_name
   EXPECT_LE(max_param_rel, 1e-4) << name;
 }
 
+// The LoRA runs of the distributed LoRA tests (10 steps, checkpoints every 5) and their two bases: f32 with
+// dropout, bf16 without.
+std::string lora_train_args(const testing::TempDir& tmp) {
+  return train_args(tmp, 10) +
+         " --model.flavor=debug --optimizer.lr=1e-3 --lora.enable=true --lora.rank=4"
+         " --lora.alpha=8 --checkpoint.enable=true --checkpoint.interval=5";
+}
+const char* const kLoraF32 = " --lora.base_dtype=float32 --lora.dropout=0.1";
+const char* const kLoraBf16 = " --lora.base_dtype=bfloat16";
+
+// The 1-rank references: "one" (f32 base) and "one_bf16", local batch 4.
+void run_lora_references(const testing::TempDir& tmp, const std::string& common) {
+  for (auto [name, args] : {std::pair<std::string, std::string>{"one", kLoraF32}, {"one_bf16", kLoraBf16}}) {
+    RunResult r = run_shell("timeout 300 " + kTitan + " train" + common + args +
+                            " --training.local_batch_size=4 --job.dump_folder=" + (tmp / name));
+    ASSERT_EQ(r.rc, 0) << r.output;
+  }
+}
+
 // A LoRA run `name` against the 1-rank run `ref` (both 10 steps in tmp, checkpoints at step 10): the loss of
 // every step within 1e-5 relative, and the adapters of the step-10 checkpoint within 1e-4 (relative L2).
 void expect_lora_run_matches(const testing::TempDir& tmp, const std::string& ref_name,
@@ -724,16 +743,10 @@ TEST(DistPipelineParallel, TrainMatchesOneRank) {
 // checkpoint resumes on 1 rank.
 TEST(DistPipelineParallel, LoraMatchesOneRank) {
   testing::TempDir tmp;
-  const std::string common = train_args(tmp, 10) +
-                             " --model.flavor=debug --optimizer.lr=1e-3 --lora.enable=true --lora.rank=4"
-                             " --lora.alpha=8 --checkpoint.enable=true --checkpoint.interval=5";
-  const std::string f32 = " --lora.base_dtype=float32 --lora.dropout=0.1";
-  const std::string bf16 = " --lora.base_dtype=bfloat16";
-  for (auto [name, args] : {std::pair<std::string, std::string>{"one", f32}, {"one_bf16", bf16}}) {
-    RunResult r = run_shell("timeout 300 " + kTitan + " train" + common + args +
-                            " --training.local_batch_size=4 --job.dump_folder=" + (tmp / name));
-    ASSERT_EQ(r.rc, 0) << r.output;
-  }
+  const std::string common = lora_train_args(tmp);
+  run_lora_references(tmp, common);
+  if (HasFatalFailure()) return;
+  const std::string f32 = kLoraF32, bf16 = kLoraBf16;
   struct Layout {
     std::string name, ref, args;
     int np, local_batch;
@@ -1023,16 +1036,10 @@ TEST(DistTensorParallel, Bf16StaysWithinTheBf16Error) {
 // would measure the chaos, not the layout.
 TEST(DistTensorParallel, LoraMatchesOneRank) {
   testing::TempDir tmp;
-  const std::string common = train_args(tmp, 10) +
-                             " --model.flavor=debug --optimizer.lr=1e-3 --lora.enable=true --lora.rank=4"
-                             " --lora.alpha=8 --checkpoint.enable=true --checkpoint.interval=5";
-  const std::string f32 = " --lora.base_dtype=float32 --lora.dropout=0.1";
-  const std::string bf16 = " --lora.base_dtype=bfloat16";
-  for (auto [name, args] : {std::pair<std::string, std::string>{"one", f32}, {"one_bf16", bf16}}) {
-    RunResult r = run_shell("timeout 300 " + kTitan + " train" + common + args +
-                            " --training.local_batch_size=4 --job.dump_folder=" + (tmp / name));
-    ASSERT_EQ(r.rc, 0) << r.output;
-  }
+  const std::string common = lora_train_args(tmp);
+  run_lora_references(tmp, common);
+  if (HasFatalFailure()) return;
+  const std::string f32 = kLoraF32, bf16 = kLoraBf16;
   struct Layout {
     std::string name, ref, args;
     int np, local_batch;
