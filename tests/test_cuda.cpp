@@ -75,7 +75,8 @@ TEST(Cuda, EveryCudaOpHasACpuReference) {
   if (!device_available(DeviceType::CUDA)) GTEST_SKIP() << "titan was built without CUDA";
   auto& reg = KernelRegistry::global();
   for (const char* op :
-       {"matmul", "matmul_bf16", "rmsnorm", "rope", "rope_qk", "attention", "swiglu", "embedding",
+       {"matmul", "matmul_bf16", "rmsnorm", "rope", "rope_qk", "attention", "attention_ring", "swiglu",
+        "embedding",
         "cross_entropy", "adamw", "sum_squares", "moe_experts", "moe_experts_bf16", "elementwise",
         "moe_router", "expert_parallel", "gemm", "dropout"}) {
     EXPECT_FALSE(reg.impls(op, DeviceType::CUDA).empty()) << op << " has no CUDA implementation";
@@ -292,6 +293,94 @@ TEST(Cuda, FlashAttentionMatchesReference) {
   check_attention(2, 70, 4, 2, 24, 54, testing::doc_starts({{5, 30, 1, 34}, {64, 6}}, 70));
   check_attention(1, 77, 8, 2, 128, 55, testing::doc_starts({{1, 40, 36}}, 77));
   check_attention(1, 21, 2, 1, 256, 54);  // the largest head_dim (> 48 KiB shared memory)
+}
+
+// Relative error over the finite entries of a row logsumexp; the rows without a key (-inf) must agree.
+double rel_lse(const std::vector<float>& got, const std::vector<float>& want) {
+  std::vector<float> g, w;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::isinf(want[i]) || std::isinf(got[i])) {
+      if (got[i] != want[i]) return INFINITY;
+      continue;
+    }
+    g.push_back(got[i]), w.push_back(want[i]);
+  }
+  return rel(g, w);
+}
+
+// Ring attention blocks (context parallel): rank r's queries (chunks r and 2S - 1 - r of a sequence split
+// over S ranks) against every rank's block of keys, forward, merge and backward, against the CPU reference
+// block by block. Rank 0's first chunk reads no key of a later rank's block (out 0, lse -inf).
+void check_ring_attention(int64_t B, int64_t c, int64_t S, int64_t nH, int64_t nKV, int64_t hd, uint64_t seed,
+                          bool packed) {
+  const int64_t Tl = 2 * c;
+  auto pos = [&](int64_t r) {
+    std::vector<int32_t> ps(Tl);
+    for (int64_t t = 0; t < Tl; ++t) ps[t] = static_cast<int32_t>((t < c ? r : 2 * S - 1 - r) * c + t % c);
+    return ps;
+  };
+  const auto& ref = cpu_ref<AttentionRingKernels>();
+  const auto& op = cuda_op<AttentionRingKernels>();
+  for (int64_t r = 0; r < S; ++r) {
+    const auto qp = pos(r);
+    std::vector<int32_t> start;  // packed: documents starting every 7 positions (as a key_start per row)
+    for (int64_t b = 0; packed && b < B; ++b)
+      for (int32_t t : qp) start.push_back(t / (7 + b) * (7 + b));
+    const auto q = randn(B * Tl * nH * hd, seed + 10 * r), dout = randn(B * Tl * nH * hd, seed + 10 * r + 1);
+    std::vector<std::vector<float>> ks(S), vs(S);
+    for (int64_t s = 0; s < S; ++s)
+      ks[s] = randn(B * Tl * nKV * hd, seed + 100 + s), vs[s] = randn(B * Tl * nKV * hd, seed + 200 + s);
+    const int32_t* key_start = packed ? start.data() : nullptr;
+    Dev<int32_t> dqp(qp), dstart(start);
+    const int32_t* dkey_start = packed ? dstart.p : nullptr;
+    DevF dq_in(q), ddout(dout), out(q.size()), lse(B * nH * Tl), part(q.size()), part_lse(B * nH * Tl);
+    std::vector<float> out_r(q.size()), lse_r(B * nH * Tl), part_r(q.size()), part_lse_r(B * nH * Tl);
+    for (int64_t step = 0; step < S; ++step) {  // the ring order: the rank's own block first
+      const int64_t src = (r - step + S) % S;
+      const auto kp = pos(src);
+      Dev<int32_t> dkp(kp);
+      DevF dk(ks[src]), dv(vs[src]);
+      const std::string what = "rank " + std::to_string(r) + " block " + std::to_string(src) +
+                               " hd=" + std::to_string(hd) + (packed ? " packed" : "");
+      float* o_r = step == 0 ? out_r.data() : part_r.data();
+      float* l_r = step == 0 ? lse_r.data() : part_lse_r.data();
+      ref.forward(o_r, l_r, q.data(), ks[src].data(), vs[src].data(), B, Tl, Tl, nH, nKV, hd, qp.data(),
+                  kp.data(), key_start);
+      DevF& o = step == 0 ? out : part;
+      DevF& l = step == 0 ? lse : part_lse;
+      op.forward(o.p, l.p, dq_in.p, dk.p, dv.p, B, Tl, Tl, nH, nKV, hd, dqp.p, dkp.p, dkey_start);
+      EXPECT_LE(rel(o.read(), step == 0 ? out_r : part_r), kTol) << "forward out, " << what;
+      EXPECT_LE(rel_lse(l.read(), step == 0 ? lse_r : part_lse_r), kTol) << "forward lse, " << what;
+      if (step == 0) continue;
+      ref.merge(out_r.data(), lse_r.data(), part_r.data(), part_lse_r.data(), B, Tl, nH, hd);
+      op.merge(out.p, lse.p, part.p, part_lse.p, B, Tl, nH, hd);
+      EXPECT_LE(rel(out.read(), out_r), kTol) << "merge out, " << what;
+      EXPECT_LE(rel_lse(lse.read(), lse_r), kTol) << "merge lse, " << what;
+    }
+    // Backward of every block from the merged output (the reference's, so each block is checked alone).
+    DevF mout(out_r), mlse(lse_r);
+    for (int64_t src = 0; src < S; ++src) {
+      const auto kp = pos(src);
+      Dev<int32_t> dkp(kp);
+      DevF dk(ks[src]), dv(vs[src]), gq(q.size(), 0.1f), gk(ks[src].size(), 0.1f), gv(vs[src].size(), 0.1f);
+      std::vector<float> gq_r(q.size(), 0.1f), gk_r(ks[src].size(), 0.1f), gv_r(vs[src].size(), 0.1f);
+      ref.backward(gq_r.data(), gk_r.data(), gv_r.data(), dout.data(), q.data(), ks[src].data(), vs[src].data(),
+                   out_r.data(), lse_r.data(), B, Tl, Tl, nH, nKV, hd, qp.data(), kp.data(), key_start);
+      op.backward(gq.p, gk.p, gv.p, ddout.p, dq_in.p, dk.p, dv.p, mout.p, mlse.p, B, Tl, Tl, nH, nKV, hd, dqp.p,
+                  dkp.p, dkey_start);
+      const std::string what = "rank " + std::to_string(r) + " block " + std::to_string(src);
+      EXPECT_LE(rel(gq.read(), gq_r), kTol) << "dq, " << what;
+      EXPECT_LE(rel(gk.read(), gk_r), kTol) << "dk, " << what;
+      EXPECT_LE(rel(gv.read(), gv_r), kTol) << "dv, " << what;
+    }
+  }
+}
+
+TEST(Cuda, RingAttentionMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  check_ring_attention(2, 19, 2, 4, 2, 24, 300, false);  // chunks across key tiles, GQA
+  check_ring_attention(1, 40, 3, 2, 1, 128, 310, false);  // Qwen3's head_dim, 3 ranks
+  check_ring_attention(2, 21, 2, 3, 3, 40, 320, true);    // packed documents, MHA
 }
 
 TEST(Cuda, SwigluEmbeddingMatchReference) {

@@ -32,7 +32,7 @@ void PipelineStep::recv_input(int64_t stage, int64_t rows, Tensor& input, std::v
   group_.recv(input.raw(), rows * H, dist::CommType::F32, peer(stage - 1));
   if (model_.aux_stats().empty()) return;
   aux_in.resize(2 * static_cast<size_t>(E));
-  group_.recv(aux_in.data(), 2 * E, dist::CommType::F64, peer(stage - 1));
+  group_.host_group().recv(aux_in.data(), 2 * E, dist::CommType::F64, peer(stage - 1));
 }
 
 void PipelineStep::send_output(int64_t stage, int64_t rows) {
@@ -40,7 +40,8 @@ void PipelineStep::send_output(int64_t stage, int64_t rows) {
               peer(stage + 1));
   const std::vector<double>& aux = model_.aux_stats();
   if (!aux.empty())
-    group_.send(aux.data(), static_cast<int64_t>(aux.size()), dist::CommType::F64, peer(stage + 1));
+    group_.host_group().send(aux.data(), static_cast<int64_t>(aux.size()), dist::CommType::F64,
+                             peer(stage + 1));
 }
 
 int PipelineStep::local_stage(int64_t stage) const {
@@ -116,7 +117,7 @@ void PipelineStep::run(const data::Batch& batch, const ForwardOptions& base, Pip
     if (!st.head)
       timed_wait([&] {
         group_.recv(dout.raw(), N * H, dist::CommType::F32, peer(a.stage + 1));
-        if (moe) group_.recv(aux_grad.data(), E + 1, dist::CommType::F32, peer(a.stage + 1));
+        if (moe) group_.host_group().recv(aux_grad.data(), E + 1, dist::CommType::F32, peer(a.stage + 1));
       });
     const double t0 = now_s();
     if (st.head) {
@@ -131,12 +132,12 @@ void PipelineStep::run(const data::Batch& batch, const ForwardOptions& base, Pip
     totals.busy_s += now_s() - t0;
     if (!st.embedding) {
       group_.send(model_.stage_input_grad(), N * H, dist::CommType::F32, peer(a.stage - 1));
-      if (moe) group_.send(aux_grad.data(), E + 1, dist::CommType::F32, peer(a.stage - 1));
+      if (moe) group_.host_group().send(aux_grad.data(), E + 1, dist::CommType::F32, peer(a.stage - 1));
     }
     kept.erase({a.stage, a.micro});
   }
   if (lora) lora->unpin_masks();  // (the pass count stays at this batch's)
-  timed_wait([&] { group_.wait_sends(); });
+  timed_wait([&] { wait_sends(); });
 }
 
 void PipelineStep::forward_only(const data::Batch& batch, const ForwardOptions& base,
@@ -169,7 +170,12 @@ void PipelineStep::forward_only(const data::Batch& batch, const ForwardOptions& 
         send_output(stage, N);
       }
     }
+  wait_sends();
+}
+
+void PipelineStep::wait_sends() {
   group_.wait_sends();
+  if (&group_.host_group() != &group_) group_.host_group().wait_sends();
 }
 
 }  // namespace titan

@@ -1,7 +1,7 @@
 // One training step's forward and backward under pipeline parallel: the rank's stages of the model (a
 // Qwen3Model holding those layer ranges) run the schedule's actions (distributed/pipeline_layout.h) over the
 // micro-batches of a batch, hidden states sent to the next stage's rank and their gradients back over the
-// pipeline group.
+// pipeline group (device buffers: NCCL on GPUs), the MoE aux statistics (host values) over its host group.
 //
 // Activations: a stage keeps each in-flight micro-batch's input (N x H) and the model one set of layer
 // activations, those of its last forward. A backward whose micro-batch is not the last forward on this rank
@@ -50,6 +50,7 @@ class PipelineStep {
   // statistics (2E, MoE models) from its predecessor; its output and the statistics so far to its successor.
   void recv_input(int64_t stage, int64_t rows, Tensor& input, std::vector<double>& aux_in);
   void send_output(int64_t stage, int64_t rows);
+  void wait_sends();  // every send of this rank delivered, on the group and its host group
 
   Qwen3Model& model_;
   const dist::PipelineLayout& layout_;

@@ -224,7 +224,7 @@ double Trainer::pipeline_grad_norm() {
       sq -= copy * copy;
     }
   }
-  return std::sqrt(std::max(0.0, pp_group_->all_reduce(sq, dist::ReduceOp::Sum)));
+  return std::sqrt(std::max(0.0, pp_group_->host_group().all_reduce(sq, dist::ReduceOp::Sum)));
 }
 
 // The gradients the optimizer steps (full buffers, or FSDP shards) as the tensor-parallel layout sees them.

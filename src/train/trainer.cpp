@@ -73,7 +73,6 @@ void Trainer::build_process_group_and_plan() {
                .c_str());
     refuse(par.expert_parallel_degree > 1, "expert parallel (parallelism.expert_parallel_degree)");
     refuse(cfg_.lora.enable, "LoRA (lora.enable)");
-    refuse(cfg_.job.device != "cpu", "a device other than the CPU (job.device)");
     TITAN_CHECK(world_ % (cp * tp * pp) == 0, "parallelism.context_parallel_degree (", cp,
                 ") x tensor_parallel_degree (", tp, ") x pipeline_parallel_degree (", pp,
                 ") does not divide the world size ", world_);
@@ -85,7 +84,6 @@ void Trainer::build_process_group_and_plan() {
                   " yet (titan plan --nproc N plans such layouts)");
     };
     refuse(tp > 1 && cfg_.lora.enable, "tensor parallel and LoRA together");
-    refuse(cfg_.job.device != "cpu", "a device other than the CPU (job.device)");
     TITAN_CHECK(world_ % pp == 0, "parallelism.pipeline_parallel_degree = ", pp,
                 " does not divide the world size ", world_);
   }
@@ -121,13 +119,14 @@ void Trainer::build_process_group_and_plan() {
     // (dp x tp) + data-parallel index x tp + tensor-parallel index. The pipeline group joins the ranks with
     // the same place inside their stage.
     const int64_t per_stage = world_ / pp, pp_rank = rank_ / per_stage, in_stage = rank_ % per_stage;
-    pp_group_ = pg_->split(static_cast<int>(in_stage), static_cast<int>(pp_rank));
-    if (tp == 1) dp_group_ = pg_->split(static_cast<int>(pp_rank), static_cast<int>(in_stage));
+    // (On a device the groups are the device group's: activations and gradients move between GPUs.)
+    pp_group_ = tensor_pg().split(static_cast<int>(in_stage), static_cast<int>(pp_rank));
+    if (tp == 1) dp_group_ = tensor_pg().split(static_cast<int>(pp_rank), static_cast<int>(in_stage));
     // (LoRA: the embedding is frozen, its two copies stay equal without a gradient)
     if (mc_.tie_word_embeddings && !cfg_.lora.enable) {  // (collective over the world: every rank splits)
       const bool ends = pp_rank == 0 || pp_rank == pp - 1;
       embed_group_ =
-          pg_->split(static_cast<int>(ends ? in_stage : per_stage + rank_), static_cast<int>(pp_rank));
+          tensor_pg().split(static_cast<int>(ends ? in_stage : per_stage + rank_), static_cast<int>(pp_rank));
       if (!ends) embed_group_.reset();
     }
   }

@@ -60,7 +60,7 @@ void Trainer::gather_pipeline_model() {
                             : ep_group_ ? model_->gathered_state_dict()
                                         : model_->state_dict();
   if (dp_pg().rank() != 0 || (tp_ && tp_->rank() != 0)) return;
-  dist::ProcessGroup& pp = *pp_group_;
+  dist::ProcessGroup& pp = pp_group_->host_group();  // (into the host model; device tensors staged)
   const int64_t L = mc_.num_hidden_layers, E = mc_.num_experts;
   auto owner = [&](int64_t g) -> int {
     for (const dist::PipelineStage& st : plan_.pipeline.stages) {
@@ -85,7 +85,9 @@ void Trainer::gather_pipeline_model() {
       else
         pp.recv(dst.raw(), n, dist::CommType::F32, from);
     } else if (pp.rank() == from) {
-      pp.send(held.at(p.name)->raw(), n, dist::CommType::F32, 0);
+      std::vector<float> h(static_cast<size_t>(n));
+      held.at(p.name)->copy_to_host(h.data());
+      pp.send(h.data(), n, dist::CommType::F32, 0);
     }
   }
   // Expert biases: row m of the full model's is its m-th sparse layer.
@@ -101,7 +103,9 @@ void Trainer::gather_pipeline_model() {
       else
         pp.recv(dst, E, dist::CommType::F32, from);
     } else if (pp.rank() == from) {
-      pp.send(model_->expert_bias().f32() + row * E, E, dist::CommType::F32, 0);
+      std::vector<float> h(static_cast<size_t>(E));
+      model_->expert_bias().view_at(row * E, {E}).copy_to_host(h.data());
+      pp.send(h.data(), E, dist::CommType::F32, 0);
     }
     ++m;
   }
@@ -117,7 +121,7 @@ void Trainer::report_pipeline_bubble() {
   std::vector<double> mine = {pp_wait_s_ / std::max(1e-12, pp_wait_s_ + pp_busy_s_),
                               static_cast<double>(pp_recomputed_) / static_cast<double>(pp_steps_)};
   std::vector<double> all(2 * static_cast<size_t>(p));
-  pp_group_->all_gather(mine.data(), all.data(), dist::equal_counts(p, 2), dist::CommType::F64);
+  pp_group_->host_group().all_gather(mine.data(), all.data(), dist::equal_counts(p, 2), dist::CommType::F64);
   if (!lead_) return;
   double mean = 0;
   std::string per_rank;

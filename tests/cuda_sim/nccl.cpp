@@ -217,6 +217,13 @@ void post_recv(ncclComm* c, void* p, size_t bytes, int peer, Pending& q) {
   q.requests.emplace_back();
   MPI_Irecv(p, static_cast<int>(bytes), MPI_BYTE, c->world[peer], c->tag, MPI_COMM_WORLD, &q.requests.back());
 }
+// ncclSend: completes only once the peer's ncclRecv has taken the data (MPI's synchronous mode), as an NCCL
+// send holds its stream until the peer receives. Two ranks that each send to the other outside a group
+// before receiving hang here as on GPUs, instead of passing through MPI's eager buffering.
+void post_synchronous_send(ncclComm* c, const void* p, size_t bytes, int peer, Pending& q) {
+  q.requests.emplace_back();
+  MPI_Issend(p, static_cast<int>(bytes), MPI_BYTE, c->world[peer], c->tag, MPI_COMM_WORLD, &q.requests.back());
+}
 char* scratch(size_t bytes, Pending& q) {
   q.buffers.push_back(new std::vector<char>(bytes));
   return q.buffers.back()->data();
@@ -489,7 +496,7 @@ ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer
     c->to_self.emplace_back(p, p + bytes);
     return ncclSuccess;
   }
-  return run([&](Pending& q) { post_send(c, send, bytes, peer, q); });
+  return run([&](Pending& q) { post_synchronous_send(c, send, bytes, peer, q); });
 }
 
 ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t) {
