@@ -76,9 +76,8 @@ TEST(Cuda, EveryCudaOpHasACpuReference) {
   auto& reg = KernelRegistry::global();
   for (const char* op :
        {"matmul", "matmul_bf16", "rmsnorm", "rope", "rope_qk", "attention", "attention_ring", "swiglu",
-        "embedding",
-        "cross_entropy", "adamw", "sum_squares", "moe_experts", "moe_experts_bf16", "elementwise",
-        "moe_router", "expert_parallel", "gemm", "dropout"}) {
+        "embedding", "cross_entropy", "adamw", "sum_squares", "moe_experts", "moe_experts_bf16",
+        "elementwise", "moe_router", "expert_parallel", "gemm", "dropout"}) {
     EXPECT_FALSE(reg.impls(op, DeviceType::CUDA).empty()) << op << " has no CUDA implementation";
     auto cpu = reg.impls(op, DeviceType::CPU);
     EXPECT_NE(std::find(cpu.begin(), cpu.end(), "reference"), cpu.end()) << op;
@@ -364,10 +363,11 @@ void check_ring_attention(int64_t B, int64_t c, int64_t S, int64_t nH, int64_t n
       Dev<int32_t> dkp(kp);
       DevF dk(ks[src]), dv(vs[src]), gq(q.size(), 0.1f), gk(ks[src].size(), 0.1f), gv(vs[src].size(), 0.1f);
       std::vector<float> gq_r(q.size(), 0.1f), gk_r(ks[src].size(), 0.1f), gv_r(vs[src].size(), 0.1f);
-      ref.backward(gq_r.data(), gk_r.data(), gv_r.data(), dout.data(), q.data(), ks[src].data(), vs[src].data(),
-                   out_r.data(), lse_r.data(), B, Tl, Tl, nH, nKV, hd, qp.data(), kp.data(), key_start);
-      op.backward(gq.p, gk.p, gv.p, ddout.p, dq_in.p, dk.p, dv.p, mout.p, mlse.p, B, Tl, Tl, nH, nKV, hd, dqp.p,
-                  dkp.p, dkey_start);
+      ref.backward(gq_r.data(), gk_r.data(), gv_r.data(), dout.data(), q.data(), ks[src].data(),
+                   vs[src].data(), out_r.data(), lse_r.data(), B, Tl, Tl, nH, nKV, hd, qp.data(), kp.data(),
+                   key_start);
+      op.backward(gq.p, gk.p, gv.p, ddout.p, dq_in.p, dk.p, dv.p, mout.p, mlse.p, B, Tl, Tl, nH, nKV, hd,
+                  dqp.p, dkp.p, dkey_start);
       const std::string what = "rank " + std::to_string(r) + " block " + std::to_string(src);
       EXPECT_LE(rel(gq.read(), gq_r), kTol) << "dq, " << what;
       EXPECT_LE(rel(gk.read(), gk_r), kTol) << "dk, " << what;
@@ -378,7 +378,7 @@ void check_ring_attention(int64_t B, int64_t c, int64_t S, int64_t nH, int64_t n
 
 TEST(Cuda, RingAttentionMatchesReference) {
   SKIP_WITHOUT_GPU();
-  check_ring_attention(2, 19, 2, 4, 2, 24, 300, false);  // chunks across key tiles, GQA
+  check_ring_attention(2, 19, 2, 4, 2, 24, 300, false);   // chunks across key tiles, GQA
   check_ring_attention(1, 40, 3, 2, 1, 128, 310, false);  // Qwen3's head_dim, 3 ranks
   check_ring_attention(2, 21, 2, 3, 3, 40, 320, true);    // packed documents, MHA
 }

@@ -1168,6 +1168,46 @@ TEST(DistCuda, TrainOnTwoGpusMatchesOneRankOnCpu) {
   }
 }
 
+// Pipeline parallel 2 (1F1B, Interleaved1F1B; GPipe on the MoE model) and context parallel 2 (dense and
+// MoE) on two GPUs: hidden states, their gradients and the ring's keys and values move between the GPUs
+// through the NCCL group's point-to-point messages (grouped sends and receives); the 1-rank CPU loss
+// sequence over 6 steps. On the CUDA emulator an NCCL send completes only once its peer receives, as on
+// GPUs, so a send/receive order that would hang two GPUs hangs here too.
+TEST(DistCuda, PipelineAndContextParallelOnTwoGpus) {
+  if (!testing::have_cuda_gpu() || device_interface(DeviceType::CUDA).device_count() < 2)
+    GTEST_SKIP() << "needs 2 CUDA GPUs (none or one here, or a build without CUDA)";
+  if (!nccl_available()) GTEST_SKIP() << "titan was built without NCCL";
+  testing::TempDir tmp;
+  const std::string common = train_args(tmp, 6) + " --training.local_batch_size=4";
+  for (const char* flavor : {"debug", "debug_moe"}) {
+    RunResult r = run_shell("timeout 300 " + kTitan + " train" + common + " --model.flavor=" + flavor +
+                            " --job.dump_folder=" + (tmp / flavor));
+    ASSERT_EQ(r.rc, 0) << r.output;
+  }
+  const std::string pp2 = " --parallelism.pipeline_parallel_degree=2";
+  struct Layout {
+    std::string name, flavor, args;
+  };
+  for (const Layout& l :
+       {Layout{"pp2_1f1b", "debug", pp2 + " --parallelism.pipeline_parallel_microbatch_size=1"},
+        Layout{"pp2_interleaved", "debug", pp2 + " --parallelism.pipeline_parallel_schedule=Interleaved1F1B"},
+        Layout{"pp2_gpipe_moe", "debug_moe", pp2 + " --parallelism.pipeline_parallel_schedule=GPipe"},
+        Layout{"cp2", "debug", " --parallelism.context_parallel_degree=2"},
+        Layout{"cp2_moe", "debug_moe", " --parallelism.context_parallel_degree=2"}}) {
+    RunResult r = run_shell("timeout 300 " + kTitan + " run --nproc-per-node 2 train" + common +
+                            " --model.flavor=" + l.flavor + " --job.device=cuda" + l.args +
+                            " --job.dump_folder=" + (tmp / l.name));
+    ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.output;
+    EXPECT_NE(r.output.find("collectives: nccl"), std::string::npos) << r.output;
+    const auto ref = jsonl_losses(tmp / (l.flavor + "/metrics.jsonl"));
+    const auto got = jsonl_losses(tmp / (l.name + "/metrics.jsonl"));
+    ASSERT_EQ(ref.size(), 6u) << l.flavor;
+    ASSERT_EQ(got.size(), ref.size()) << l.name;
+    for (size_t i = 0; i < ref.size(); ++i)
+      EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << l.name << " step " << i + 1;
+  }
+}
+
 // Bad layouts are clear errors naming the field.
 TEST(DistExpertParallel, ConfigErrorsNameTheField) {
   std::string out;

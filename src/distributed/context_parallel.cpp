@@ -8,12 +8,13 @@ ContextParallel::ContextParallel(std::shared_ptr<ProcessGroup> group) : group_(s
   TITAN_CHECK(group_, "context parallel: no process group");
 }
 
-void ContextParallel::ring_send(const float* buf, int64_t n) {
-  group_->send(buf, n, CommType::F32, (rank() + 1) % size());
-}
-
-void ContextParallel::ring_recv(float* buf, int64_t n) {
-  group_->recv(buf, n, CommType::F32, (rank() - 1 + size()) % size());
+void ContextParallel::ring_shift(const std::vector<const float*>& sends, const std::vector<float*>& recvs,
+                                 int64_t n) {
+  std::vector<ProcessGroup::P2p> ops;
+  for (const float* s : sends)
+    ops.push_back({true, const_cast<float*>(s), n, CommType::F32, (rank() + 1) % size()});
+  for (float* r : recvs) ops.push_back({false, r, n, CommType::F32, (rank() - 1 + size()) % size()});
+  group_->exchange(ops);
 }
 
 void ContextParallel::sum_host(double* x, int64_t n) {

@@ -20,9 +20,8 @@ class ContextParallel : public ContextParallelComm {
   explicit ContextParallel(std::shared_ptr<ProcessGroup> group);
   int size() const override { return group_->size(); }
   int rank() const override { return group_->rank(); }
-  void ring_send(const float* buf, int64_t n) override;
-  void ring_recv(float* buf, int64_t n) override;
-  void ring_wait() override { group_->wait_sends(); }
+  void ring_shift(const std::vector<const float*>& sends, const std::vector<float*>& recvs,
+                  int64_t n) override;
   void sum_host(double* x, int64_t n) override;
   ProcessGroup& group() { return *group_; }
 

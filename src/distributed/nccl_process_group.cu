@@ -6,7 +6,6 @@
 #include <nccl.h>
 
 #include <algorithm>
-#include <memory>
 #include <numeric>
 
 #include "device/cuda/cuda_common.cuh"
@@ -151,34 +150,31 @@ class NcclProcessGroup final : public ProcessGroup {
                "ncclAllReduce (barrier)");
     wait();
   }
-  // Point to point (pipeline and context parallel). An NCCL send blocks its stream until the peer receives,
-  // and a communicator runs its operations in order: two ranks that each send to the other before
-  // receiving would wait for each other. So a send is staged (a device copy of the data: the caller may
-  // reuse `buf` at once, as the interface says) and posted in one NCCL group with this rank's next recv, or
-  // at wait_sends(): inside a group the sends and the receive progress together (NCCL's sendrecv; sends to
-  // one peer keep their order). Everything runs on the device's stream, after the kernels that wrote `buf`.
-  void send(const void* buf, int64_t count, CommType type, int dst) override {
-    check_peer(dst, "send");
-    const size_t bytes = static_cast<size_t>(count) * comm_type_size(type);
-    auto staged = std::make_unique<cuda::Scratch<char>>(std::max<size_t>(bytes, 1));
-    if (bytes > 0)
-      TITAN_CUDA_CHECK(cudaMemcpyAsync(staged->p, buf, bytes, cudaMemcpyDeviceToDevice, stream()));
-    sends_.push_back({std::move(staged), count, type, dst});
+  // Point to point: only as one exchange() (NCCL's grouped send/receive). An NCCL send completes only once
+  // its peer has posted the receive, and a communicator runs its operations in order, so lone sends and
+  // receives in the interface's MPI sense (a send that progresses by itself) could hang two ranks that
+  // each send before receiving; inside one group the messages progress together. (Pipeline parallel on
+  // GPUs stages its messages through the host group instead: see Trainer.)
+  void send(const void*, int64_t, CommType, int) override {
+    fail("NCCL group: a lone send could wait for its receiver forever; pass the messages to exchange()");
   }
-  void recv(void* buf, int64_t count, CommType type, int src) override {
-    check_peer(src, "recv");
+  void recv(void*, int64_t, CommType, int) override {
+    fail("NCCL group: a lone recv could wait for its sender forever; pass the messages to exchange()");
+  }
+  void exchange(const std::vector<P2p>& ops) override {
+    for (const P2p& op : ops)
+      TITAN_CHECK(op.peer >= 0 && op.peer < size() && op.peer != rank(), "NCCL group: a message with rank ",
+                  op.peer, " of a group of ", size(), " (this rank is ", rank(), ")");
     group([&] {
-      post_sends();
-      if (count > 0) check_nccl(ncclRecv(buf, count, nccl_type(type), src, comm_, stream()), "ncclRecv");
+      for (const P2p& op : ops) {
+        if (op.count == 0) continue;
+        if (op.is_send)
+          check_nccl(ncclSend(op.buf, op.count, nccl_type(op.type), op.peer, comm_, stream()), "ncclSend");
+        else
+          check_nccl(ncclRecv(op.buf, op.count, nccl_type(op.type), op.peer, comm_, stream()), "ncclRecv");
+      }
     });
     wait();
-    sends_.clear();
-  }
-  void wait_sends() override {
-    if (sends_.empty()) return;
-    group([&] { post_sends(); });
-    wait();
-    sends_.clear();
   }
 
   std::shared_ptr<ProcessGroup> split(int color, int key) override {
@@ -198,15 +194,6 @@ class NcclProcessGroup final : public ProcessGroup {
     TITAN_CHECK(static_cast<int>(c.size()) == size(), "NCCL group: ", c.size(), " counts for ", size(),
                 " ranks");
   }
-  void check_peer(int peer, const char* what) const {
-    TITAN_CHECK(peer >= 0 && peer < size() && peer != rank(), "NCCL group: ", what, " with rank ", peer,
-                " of a group of ", size(), " (this rank is ", rank(), ")");
-  }
-  void post_sends() {
-    for (const StagedSend& s : sends_)
-      if (s.count > 0)
-        check_nccl(ncclSend(s.data->p, s.count, nccl_type(s.type), s.dst, comm_, stream()), "ncclSend");
-  }
   template <class F>
   void group(F&& f) {
     check_nccl(ncclGroupStart(), "ncclGroupStart");
@@ -217,13 +204,6 @@ class NcclProcessGroup final : public ProcessGroup {
   std::shared_ptr<ProcessGroup> owned_;  // a split's bootstrap sub-group (null for the world)
   ProcessGroup& boot_;
   ncclComm_t comm_ = nullptr;
-  struct StagedSend {
-    std::unique_ptr<cuda::Scratch<char>> data;
-    int64_t count;
-    CommType type;
-    int dst;
-  };
-  std::vector<StagedSend> sends_;  // posted with the next recv or wait_sends()
 };
 
 std::shared_ptr<ProcessGroup> make_group(ProcessGroup& bootstrap) {

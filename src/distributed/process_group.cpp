@@ -49,6 +49,13 @@ void ProcessGroup::send(const void*, int64_t, CommType, int) {
 void ProcessGroup::recv(void*, int64_t, CommType, int) {
   fail("recv: the ", backend(), " process group has no point-to-point messages (pipeline parallel)");
 }
+void ProcessGroup::exchange(const std::vector<P2p>& ops) {
+  for (const P2p& op : ops)
+    if (op.is_send) send(op.buf, op.count, op.type, op.peer);
+  for (const P2p& op : ops)
+    if (!op.is_send) recv(op.buf, op.count, op.type, op.peer);
+  wait_sends();
+}
 
 CommType comm_type_of(DType t) {
   switch (t) {

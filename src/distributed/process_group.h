@@ -74,10 +74,24 @@ class ProcessGroup {
   // Point to point (pipeline parallel): send starts sending count elements of buf to rank `dst` and returns
   // at once (the data are copied first, so buf may be reused); recv blocks until count elements from rank
   // `src` are in buf. Messages between two ranks arrive in the order they were sent. wait_sends() returns
-  // when every send of this rank has been delivered. The base class has none (a group that cannot).
+  // when every send of this rank has been delivered. The base class has none (a group that cannot); the
+  // NCCL group has only exchange() below.
   virtual void send(const void* buf, int64_t count, CommType type, int dst);
   virtual void recv(void* buf, int64_t count, CommType type, int src);
   virtual void wait_sends() {}
+  // Several point-to-point messages as one (torch's batch_isend_irecv): every send and receive of `ops` is
+  // posted together; returns when all have completed. On NCCL, whose send completes only once its peer has
+  // posted the receive, the one safe form: every rank's exchange must be matched by its peers' exchanges
+  // (a ring step: each rank sends to the next and receives from the previous). The base class: the sends
+  // (send()), the receives in order (recv()), then wait_sends().
+  struct P2p {
+    bool is_send;
+    void* buf;  // (read only for a send)
+    int64_t count;
+    CommType type;
+    int peer;
+  };
+  virtual void exchange(const std::vector<P2p>& ops);
 
   // Sub-groups: ranks with the same `color` form a new group, ordered by `key` (MPI_Comm_split).
   // Collective over this group.

@@ -46,7 +46,7 @@ void Trainer::start_pipeline() {
         "pipeline parallel: %lld ranks, schedule %s, %lld micro-batches of %lld rows, bubble %.1f%%\n",
         (long long)layout.degree, dist::pipeline_schedule_name(layout.schedule),
         (long long)layout.microbatches, (long long)layout.microbatch_size, 100.0 * layout.bubble_fraction());
-    std::printf("%s", layout.describe().c_str());
+    std::printf("%s\n", layout.describe().c_str());
   }
 }
 

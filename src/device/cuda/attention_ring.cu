@@ -115,15 +115,16 @@ __global__ void ring_merge_kernel(float* out, float* lse, const float* part_out,
   if (p == -INFINITY) return;  // the other block has no key for this row
   const float mx = fmaxf(a, p), merged = mx + logf(expf(a - mx) + expf(p - mx));
   const float ca = expf(a - merged), cp = expf(p - merged);
-  for (int64_t d = lane; d < hd; d += 32) out[row * hd + d] = ca * out[row * hd + d] + cp * part_out[row * hd + d];
+  for (int64_t d = lane; d < hd; d += 32)
+    out[row * hd + d] = ca * out[row * hd + d] + cp * part_out[row * hd + d];
   __syncwarp();
   if (lane == 0) lse[at] = merged;
 }
 
 template <int R>
 __global__ void ring_backward_kernel(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                                     const float* k, const float* v, const float* lse, const float* D, int64_t Tq,
-                                     int64_t Tk, int64_t nH, int64_t nKV, int64_t hd, float scale,
+                                     const float* k, const float* v, const float* lse, const float* D,
+                                     int64_t Tq, int64_t Tk, int64_t nH, int64_t nKV, int64_t hd, float scale,
                                      const int32_t* q_pos, const int32_t* k_pos, const int32_t* key_start) {
   TITAN_DYNAMIC_SHARED(float, smem);
   const int64_t ks = hd | 1;

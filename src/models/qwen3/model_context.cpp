@@ -35,18 +35,16 @@ void Qwen3Model::ring_attention_forward(int64_t l) {
   dev_->copy(cur + kv, a.v, kv * sizeof(float));
   for (int s = 0; s < S; ++s) {
     const int src = (r - s + S) % S;  // whose keys and values `cur` holds
-    if (s + 1 < S) cp_->ring_send(cur, 2 * kv);
     float* out = s == 0 ? a.att : part_out;
     float* lse = s == 0 ? a.attn_saved : part_lse;
     ring_->forward(out, lse, a.qr, cur, cur + kv, B, T, T, nH, nKV, hd, pos + r * T, pos + src * T,
                    key_start);
     if (s > 0) ring_->merge(a.att, a.attn_saved, part_out, part_lse, B, T, nH, hd);
     if (s + 1 < S) {
-      cp_->ring_recv(next, 2 * kv);
+      cp_->ring_shift({cur}, {next}, 2 * kv);
       std::swap(cur, next);
     }
   }
-  cp_->ring_wait();
 }
 
 void Qwen3Model::ring_attention_backward(int64_t l, float* dqr, float* dkr, float* dv, const float* datt) {
@@ -64,19 +62,17 @@ void Qwen3Model::ring_attention_backward(int64_t l, float* dqr, float* dkr, floa
   zero(dcur, 2 * kv);
   for (int s = 0; s < S; ++s) {
     const int src = (r - s + S) % S;
-    if (s + 1 < S) cp_->ring_send(cur, 2 * kv);
     ring_->backward(dqr, dcur, dcur + kv, datt, a.qr, cur, cur + kv, a.att, a.attn_saved, B, T, T, nH, nKV,
                     hd, pos + r * T, pos + src * T, key_start);
     // The accumulator goes on with its block; after the last step it arrives back at the block's rank.
-    cp_->ring_send(dcur, 2 * kv);
     if (s + 1 < S) {
-      cp_->ring_recv(next, 2 * kv);
+      cp_->ring_shift({cur, dcur}, {next, dnext}, 2 * kv);
       std::swap(cur, next);
+    } else {
+      cp_->ring_shift({dcur}, {dnext}, 2 * kv);
     }
-    cp_->ring_recv(dnext, 2 * kv);
     std::swap(dcur, dnext);
   }
-  cp_->ring_wait();
   elementwise_->add(dkr, dcur, kv);  // this rank's own keys' and values' gradients, from every rank
   elementwise_->add(dv, dcur + kv, kv);
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -108,12 +109,12 @@ class ContextParallelComm {
   virtual ~ContextParallelComm() = default;
   virtual int size() const = 0;
   virtual int rank() const = 0;
-  // The ring (device buffers): ring_send starts sending n floats to the next rank (rank + 1 mod size) and
-  // returns at once (the data are copied first); ring_recv blocks until n floats from the previous rank are
-  // in buf. Messages arrive in the order they were sent.
-  virtual void ring_send(const float* buf, int64_t n) = 0;
-  virtual void ring_recv(float* buf, int64_t n) = 0;
-  virtual void ring_wait() = 0;  // returns when every ring_send of this rank has been delivered
+  // One step of the ring (device buffers of n floats): sends[i] goes to the next rank (rank + 1 mod size)
+  // and recvs[i] is filled from the previous rank's sends[i], every message posted at once (NCCL's grouped
+  // send/receive: a rank never waits for a send before posting its receives); returns when all arrived and
+  // this rank's were delivered. Every rank passes as many blocks; a recv buffer is not a send buffer.
+  virtual void ring_shift(const std::vector<const float*>& sends, const std::vector<float*>& recvs,
+                          int64_t n) = 0;
   virtual void sum_host(double* x, int64_t n) = 0;  // in place over the group, x on the host
 };
 
