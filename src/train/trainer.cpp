@@ -72,7 +72,6 @@ void Trainer::build_process_group_and_plan() {
                    "; padding would enter the router's statistics)")
                .c_str());
     refuse(par.expert_parallel_degree > 1, "expert parallel (parallelism.expert_parallel_degree)");
-    refuse(cfg_.lora.enable, "LoRA (lora.enable)");
     TITAN_CHECK(world_ % (cp * tp * pp) == 0, "parallelism.context_parallel_degree (", cp,
                 ") x tensor_parallel_degree (", tp, ") x pipeline_parallel_degree (", pp,
                 ") does not divide the world size ", world_);
@@ -265,6 +264,9 @@ void Trainer::build_tensor_parallel_model() {
 void Trainer::start_context_parallel() {
   if (!cp_) return;
   model_->set_context_parallel(cp_.get());
+  if (lora_)  // (dropout: each row's masks are those of its row in one rank's batch)
+    lora_->set_context_parallel(cp_->rank(), cp_->size(),
+                                cp_->padded_len(cfg_.training.seq_len) / cp_->size(), cfg_.training.seq_len);
   if (lead_) {
     const int64_t T = cfg_.training.seq_len, Tp = cp_->padded_len(T), S = cp_->size();
     std::printf(

@@ -103,6 +103,7 @@ void Trainer::build_lora_model() {
     std::printf("lora: rank %lld, alpha %g, dropout %g, %lld adapter parameters (%.4f%% of %lld)\n",
                 (long long)cfg.rank, cfg.alpha, cfg.dropout, (long long)lora_->num_params(),
                 100.0 * lora_->num_params() / model_->num_params(), (long long)model_->num_params());
+  start_context_parallel();
   if (pp_group_) start_pipeline();
 }
 
@@ -111,9 +112,10 @@ void Trainer::build_lora_parallelism() {
   if (bf16_) model_->set_bf16_compute(true);  // base GEMMs on bf16 operands; the adapters stay f32
   std::vector<int64_t> no_experts = {lora_->num_params()};
   dp_ = std::make_unique<dist::DataParallelPlan>(
-      dp_pg(), static_cast<int>(plan_.dp_replicate), static_cast<int>(plan_.dp_shard), lora_->flat_params(),
-      lora_->flat_grads(), int64_t(25) << 20, /*stream_params=*/false,
-      dist::ExpertParallelLayout{nullptr, no_experts});
+      // (context parallel: the adapters sharded over dp_shard x cp, as the full model's parameters)
+      dp_pg(), static_cast<int>(plan_.dp_replicate),
+      static_cast<int>(plan_.dp_shard * plan_.context_parallel), lora_->flat_params(), lora_->flat_grads(),
+      int64_t(25) << 20, /*stream_params=*/false, dist::ExpertParallelLayout{nullptr, no_experts});
   streamer_ = std::make_unique<PlanStreamer>(*dp_);
   dp_->broadcast_from(0);
   if (lead_) {

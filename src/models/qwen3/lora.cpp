@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "io/hf_checkpoint.h"
 #include "kernels/registry.h"
+#include "models/qwen3/model_interfaces.h"
 
 namespace titan {
 
@@ -161,12 +162,22 @@ void LoraAdapters::apply_dropout(const Slot& s, int si, float* out, const float*
   const float p = static_cast<float>(cfg_.dropout);
   const bool sliced = tp_size_ > 1 && (s.proj == LoraProj::O || s.proj == LoraProj::Down);
   const uint64_t stride = static_cast<uint64_t>((sliced ? tp_size_ : 1) * s.in);
-  const uint64_t key = mask_key(si) + (sliced ? static_cast<uint64_t>(tp_rank_ * s.in) : 0) +
-                       static_cast<uint64_t>(row0_) * stride;
-  if (backward)
-    dropout_->backward_add(out, x, N, s.in, key, stride, p);
-  else
-    dropout_->forward(out, x, N, s.in, key, stride, p);
+  const uint64_t key = mask_key(si) + (sliced ? static_cast<uint64_t>(tp_rank_ * s.in) : 0);
+  auto rows = [&](int64_t n0, int64_t count, int64_t batch_row) {  // rows [n0, n0 + count) of this call
+    const uint64_t k = key + static_cast<uint64_t>(batch_row) * stride;
+    if (backward)
+      dropout_->backward_add(out + n0 * s.in, x + n0 * s.in, count, s.in, k, stride, p);
+    else
+      dropout_->forward(out + n0 * s.in, x + n0 * s.in, count, s.in, k, stride, p);
+  };
+  if (cp_size_ == 1) return rows(0, N, row0_);
+  // Context parallel: runs of rows inside one chunk are consecutive rows of one rank's batch.
+  const int64_t Tl = cp_local_len_, c = Tl / 2;
+  for (int64_t n = 0; n < N;) {
+    const int64_t m = row0_ + n, b = m / Tl, t = m % Tl, count = std::min(N - n, c - t % c);
+    rows(n, count, b * cp_seq_len_ + context_parallel_position(cp_rank_, cp_size_, Tl, t));
+    n += count;
+  }
 }
 
 void LoraAdapters::forward(int64_t layer, LoraProj p, const float* x, int64_t N, float* y, int64_t ldy) {

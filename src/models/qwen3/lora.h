@@ -92,6 +92,12 @@ class LoraAdapters {
   // projections (o_proj, down_proj) see the rank's columns of their input, so their dropout masks are the
   // full input's mask at those columns (the same masks as on one rank).
   void set_tensor_parallel(int rank, int size) { tp_rank_ = rank, tp_size_ = size; }
+  // Context parallel (this rank `rank` of `size`): a training forward's rows are local_len per sequence of
+  // seq_len tokens (its two chunks, ContextParallelComm's layout), and each row draws the masks of its
+  // sequence's row in one rank's batch. size 1: the rows are the batch's own.
+  void set_context_parallel(int rank, int size, int64_t local_len, int64_t seq_len) {
+    cp_rank_ = rank, cp_size_ = size, cp_local_len_ = local_len, cp_seq_len_ = seq_len;
+  }
 
   // ---- hooks called by Qwen3Model (N rows) ----
   // Marks the start of a forward: training applies dropout (masks keyed by seed and pass number, so the
@@ -152,6 +158,8 @@ class LoraAdapters {
   // tensor parallel a row-parallel slot's masks are the full input's at this rank's columns.
   void apply_dropout(const Slot& s, int si, float* out, const float* x, int64_t N, bool backward);
   int tp_rank_ = 0, tp_size_ = 1;
+  int cp_rank_ = 0, cp_size_ = 1;
+  int64_t cp_local_len_ = 0, cp_seq_len_ = 0;
   bool training_ = false, pinned_ = false;
   uint64_t pass_ = 0;
   int64_t row0_ = 0;  // pinned: the first row's index in its pass's batch
