@@ -805,22 +805,27 @@ TEST(DistContextParallel, LoraMatchesOneRank) {
 // within 1e-4): CP 2; CP 4 at seq_len 30, not divisible by the 8 chunks (padded to 32); CP 2 x FSDP 2; CP 2 x
 // DDP 2; CP 2 x TP 2 (sequence parallel); CP 2 x PP 2 (1F1B at seq_len 30, Interleaved1F1B); CP 2 with full
 // activation checkpointing (the ring runs again in the recompute); CP 2 from HF weights. The MoE model with
-// the HF aux loss (its router statistics summed over the group) under CP 2, CP 2 x TP 2 and CP 2 x PP 2 (one
-// micro-batch: the aux loss is per micro-batch) over 6 steps: this MoE run's gradient norm quadruples at
-// step 5 and amplifies any change of f32 summation order from then on (1 rank with matmul=reference instead
-// of oneDNN drifts to 6.7e-6 by step 9, as CP 2 does). Validation runs through the ring too: the same
-// validation losses.
+// the HF aux loss (its router statistics summed over the group) under CP 2, CP 2 x TP 2, CP 2 x EP 2 (the
+// experts split over the two context-parallel ranks) and CP 2 x PP 2 (one micro-batch: the aux loss is per
+// micro-batch) over 6 steps: this MoE run's gradient norm quadruples at step 5 and amplifies any change of
+// f32 summation order from then on (1 rank with matmul=reference instead of oneDNN drifts to 6.7e-6 by step
+// 9, as CP 2 does); without the aux loss (which a data-parallel rank takes over its own rows) CP 2 x DDP 2
+// x EP 4, the experts split over the data-parallel and context-parallel ranks. Validation runs through the
+// ring too: the same validation losses.
 TEST(DistContextParallel, TrainMatchesOneRank) {
   testing::TempDir tmp;
   const std::string common = train_args(tmp, 10);
   const std::string dense = " --model.flavor=debug",
-                    moe = " --model.flavor=debug_moe --model.moe_aux_loss=on --training.steps=6";
+                    moe = " --model.flavor=debug_moe --model.moe_aux_loss=on --training.steps=6",
+                    // (data parallel: the aux loss of a rank's rows is not that of the 1-rank batch's)
+      moe_no_aux = " --model.flavor=debug_moe --model.moe_aux_loss=off --training.steps=6";
   const std::string hf = write_debug_hf(tmp);
   const std::string seq30 = dense + " --training.seq_len=30";
   for (auto [name, args] : {std::pair<std::string, std::string>{"one", dense},
                             {"one_30", seq30},
                             {"one_hf", dense + hf},
-                            {"one_moe", moe}}) {
+                            {"one_moe", moe},
+                            {"one_moe_no_aux", moe_no_aux}}) {
     RunResult r = run_shell("timeout 300 " + kTitan + " train" + common + args +
                             " --training.local_batch_size=4 --job.dump_folder=" + (tmp / name));
     ASSERT_EQ(r.rc, 0) << r.output;
@@ -853,7 +858,13 @@ TEST(DistContextParallel, TrainMatchesOneRank) {
                    " --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=GPipe"
                    " --parallelism.pipeline_parallel_microbatch_size=4",
                4, 4, 6},
-        Layout{"cp2_tp2_moe", "one_moe", cp2_moe + " --parallelism.tensor_parallel_degree=2", 4, 4, 6}}) {
+        Layout{"cp2_tp2_moe", "one_moe", cp2_moe + " --parallelism.tensor_parallel_degree=2", 4, 4, 6},
+        Layout{"cp2_ep2_moe", "one_moe", cp2_moe + " --parallelism.expert_parallel_degree=2", 2, 4, 6},
+        Layout{"cp2_ddp2_ep4_moe", "one_moe_no_aux",
+               moe_no_aux +
+                   " --parallelism.context_parallel_degree=2 --parallelism.data_parallel_replicate_degree=2"
+                   " --parallelism.expert_parallel_degree=4",
+               4, 2, 6}}) {
     RunResult r = run_shell("timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(l.np) +
                             " " + kTitan + " train" + common + l.args + " --training.local_batch_size=" +
                             std::to_string(l.local_batch) + " --job.dump_folder=" + (tmp / l.name));

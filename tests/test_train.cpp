@@ -739,16 +739,27 @@ TEST(Trainer, PipelineAndContextParallelPlans) {
                      "pipeline_parallel_degree (1) does not divide the world size 1"),
             std::string::npos)
       << out;
-  for (auto [args, what] :
-       {std::pair<std::string, std::string>{"--model.flavor=debug_moe --training.seq_len=30",
-                                            "a MoE model whose training.seq_len (30) is not a "
-                                            "multiple of 2 x context_parallel_degree (4"},
-        {"--model.flavor=debug_moe --parallelism.expert_parallel_degree=2", "expert parallel"}}) {
-    EXPECT_NE(testing::run_titan("train --dry-run --parallelism.context_parallel_degree=2 " + args, &out), 0);
-    EXPECT_NE(out.find("parallelism.context_parallel_degree = 2: context parallel does not run with " + what),
-              std::string::npos)
-        << out;
-  }
+  EXPECT_NE(
+      testing::run_titan("train --dry-run --parallelism.context_parallel_degree=2 --model.flavor=debug_moe "
+                         "--training.seq_len=30",
+                         &out),
+      0);
+  EXPECT_NE(out.find("parallelism.context_parallel_degree = 2: context parallel does not run with a MoE "
+                     "model whose training.seq_len (30) is not a multiple of 2 x context_parallel_degree (4"),
+            std::string::npos)
+      << out;
+  // Expert parallel over the data-parallel x context-parallel ranks.
+  EXPECT_NE(
+      testing::run_titan("plan --nproc 4 --model.flavor=debug_moe --parallelism.context_parallel_degree=2 "
+                         "--parallelism.data_parallel_replicate_degree=2 "
+                         "--parallelism.expert_parallel_degree=8",
+                         &out),
+      0);
+  EXPECT_NE(
+      out.find("expert_parallel_degree = 8 does not divide the data-parallel degree 4 (data-parallel 2 x "
+               "context_parallel_degree 2)"),
+      std::string::npos)
+      << out;
 }
 
 TEST(Trainer, GpuRooflineCountsEachOpClass) {

@@ -76,10 +76,12 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
     // With tensor and sequence parallel and e = tp the experts are split over the tensor-parallel group
     // (each rank routing its own rows, torchtitan's dp_shard x tp = edp x ep); otherwise over the ranks
     // holding the same tensor-parallel slice.
+    // (Context parallel: the ranks of the data-parallel x context-parallel group, each routing its chunks.)
     p.experts_over_tensor_parallel = sp && e == tp;
     TITAN_CHECK(
-        p.experts_over_tensor_parallel || dp % e == 0, "parallelism.expert_parallel_degree = ", e,
-        " does not divide the data-parallel degree ", dp,
+        p.experts_over_tensor_parallel || dp * cp % e == 0, "parallelism.expert_parallel_degree = ", e,
+        " does not divide the data-parallel degree ", dp * cp,
+        cp > 1 ? str_cat(" (data-parallel ", dp, " x context_parallel_degree ", cp, ")") : std::string(),
         tp > 1 ? str_cat(" (world size / tensor_parallel_degree: experts are split over the ranks holding "
                          "the same tensor-parallel slice, or, with sequence parallel and "
                          "expert_parallel_degree = tensor_parallel_degree = ",
@@ -143,7 +145,10 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   // in forward (again when the layer is recomputed) and in backward, where their gradients go cp hops (the
   // last one brings them home).
   auto cp_units = [&](int64_t l) { return (4.0 + (checkpointed(l) ? 2 : 0)) * (cp - 1) + 2.0 * cp; };
-  const int64_t shard_over = dp_shard * cp;
+  // FSDP over dp_shard x cp (torchtitan's dp_shard_cp); expert parallel keeps DDP over the context-parallel
+  // ranks too (its experts are split, the rest replicated).
+  const int64_t shard_over =
+      expert_parallel > 1 && !p.experts_over_tensor_parallel ? dp_shard : dp_shard * cp;
   int64_t worst = -1;
   for (int64_t r = 0; r < pp; ++r) {
     RunPlan::PipelineRank pr;

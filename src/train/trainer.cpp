@@ -71,7 +71,6 @@ void Trainer::build_process_group_and_plan() {
                    ") is not a multiple of 2 x context_parallel_degree (", 2 * cp,
                    "; padding would enter the router's statistics)")
                .c_str());
-    refuse(par.expert_parallel_degree > 1, "expert parallel (parallelism.expert_parallel_degree)");
     TITAN_CHECK(world_ % (cp * tp * pp) == 0, "parallelism.context_parallel_degree (", cp,
                 ") x tensor_parallel_degree (", tp, ") x pipeline_parallel_degree (", pp,
                 ") does not divide the world size ", world_);
@@ -301,12 +300,15 @@ data::Batch Trainer::context_parallel_rows(const data::Batch& batch) const {
 void Trainer::build_parallelism() {
   if (lora_) return build_lora_parallelism();
   bf16_ = cfg_.training.mixed_precision_param == "bfloat16";
-  // (context parallel: FSDP over dp_shard x cp, as torchtitan's dp_shard_cp mesh dimension)
-  const int64_t shard = plan_.dp_shard * plan_.context_parallel;
+  // Context parallel: FSDP over dp_shard x cp, as torchtitan's dp_shard_cp mesh dimension; with expert
+  // parallel (DDP only) the context-parallel ranks are replicas.
+  const bool ep_ddp = plan_.expert_parallel > 1 && !plan_.experts_over_tensor_parallel;
+  const int64_t cp = plan_.context_parallel, shard = ep_ddp ? plan_.dp_shard : plan_.dp_shard * cp,
+                replicate = ep_ddp ? plan_.dp_replicate * cp : plan_.dp_replicate;
   stream_ = shard > 1;
   if (bf16_ && !stream_) build_mixed_precision_master();
   dp_ = std::make_unique<dist::DataParallelPlan>(
-      dp_pg(), static_cast<int>(plan_.dp_replicate), static_cast<int>(shard),
+      dp_pg(), static_cast<int>(replicate), static_cast<int>(shard),
       master_.empty() ? model_->flat_params() : master_, model_->flat_grads(), int64_t(25) << 20, stream_,
       // (experts over the tensor-parallel group: each rank's experts are averaged like its slices)
       dist::ExpertParallelLayout{tp_ && tp_->experts_over_group() ? nullptr : ep_group_,
