@@ -27,10 +27,9 @@
 namespace titan::cuda {
 namespace {
 
-constexpr int kTile = 32;        // keys per shared-memory tile
-constexpr int kFwdWarps = 8;     // query rows per forward block
-constexpr int kBwdWarps = 4;     // warps per backward block
-constexpr int64_t kMaxHd = 256;  // R = ceil(hd/32) <= 8 registers per lane and vector
+constexpr int kTile = 32;     // keys per shared-memory tile
+constexpr int kFwdWarps = 8;  // query rows per forward block
+constexpr int kBwdWarps = 4;  // warps per backward block
 
 int64_t padded(int64_t hd) {  // odd row stride: lane j reading row j, column d hits 32 different banks
   return hd | 1;
@@ -59,38 +58,12 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* q, con
   for (int r = 0; r < R; ++r) o[r] = 0.0f;
   for (int64_t j0 = 0; j0 <= last; j0 += kTile) {
     __syncthreads();  // the previous tile is no longer read
-    for (int64_t e = threadIdx.x; e < kTile * hd; e += blockDim.x) {
-      const int64_t jj = e / hd, d = e % hd, j = j0 + jj;
-      const int64_t src = ((b * T + j) * nKV + kh) * hd + d;
-      Ks[jj * ks + d] = j < T ? k[src] : 0.0f;
-      Vs[jj * ks + d] = j < T ? v[src] : 0.0f;
-    }
+    load_kv_tile(Ks, Vs, k, v, b, T, nKV, kh, hd, j0, kTile);
     __syncthreads();
     if (!active || j0 > i || j0 + kTile <= lo) continue;  // warp-uniform
     const int64_t j = j0 + lane;
-    const bool valid = j >= lo && j <= i;  // at least one lane of the tile
-    float s = -INFINITY;
-    if (valid) {
-      float acc = 0.0f;
-      for (int64_t d = 0; d < hd; ++d) acc += qs[d] * Ks[lane * ks + d];
-      s = acc * scale;
-    }
-    const float m_new = fmaxf(m, warp_max(s));
-    const float p = valid ? expf(s - m_new) : 0.0f;
-    const float c = expf(m - m_new);
-    l = l * c + warp_sum(p);
-#pragma unroll
-    for (int r = 0; r < R; ++r) o[r] *= c;
     const int nvalid = i - j0 + 1 < kTile ? (int)(i - j0 + 1) : kTile;
-    for (int jj = 0; jj < nvalid; ++jj) {
-      const float pj = __shfl_sync(0xffffffffu, p, jj);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int64_t d = lane + 32 * r;
-        if (d < hd) o[r] += pj * Vs[jj * ks + d];
-      }
-    }
-    m = m_new;
+    flash_forward_tile<R>(m, l, o, qs, Ks, Vs, j >= lo && j <= i, scale, nvalid, hd);
   }
   if (!active) return;
 #pragma unroll
@@ -129,13 +102,10 @@ __global__ void flash_backward_kernel(float* dq, float* dk, float* dv, const flo
   float* dOs = Qs + kBwdWarps * hd;  // [kBwdWarps][hd]
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int64_t b = blockIdx.z, kh = blockIdx.y, rep = nH / nKV, j0 = (int64_t)blockIdx.x * kTile;
+  load_kv_tile(Ks, Vs, k, v, b, T, nKV, kh, hd, j0, kTile);
   for (int64_t e = threadIdx.x; e < kTile * hd; e += blockDim.x) {
-    const int64_t jj = e / hd, d = e % hd, j = j0 + jj;
-    const int64_t src = ((b * T + j) * nKV + kh) * hd + d;
-    Ks[jj * ks + d] = j < T ? k[src] : 0.0f;
-    Vs[jj * ks + d] = j < T ? v[src] : 0.0f;
-    dKs[jj * ks + d] = 0.0f;
-    dVs[jj * ks + d] = 0.0f;
+    const int64_t at = e / hd * ks + e % hd;
+    dKs[at] = dVs[at] = 0.0f;
   }
   __syncthreads();
   float* qs = Qs + w * hd;
@@ -145,104 +115,14 @@ __global__ void flash_backward_kernel(float* dq, float* dk, float* dv, const flo
     const int64_t h = kh * rep + ridx / rows_per_head, i = j0 + ridx % rows_per_head;
     const int64_t lo = doc_start ? doc_start[b * T + i] : 0;
     if (lo >= j0 + kTile) continue;  // the row's document starts after this key tile (warp-uniform)
-    const int64_t base = ((b * T + i) * nH + h) * hd;
-    float qr[R], dor[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t d = lane + 32 * r;
-      qr[r] = d < hd ? q[base + d] : 0.0f;
-      dor[r] = d < hd ? dout[base + d] : 0.0f;
-      if (d < hd) qs[d] = qr[r], dos[d] = dor[r];
-    }
-    __syncwarp();
-    const float lse_i = lse[(b * nH + h) * T + i], D_i = D[(b * nH + h) * T + i];
-    const int64_t j = j0 + lane;
-    float p = 0.0f, ds = 0.0f;
-    if (j >= lo && j <= i) {
-      float s = 0.0f, dp = 0.0f;
-      for (int64_t d = 0; d < hd; ++d) {
-        s += qs[d] * Ks[lane * ks + d];
-        dp += dos[d] * Vs[lane * ks + d];
-      }
-      p = expf(s * scale - lse_i);
-      ds = p * (dp - D_i) * scale;
-    }
-    float dqr[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) dqr[r] = 0.0f;
+    const int64_t base = ((b * T + i) * nH + h) * hd, j = j0 + lane;
     const int nvalid = i - j0 + 1 < kTile ? (int)(i - j0 + 1) : kTile;
-    for (int jj = 0; jj < nvalid; ++jj) {
-      const float pj = __shfl_sync(0xffffffffu, p, jj), dsj = __shfl_sync(0xffffffffu, ds, jj);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int64_t d = lane + 32 * r;
-        if (d < hd) {
-          atomicAdd(dVs + jj * ks + d, pj * dor[r]);
-          atomicAdd(dKs + jj * ks + d, dsj * qr[r]);
-          dqr[r] += dsj * Ks[jj * ks + d];
-        }
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t d = lane + 32 * r;
-      if (d < hd) atomicAdd(dq + base + d, dqr[r]);
-    }
-    __syncwarp();  // qs/dos are rewritten by this warp's next row
+    flash_backward_row<R>(dq + base, dKs, dVs, q + base, dout + base, qs, dos, Ks, Vs, j >= lo && j <= i,
+                          lse[(b * nH + h) * T + i], D[(b * nH + h) * T + i], scale, nvalid, hd);
   }
   __syncthreads();
-  for (int64_t e = threadIdx.x; e < kTile * hd; e += blockDim.x) {
-    const int64_t jj = e / hd, d = e % hd, j = j0 + jj;
-    if (j >= T) continue;
-    const int64_t dst = ((b * T + j) * nKV + kh) * hd + d;
-    dk[dst] += dKs[jj * ks + d];
-    dv[dst] += dVs[jj * ks + d];
-  }
+  store_dkv_tile(dk, dv, dKs, dVs, b, T, nKV, kh, hd, j0, kTile);
 }
-
-// Picks R = ceil(hd/32) rounded up to 1, 2, 4 or 8 and raises the kernel's shared-memory limit when the
-// tiles need more than the default 48 KiB.
-template <template <int> class Launch, class... Args>
-void dispatch_r(int64_t hd, size_t smem, Args... args) {
-  TITAN_CHECK(hd > 0 && hd <= kMaxHd, "CUDA flash attention: head_dim ", hd, " not in [1, ", kMaxHd, "]");
-  const int64_t r = (hd + 31) / 32;
-  if (r <= 1)
-    Launch<1>::run(smem, args...);
-  else if (r <= 2)
-    Launch<2>::run(smem, args...);
-  else if (r <= 4)
-    Launch<4>::run(smem, args...);
-  else
-    Launch<8>::run(smem, args...);
-}
-
-template <class Kernel>
-void allow_smem(Kernel kernel, size_t smem) {
-  if (smem > 48 * 1024)
-    TITAN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-}
-
-template <int R>
-struct LaunchForward {
-  static void run(size_t smem, dim3 grid, float* out, float* lse, const float* q, const float* k,
-                  const float* v, int64_t T, int64_t nH, int64_t nKV, int64_t hd, float scale,
-                  const int32_t* doc_start) {
-    allow_smem(flash_forward_kernel<R>, smem);
-    launch(flash_forward_kernel<R>, grid, kFwdWarps * 32, smem, out, lse, q, k, v, T, nH, nKV, hd, scale,
-           doc_start);
-  }
-};
-
-template <int R>
-struct LaunchBackward {
-  static void run(size_t smem, dim3 grid, float* dq, float* dk, float* dv, const float* dout, const float* q,
-                  const float* k, const float* v, const float* lse, const float* D, int64_t T, int64_t nH,
-                  int64_t nKV, int64_t hd, float scale, const int32_t* doc_start) {
-    allow_smem(flash_backward_kernel<R>, smem);
-    launch(flash_backward_kernel<R>, grid, kBwdWarps * 32, smem, dq, dk, dv, dout, q, k, v, lse, D, T, nH,
-           nKV, hd, scale, doc_start);
-  }
-};
 
 }  // namespace
 
@@ -251,8 +131,13 @@ void flash_forward(float* out, float* lse, const float* q, const float* k, const
   if (B * T * nH == 0) return;
   const size_t smem = sizeof(float) * (2 * kTile * padded(hd) + kFwdWarps * hd);
   dim3 grid((unsigned)((T + kFwdWarps - 1) / kFwdWarps), (unsigned)nH, (unsigned)B);
-  dispatch_r<LaunchForward>(hd, smem, grid, out, lse, q, k, v, T, nH, nKV, hd, 1.0f / std::sqrt((float)hd),
-                            doc_start);
+  const float scale = 1.0f / std::sqrt((float)hd);
+  with_head_dim_r(hd, "CUDA flash attention", [&](auto r) {
+    constexpr int R = decltype(r)::value;
+    allow_smem(flash_forward_kernel<R>, smem);
+    launch(flash_forward_kernel<R>, grid, kFwdWarps * 32, smem, out, lse, q, k, v, T, nH, nKV, hd, scale,
+           doc_start);
+  });
 }
 
 void flash_rowdot(float* D, const float* dout, const float* out, int64_t B, int64_t T, int64_t nH,
@@ -270,8 +155,13 @@ void flash_backward(float* dq, float* dk, float* dv, const float* dout, const fl
   flash_rowdot(D.p, dout, out, B, T, nH, hd);
   const size_t smem = sizeof(float) * (4 * kTile * padded(hd) + 2 * kBwdWarps * hd);
   dim3 grid((unsigned)((T + kTile - 1) / kTile), (unsigned)nKV, (unsigned)B);
-  dispatch_r<LaunchBackward>(hd, smem, grid, dq, dk, dv, dout, q, k, v, (const float*)lse, (const float*)D.p,
-                             T, nH, nKV, hd, 1.0f / std::sqrt((float)hd), doc_start);
+  const float scale = 1.0f / std::sqrt((float)hd);
+  with_head_dim_r(hd, "CUDA flash attention", [&](auto r) {
+    constexpr int R = decltype(r)::value;
+    allow_smem(flash_backward_kernel<R>, smem);
+    launch(flash_backward_kernel<R>, grid, kBwdWarps * 32, smem, dq, dk, dv, dout, q, k, v, lse,
+           (const float*)D.p, T, nH, nKV, hd, scale, doc_start);
+  });
 }
 
 }  // namespace

@@ -30,7 +30,6 @@ namespace {
 constexpr int kTile = 32;
 constexpr int kFwdWarps = 8;
 constexpr int kBwdWarps = 4;
-constexpr int64_t kMaxHd = 256;
 
 __device__ inline bool ring_reads(const int32_t* k_pos, int64_t j, int64_t Tk, int32_t qp, int32_t lo) {
   return j < Tk && k_pos[j] <= qp && k_pos[j] >= lo;
@@ -58,43 +57,14 @@ __global__ void ring_forward_kernel(float* out, float* lse, const float* q, cons
   for (int r = 0; r < R; ++r) o[r] = 0.0f;
   for (int64_t j0 = 0; j0 < Tk; j0 += kTile) {
     __syncthreads();  // the previous tile is no longer read
-    for (int64_t e = threadIdx.x; e < kTile * hd; e += blockDim.x) {
-      const int64_t jj = e / hd, d = e % hd, j = j0 + jj;
-      const int64_t src = ((b * Tk + j) * nKV + kh) * hd + d;
-      Ks[jj * ks + d] = j < Tk ? k[src] : 0.0f;
-      Vs[jj * ks + d] = j < Tk ? v[src] : 0.0f;
-    }
+    load_kv_tile(Ks, Vs, k, v, b, Tk, nKV, kh, hd, j0, kTile);
     __syncthreads();
     if (!active) continue;  // warp-uniform
-    const int64_t j = j0 + lane;
-    const bool valid = ring_reads(k_pos, j, Tk, qp, lo);
-    float s = -INFINITY;
-    if (valid) {
-      float acc = 0.0f;
-      for (int64_t d = 0; d < hd; ++d) acc += qs[d] * Ks[lane * ks + d];
-      s = acc * scale;
-    }
-    const float tile_max = warp_max(s);
-    if (tile_max == -INFINITY) continue;  // no key of this tile for the row (warp-uniform)
-    const float m_new = fmaxf(m, tile_max);
-    const float p = valid ? expf(s - m_new) : 0.0f;
-    const float c = expf(m - m_new);  // 0 on the row's first tile
-    l = l * c + warp_sum(p);
-#pragma unroll
-    for (int r = 0; r < R; ++r) o[r] *= c;
     const int n = Tk - j0 < kTile ? (int)(Tk - j0) : kTile;
-    for (int jj = 0; jj < n; ++jj) {
-      const float pj = __shfl_sync(0xffffffffu, p, jj);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int64_t d = lane + 32 * r;
-        if (d < hd) o[r] += pj * Vs[jj * ks + d];
-      }
-    }
-    m = m_new;
+    flash_forward_tile<R>(m, l, o, qs, Ks, Vs, ring_reads(k_pos, j0 + lane, Tk, qp, lo), scale, n, hd);
   }
   if (!active) return;
-  const bool any = l > 0.0f;
+  const bool any = l > 0.0f;  // (a row without a key of this block: out 0, lse -inf)
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int64_t d = lane + 32 * r;
@@ -136,96 +106,24 @@ __global__ void ring_backward_kernel(float* dq, float* dk, float* dv, const floa
   float* dOs = Qs + kBwdWarps * hd;  // [kBwdWarps][hd]
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int64_t b = blockIdx.z, kh = blockIdx.y, rep = nH / nKV, j0 = (int64_t)blockIdx.x * kTile;
+  load_kv_tile(Ks, Vs, k, v, b, Tk, nKV, kh, hd, j0, kTile);
   for (int64_t e = threadIdx.x; e < kTile * hd; e += blockDim.x) {
-    const int64_t jj = e / hd, d = e % hd, j = j0 + jj;
-    const int64_t src = ((b * Tk + j) * nKV + kh) * hd + d;
-    Ks[jj * ks + d] = j < Tk ? k[src] : 0.0f;
-    Vs[jj * ks + d] = j < Tk ? v[src] : 0.0f;
-    dKs[jj * ks + d] = 0.0f;
-    dVs[jj * ks + d] = 0.0f;
+    const int64_t at = e / hd * ks + e % hd;
+    dKs[at] = dVs[at] = 0.0f;
   }
   __syncthreads();
-  float* qs = Qs + w * hd;
-  float* dos = dOs + w * hd;
   const int n = Tk - j0 < kTile ? (int)(Tk - j0) : kTile;
   for (int64_t ridx = w; ridx < rep * Tq; ridx += kBwdWarps) {
     const int64_t h = kh * rep + ridx / Tq, i = ridx % Tq;
-    const int32_t qp = q_pos[i], lo = key_start ? key_start[b * Tq + i] : INT32_MIN;
-    const int64_t j = j0 + lane;
-    const bool valid = ring_reads(k_pos, j, Tk, qp, lo);
+    const bool valid =
+        ring_reads(k_pos, j0 + lane, Tk, q_pos[i], key_start ? key_start[b * Tq + i] : INT32_MIN);
     if (warp_max(valid ? 1.0f : 0.0f) == 0.0f) continue;  // no key of this tile for the row (warp-uniform)
     const int64_t base = ((b * Tq + i) * nH + h) * hd;
-    float qr[R], dor[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t d = lane + 32 * r;
-      qr[r] = d < hd ? q[base + d] : 0.0f;
-      dor[r] = d < hd ? dout[base + d] : 0.0f;
-      if (d < hd) qs[d] = qr[r], dos[d] = dor[r];
-    }
-    __syncwarp();
-    const float lse_i = lse[(b * nH + h) * Tq + i], D_i = D[(b * nH + h) * Tq + i];
-    float p = 0.0f, ds = 0.0f;
-    if (valid) {
-      float s = 0.0f, dp = 0.0f;
-      for (int64_t d = 0; d < hd; ++d) {
-        s += qs[d] * Ks[lane * ks + d];
-        dp += dos[d] * Vs[lane * ks + d];
-      }
-      p = expf(s * scale - lse_i);
-      ds = p * (dp - D_i) * scale;
-    }
-    float dqr[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) dqr[r] = 0.0f;
-    for (int jj = 0; jj < n; ++jj) {
-      const float pj = __shfl_sync(0xffffffffu, p, jj), dsj = __shfl_sync(0xffffffffu, ds, jj);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int64_t d = lane + 32 * r;
-        if (d < hd) {
-          atomicAdd(dVs + jj * ks + d, pj * dor[r]);
-          atomicAdd(dKs + jj * ks + d, dsj * qr[r]);
-          dqr[r] += dsj * Ks[jj * ks + d];
-        }
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t d = lane + 32 * r;
-      if (d < hd) atomicAdd(dq + base + d, dqr[r]);
-    }
-    __syncwarp();  // qs/dos are rewritten by this warp's next row
+    flash_backward_row<R>(dq + base, dKs, dVs, q + base, dout + base, Qs + w * hd, dOs + w * hd, Ks, Vs,
+                          valid, lse[(b * nH + h) * Tq + i], D[(b * nH + h) * Tq + i], scale, n, hd);
   }
   __syncthreads();
-  for (int64_t e = threadIdx.x; e < kTile * hd; e += blockDim.x) {
-    const int64_t jj = e / hd, d = e % hd, j = j0 + jj;
-    if (j >= Tk) continue;
-    const int64_t dst = ((b * Tk + j) * nKV + kh) * hd + d;
-    dk[dst] += dKs[jj * ks + d];
-    dv[dst] += dVs[jj * ks + d];
-  }
-}
-
-template <class Kernel>
-void allow_smem(Kernel kernel, size_t smem) {
-  if (smem > 48 * 1024)
-    TITAN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-}
-
-// Runs f(integral_constant<R>) with R = ceil(hd/32) rounded up to 1, 2, 4 or 8.
-template <class F>
-void with_r(int64_t hd, F&& f) {
-  TITAN_CHECK(hd > 0 && hd <= kMaxHd, "CUDA ring attention: head_dim ", hd, " not in [1, ", kMaxHd, "]");
-  const int64_t r = (hd + 31) / 32;
-  if (r <= 1)
-    f(std::integral_constant<int, 1>{});
-  else if (r <= 2)
-    f(std::integral_constant<int, 2>{});
-  else if (r <= 4)
-    f(std::integral_constant<int, 4>{});
-  else
-    f(std::integral_constant<int, 8>{});
+  store_dkv_tile(dk, dv, dKs, dVs, b, Tk, nKV, kh, hd, j0, kTile);
 }
 
 void ring_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
@@ -235,7 +133,7 @@ void ring_forward(float* out, float* lse, const float* q, const float* k, const 
   const size_t smem = sizeof(float) * (2 * kTile * (hd | 1) + kFwdWarps * hd);
   const dim3 grid((unsigned)((Tq + kFwdWarps - 1) / kFwdWarps), (unsigned)nH, (unsigned)B);
   const float scale = 1.0f / std::sqrt((float)hd);
-  with_r(hd, [&](auto r) {
+  with_head_dim_r(hd, "CUDA ring attention", [&](auto r) {
     constexpr int R = decltype(r)::value;
     allow_smem(ring_forward_kernel<R>, smem);
     launch(ring_forward_kernel<R>, grid, kFwdWarps * 32, smem, out, lse, q, k, v, Tq, Tk, nH, nKV, hd, scale,
@@ -259,7 +157,7 @@ void ring_backward(float* dq, float* dk, float* dv, const float* dout, const flo
   const size_t smem = sizeof(float) * (4 * kTile * (hd | 1) + 2 * kBwdWarps * hd);
   const dim3 grid((unsigned)((Tk + kTile - 1) / kTile), (unsigned)nKV, (unsigned)B);
   const float scale = 1.0f / std::sqrt((float)hd);
-  with_r(hd, [&](auto r) {
+  with_head_dim_r(hd, "CUDA ring attention", [&](auto r) {
     constexpr int R = decltype(r)::value;
     allow_smem(ring_backward_kernel<R>, smem);
     launch(ring_backward_kernel<R>, grid, kBwdWarps * 32, smem, dq, dk, dv, dout, q, k, v, lse,
