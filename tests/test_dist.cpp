@@ -527,6 +527,24 @@ void expect_lora_run_matches(const testing::TempDir& tmp, const std::string& ref
   EXPECT_LE(worst, 1e-4) << name;
 }
 
+// LoRA runs under several layouts (mpirun -np np, local batch each), each against its 1-rank reference;
+// `shows`: a line of the log every run prints (the layout's).
+struct LoraLayout {
+  std::string name, ref, args;
+  int np, local_batch;
+};
+void expect_lora_layouts_match(const testing::TempDir& tmp, const std::string& common,
+                               const std::vector<LoraLayout>& layouts, const std::string& shows) {
+  for (const LoraLayout& l : layouts) {
+    RunResult r = run_shell("timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(l.np) +
+                            " " + kTitan + " train" + common + l.args + " --training.local_batch_size=" +
+                            std::to_string(l.local_batch) + " --job.dump_folder=" + (tmp / l.name));
+    ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.output;
+    EXPECT_NE(r.output.find(shows), std::string::npos) << r.output;
+    expect_lora_run_matches(tmp, l.ref, l.name);
+  }
+}
+
 // The step-5 checkpoint of run `from` (in tmp) resumed on 1 rank with `args`: steps 6-10 as the 1-rank run
 // "one"'s (1e-5 relative).
 void expect_resumes_on_one_rank(const testing::TempDir& tmp, const std::string& args,
@@ -746,26 +764,17 @@ TEST(DistPipelineParallel, LoraMatchesOneRank) {
   const std::string common = lora_train_args(tmp);
   run_lora_references(tmp, common);
   if (HasFatalFailure()) return;
-  const std::string f32 = kLoraF32, bf16 = kLoraBf16;
-  struct Layout {
-    std::string name, ref, args;
-    int np, local_batch;
-  };
-  const std::string pp2 = " --parallelism.pipeline_parallel_degree=2";
-  for (const Layout& l :
-       {Layout{"pp2", "one", pp2 + f32, 2, 4},
-        Layout{"pp2_gpipe", "one", pp2 + f32 + " --parallelism.pipeline_parallel_schedule=GPipe", 2, 4},
-        Layout{"pp2_full_ac", "one", pp2 + f32 + " --activation_checkpoint.mode=full", 2, 4},
-        Layout{"pp2_interleaved_bf16", "one_bf16",
-               pp2 + bf16 + " --parallelism.pipeline_parallel_schedule=Interleaved1F1B", 2, 4},
-        Layout{"pp2_fsdp2_bf16", "one_bf16", pp2 + bf16, 4, 2}}) {
-    RunResult r = run_shell("timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(l.np) +
-                            " " + kTitan + " train" + common + l.args + " --training.local_batch_size=" +
-                            std::to_string(l.local_batch) + " --job.dump_folder=" + (tmp / l.name));
-    ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.output;
-    EXPECT_NE(r.output.find("pipeline parallel: "), std::string::npos) << r.output;
-    expect_lora_run_matches(tmp, l.ref, l.name);
-  }
+  const std::string f32 = kLoraF32, bf16 = kLoraBf16, pp2 = " --parallelism.pipeline_parallel_degree=2";
+  expect_lora_layouts_match(
+      tmp, common,
+      {{"pp2", "one", pp2 + f32, 2, 4},
+       {"pp2_gpipe", "one", pp2 + f32 + " --parallelism.pipeline_parallel_schedule=GPipe", 2, 4},
+       {"pp2_full_ac", "one", pp2 + f32 + " --activation_checkpoint.mode=full", 2, 4},
+       {"pp2_interleaved_bf16", "one_bf16",
+        pp2 + bf16 + " --parallelism.pipeline_parallel_schedule=Interleaved1F1B", 2, 4},
+       {"pp2_fsdp2_bf16", "one_bf16", pp2 + bf16, 4, 2}},
+      "pipeline parallel: ");
+  if (HasFatalFailure()) return;
   expect_resumes_on_one_rank(tmp, common + f32 + " --training.local_batch_size=4", "pp2");
 }
 
@@ -782,22 +791,14 @@ TEST(DistContextParallel, LoraMatchesOneRank) {
   run_lora_references(tmp, common);
   if (HasFatalFailure()) return;
   const std::string f32 = kLoraF32, bf16 = kLoraBf16, cp2 = " --parallelism.context_parallel_degree=2";
-  struct Layout {
-    std::string name, ref, args;
-    int np, local_batch;
-  };
-  for (const Layout& l :
-       {Layout{"cp2", "one", cp2 + f32, 2, 4},
-        Layout{"cp2_pp2", "one", cp2 + f32 + " --parallelism.pipeline_parallel_degree=2", 4, 4},
-        Layout{"cp2_tp2_bf16", "one_bf16", cp2 + bf16 + " --parallelism.tensor_parallel_degree=2", 4, 4},
-        Layout{"cp2_fsdp2_bf16", "one_bf16", cp2 + bf16, 4, 2}}) {
-    RunResult r = run_shell("timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(l.np) +
-                            " " + kTitan + " train" + common + l.args + " --training.local_batch_size=" +
-                            std::to_string(l.local_batch) + " --job.dump_folder=" + (tmp / l.name));
-    ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.output;
-    EXPECT_NE(r.output.find("context parallel: 2 ranks per sequence"), std::string::npos) << r.output;
-    expect_lora_run_matches(tmp, l.ref, l.name);
-  }
+  expect_lora_layouts_match(
+      tmp, common,
+      {{"cp2", "one", cp2 + f32, 2, 4},
+       {"cp2_pp2", "one", cp2 + f32 + " --parallelism.pipeline_parallel_degree=2", 4, 4},
+       {"cp2_tp2_bf16", "one_bf16", cp2 + bf16 + " --parallelism.tensor_parallel_degree=2", 4, 4},
+       {"cp2_fsdp2_bf16", "one_bf16", cp2 + bf16, 4, 2}},
+      "context parallel: 2 ranks per sequence");
+  if (HasFatalFailure()) return;
   expect_resumes_on_one_rank(tmp, common + f32 + " --training.local_batch_size=4", "cp2");
 }
 
@@ -1080,24 +1081,16 @@ TEST(DistTensorParallel, LoraMatchesOneRank) {
   const std::string common = lora_train_args(tmp);
   run_lora_references(tmp, common);
   if (HasFatalFailure()) return;
-  const std::string f32 = kLoraF32, bf16 = kLoraBf16;
-  struct Layout {
-    std::string name, ref, args;
-    int np, local_batch;
-  };
-  for (const Layout& l :
-       {Layout{"tp2", "one", f32, 2, 4}, Layout{"tp2_fsdp2", "one_bf16", bf16, 4, 2},
-        Layout{
-            "tp2_bf16", "one_bf16",
-            bf16 + " --activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=op",
-            2, 4}}) {
-    RunResult r = run_shell("timeout 300 mpirun --oversubscribe --bind-to none -np " + std::to_string(l.np) +
-                            " " + kTitan + " train" + common + l.args +
-                            " --parallelism.tensor_parallel_degree=2 --training.local_batch_size=" +
-                            std::to_string(l.local_batch) + " --job.dump_folder=" + (tmp / l.name));
-    ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.output;
-    expect_lora_run_matches(tmp, l.ref, l.name);
-  }
+  const std::string f32 = kLoraF32, bf16 = kLoraBf16, tp2 = " --parallelism.tensor_parallel_degree=2";
+  expect_lora_layouts_match(
+      tmp, common,
+      {{"tp2", "one", tp2 + f32, 2, 4},
+       {"tp2_fsdp2", "one_bf16", tp2 + bf16, 4, 2},
+       {"tp2_bf16", "one_bf16",
+        tp2 + bf16 + " --activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=op",
+        2, 4}},
+      "x tensor_parallel 2 (attention heads");
+  if (HasFatalFailure()) return;
   // The TP 2 checkpoint (full adapters' layout) resumes on 1 rank: steps 6-10 as the straight run's.
   expect_resumes_on_one_rank(tmp, common + f32 + " --training.local_batch_size=4", "tp2");
 }
