@@ -1202,11 +1202,12 @@ TEST(DistCuda, TrainOnTwoGpusMatchesOneRankOnCpu) {
   }
 }
 
-// Pipeline parallel 2 (1F1B, Interleaved1F1B; GPipe on the MoE model) and context parallel 2 (dense and
-// MoE) on two GPUs: hidden states, their gradients and the ring's keys and values move between the GPUs
-// through the NCCL group's point-to-point messages (grouped sends and receives); the 1-rank CPU loss
-// sequence over 6 steps. On the CUDA emulator an NCCL send completes only once its peer receives, as on
-// GPUs, so a send/receive order that would hang two GPUs hangs here too.
+// Pipeline parallel 2 (1F1B, Interleaved1F1B; GPipe on the MoE model), pipeline parallel 4 (two ranks per
+// GPU) and context parallel 2 (dense and MoE) on GPUs: hidden states and their gradients move between the
+// stages on NCCL's per-direction links, the ring's keys and values as grouped sends and receives; the
+// 1-rank CPU loss sequence over 6 steps. On the CUDA emulator an NCCL send completes only once its peer has
+// posted the receive, as on GPUs (a lone send held by its stream while the host goes on), so a send and
+// receive order that would hang GPUs hangs here too.
 TEST(DistCuda, PipelineAndContextParallelOnTwoGpus) {
   if (!testing::have_cuda_gpu() || device_interface(DeviceType::CUDA).device_count() < 2)
     GTEST_SKIP() << "needs 2 CUDA GPUs (none or one here, or a build without CUDA)";
@@ -1221,16 +1222,19 @@ TEST(DistCuda, PipelineAndContextParallelOnTwoGpus) {
   const std::string pp2 = " --parallelism.pipeline_parallel_degree=2";
   struct Layout {
     std::string name, flavor, args;
+    int np = 2;
   };
   for (const Layout& l :
        {Layout{"pp2_1f1b", "debug", pp2 + " --parallelism.pipeline_parallel_microbatch_size=1"},
         Layout{"pp2_interleaved", "debug", pp2 + " --parallelism.pipeline_parallel_schedule=Interleaved1F1B"},
         Layout{"pp2_gpipe_moe", "debug_moe", pp2 + " --parallelism.pipeline_parallel_schedule=GPipe"},
         Layout{"cp2", "debug", " --parallelism.context_parallel_degree=2"},
-        Layout{"cp2_moe", "debug_moe", " --parallelism.context_parallel_degree=2"}}) {
-    RunResult r = run_shell("timeout 300 " + kTitan + " run --nproc-per-node 2 train" + common +
-                            " --model.flavor=" + l.flavor + " --job.device=cuda" + l.args +
-                            " --job.dump_folder=" + (tmp / l.name));
+        Layout{"cp2_moe", "debug_moe", " --parallelism.context_parallel_degree=2"},
+        // (4 ranks on the 2 GPUs: messages to the previous pipeline rank take the downward links)
+        Layout{"pp4_1f1b", "debug", " --parallelism.pipeline_parallel_degree=4", 4}}) {
+    RunResult r = run_shell("timeout 300 " + kTitan + " run --nproc-per-node " + std::to_string(l.np) +
+                            " train" + common + " --model.flavor=" + l.flavor + " --job.device=cuda" +
+                            l.args + " --job.dump_folder=" + (tmp / l.name));
     ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.output;
     EXPECT_NE(r.output.find("collectives: nccl"), std::string::npos) << r.output;
     const auto ref = jsonl_losses(tmp / (l.flavor + "/metrics.jsonl"));

@@ -2,10 +2,14 @@
 // collective is enqueued on the CUDA device's stream (so it is ordered after the kernels that produced
 // its input) and waited for before returning. NCCL has equal-count reduce-scatter/all-gather only: the
 // uneven forms of the interface run as grouped per-rank reduce/broadcast calls, all-to-all as grouped
-// send/recv pairs. split() splits the bootstrap group and makes a new NCCL communicator from it.
+// send/recv pairs. split() splits the bootstrap group and makes a new NCCL communicator from it. Point to
+// point: send/recv between ring neighbours on their own per-direction communicators and streams (pipeline
+// parallel), exchange() as one group on the main communicator (the context-parallel ring).
 #include <nccl.h>
 
 #include <algorithm>
+#include <deque>
+#include <memory>
 #include <numeric>
 
 #include "device/cuda/cuda_common.cuh"
@@ -67,6 +71,12 @@ class NcclProcessGroup final : public ProcessGroup {
     check_nccl(ncclCommInitRank(&comm_, boot_.size(), id, boot_.rank()), "ncclCommInitRank");
   }
   ~NcclProcessGroup() override {
+    for (StagedSend& s : sends_) cudaEventDestroy(s.done);
+    for (Link* l : {&up_, &down_, &from_prev_, &from_next_}) {
+      if (l->comm) ncclCommDestroy(l->comm);
+      if (l->ready) cudaEventDestroy(l->ready);
+      if (l->stream) cudaStreamDestroy(l->stream);
+    }
     if (comm_) ncclCommDestroy(comm_);
   }
   int rank() const override { return boot_.rank(); }
@@ -150,17 +160,58 @@ class NcclProcessGroup final : public ProcessGroup {
                "ncclAllReduce (barrier)");
     wait();
   }
-  // Point to point: only as one exchange() (NCCL's grouped send/receive). An NCCL send completes only once
-  // its peer has posted the receive, and a communicator runs its operations in order, so lone sends and
-  // receives in the interface's MPI sense (a send that progresses by itself) could hang two ranks that
-  // each send before receiving; inside one group the messages progress together. (Pipeline parallel on
-  // GPUs stages its messages through the host group instead: see Trainer.)
-  void send(const void*, int64_t, CommType, int) override {
-    fail("NCCL group: a lone send could wait for its receiver forever; pass the messages to exchange()");
+  // Point to point between ring neighbours (pipeline parallel), with MPI's meaning: a send progresses by
+  // itself while the host goes on (and may next receive from the same peer). An NCCL send completes only
+  // once its peer has posted the receive, and a communicator runs its operations in order, so each
+  // direction between neighbours has its own two-rank communicator and stream (links rank -> rank + 1 and,
+  // in groups of more than two, rank -> rank - 1): a send copies the data (the caller may reuse buf) and is
+  // sent on its link's stream; a receive runs on the link from its peer and is waited for.
+  void connect_neighbours() override {
+    if (connected_ || size() < 2) return;
+    const int n = size(), me = rank();
+    // Every directed link (a -> b), the upward ones first, in one order on every rank: the first link not
+    // yet made has both its ranks at it, so the pairwise inits never wait on each other in a cycle.
+    for (int k = 0; k < (n > 2 ? 2 * n : n); ++k) {
+      const bool up = k < n;
+      const int a = k % n, b = up ? (a + 1) % n : (a - 1 + n) % n;
+      if (me != a && me != b) continue;
+      ncclUniqueId id{};
+      if (me == a) {
+        check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+        boot_.send(&id, sizeof(id), CommType::U8, b);
+        boot_.wait_sends();
+      } else {
+        boot_.recv(&id, sizeof(id), CommType::U8, a);
+      }
+      Link& l = me == a ? (up ? up_ : down_) : (up ? from_prev_ : from_next_);
+      TITAN_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+      TITAN_CUDA_CHECK(cudaEventCreateWithFlags(&l.ready, cudaEventDisableTiming));
+      check_nccl(ncclCommInitRank(&l.comm, 2, id, me == a ? 0 : 1), "ncclCommInitRank (point to point)");
+    }
+    connected_ = true;
   }
-  void recv(void*, int64_t, CommType, int) override {
-    fail("NCCL group: a lone recv could wait for its sender forever; pass the messages to exchange()");
+  void send(const void* buf, int64_t count, CommType type, int dst) override {
+    Link& l = link(dst, true);
+    reap_sends(false);
+    const size_t bytes = static_cast<size_t>(count) * comm_type_size(type);
+    StagedSend s;
+    s.data = std::make_unique<cuda::Scratch<char>>(std::max<size_t>(bytes, 1));
+    if (bytes > 0)
+      TITAN_CUDA_CHECK(cudaMemcpyAsync(s.data->p, buf, bytes, cudaMemcpyDeviceToDevice, stream()));
+    after_main_stream(l);
+    if (count > 0) check_nccl(ncclSend(s.data->p, count, nccl_type(type), 1, l.comm, l.stream), "ncclSend");
+    TITAN_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+    TITAN_CUDA_CHECK(cudaEventRecord(s.done, l.stream));
+    sends_.push_back(std::move(s));
   }
+  void recv(void* buf, int64_t count, CommType type, int src) override {
+    Link& l = link(src, false);
+    after_main_stream(l);  // (the kernels that used buf before)
+    if (count > 0) check_nccl(ncclRecv(buf, count, nccl_type(type), 0, l.comm, l.stream), "ncclRecv");
+    TITAN_CUDA_CHECK(cudaStreamSynchronize(l.stream));
+  }
+  void wait_sends() override { reap_sends(true); }
+
   void exchange(const std::vector<P2p>& ops) override {
     for (const P2p& op : ops)
       TITAN_CHECK(op.peer >= 0 && op.peer < size() && op.peer != rank(), "NCCL group: a message with rank ",
@@ -194,6 +245,40 @@ class NcclProcessGroup final : public ProcessGroup {
     TITAN_CHECK(static_cast<int>(c.size()) == size(), "NCCL group: ", c.size(), " counts for ", size(),
                 " ranks");
   }
+  struct Link {
+    ncclComm_t comm = nullptr;  // the two ranks of one direction: the sender is rank 0
+    cudaStream_t stream = nullptr;
+    cudaEvent_t ready = nullptr;  // the device stream's work before a message
+  };
+  struct StagedSend {
+    std::unique_ptr<cuda::Scratch<char>> data;
+    cudaEvent_t done = nullptr;
+  };
+  Link& link(int peer, bool sending) {
+    const int n = size(), me = rank();
+    TITAN_CHECK(connected_, "NCCL group: point-to-point messages need connect_neighbours() first");
+    const int next = (me + 1) % n, prev = (me - 1 + n) % n;
+    if (sending ? peer == next : peer == prev) return sending ? up_ : from_prev_;
+    if (n > 2 && (sending ? peer == prev : peer == next)) return sending ? down_ : from_next_;
+    fail("NCCL group: a ", sending ? "send to" : "receive from", " rank ", peer, " of ", n, " (this rank is ",
+         me, "): point-to-point messages go between ring neighbours only");
+  }
+  void after_main_stream(Link& l) {
+    TITAN_CUDA_CHECK(cudaEventRecord(l.ready, stream()));
+    TITAN_CUDA_CHECK(cudaStreamWaitEvent(l.stream, l.ready, 0));
+  }
+  // Frees the staged sends that have arrived (all of them, waiting, with `wait`), in send order.
+  void reap_sends(bool wait) {
+    while (!sends_.empty()) {
+      StagedSend& s = sends_.front();
+      if (wait)
+        TITAN_CUDA_CHECK(cudaEventSynchronize(s.done));
+      else if (cudaEventQuery(s.done) != cudaSuccess)
+        return;
+      cudaEventDestroy(s.done);
+      sends_.pop_front();
+    }
+  }
   template <class F>
   void group(F&& f) {
     check_nccl(ncclGroupStart(), "ncclGroupStart");
@@ -204,6 +289,9 @@ class NcclProcessGroup final : public ProcessGroup {
   std::shared_ptr<ProcessGroup> owned_;  // a split's bootstrap sub-group (null for the world)
   ProcessGroup& boot_;
   ncclComm_t comm_ = nullptr;
+  bool connected_ = false;
+  Link up_, down_, from_prev_, from_next_;  // rank -> rank + 1, rank -> rank - 1, and the reverse ones
+  std::deque<StagedSend> sends_;            // in flight, in send order
 };
 
 std::shared_ptr<ProcessGroup> make_group(ProcessGroup& bootstrap) {

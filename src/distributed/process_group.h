@@ -74,8 +74,10 @@ class ProcessGroup {
   // Point to point (pipeline parallel): send starts sending count elements of buf to rank `dst` and returns
   // at once (the data are copied first, so buf may be reused); recv blocks until count elements from rank
   // `src` are in buf. Messages between two ranks arrive in the order they were sent. wait_sends() returns
-  // when every send of this rank has been delivered. The base class has none (a group that cannot); the
-  // NCCL group has only exchange() below.
+  // when every send of this rank has been delivered. The base class has none (a group that cannot). The
+  // NCCL group sends and receives between ring neighbours (rank +- 1 mod size) only, after
+  // connect_neighbours() (collective over the group); elsewhere that call does nothing.
+  virtual void connect_neighbours() {}
   virtual void send(const void* buf, int64_t count, CommType type, int dst);
   virtual void recv(void* buf, int64_t count, CommType type, int src);
   virtual void wait_sends() {}

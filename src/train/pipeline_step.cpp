@@ -23,6 +23,7 @@ PipelineStep::PipelineStep(Qwen3Model& model, const dist::PipelineLayout& layout
   TITAN_CHECK(static_cast<int>(mine_.size()) == model.num_stages(), "pipeline: the model holds ",
               model.num_stages(), " stages, the layout gives this rank ", mine_.size());
   actions_ = dist::pipeline_actions(layout, group.rank());
+  group.connect_neighbours();  // (stages send to the next and previous pipeline rank only)
 }
 
 void PipelineStep::recv_input(int64_t stage, int64_t rows, Tensor& input, std::vector<double>& aux_in) {

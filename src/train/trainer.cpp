@@ -117,11 +117,9 @@ void Trainer::build_process_group_and_plan() {
     // (dp x tp) + data-parallel index x tp + tensor-parallel index. The pipeline group joins the ranks with
     // the same place inside their stage.
     const int64_t per_stage = world_ / pp, pp_rank = rank_ / per_stage, in_stage = rank_ % per_stage;
-    // On a device the stages' messages are staged through the host group: MPI's sends progress on their
-    // own, so any schedule's order of sends and receives is safe (NCCL completes a send only once its peer
-    // receives, and runs a communicator's operations in order).
-    auto pp_host = pg_->split(static_cast<int>(in_stage), static_cast<int>(pp_rank));
-    pp_group_ = device_pg_ ? dist::make_host_staged_group(std::move(pp_host), device_) : std::move(pp_host);
+    // (On a device the groups are the device group's: the stages' messages move between GPUs, NCCL's sends
+    // on their own links so that they progress by themselves as MPI's do.)
+    pp_group_ = tensor_pg().split(static_cast<int>(in_stage), static_cast<int>(pp_rank));
     if (tp == 1) dp_group_ = tensor_pg().split(static_cast<int>(pp_rank), static_cast<int>(in_stage));
     // (LoRA: the embedding is frozen, its two copies stay equal without a gradient)
     if (mc_.tie_word_embeddings && !cfg_.lora.enable) {  // (collective over the world: every rank splits)

@@ -11,7 +11,8 @@
 //     has arrived;
 //   - atomicAdd and the bit-cast intrinsics.
 // The runtime (runtime.cpp) defines the CUDA runtime functions the device calls (memory is host memory,
-// the stream is synchronous) and cublaslt.cpp the cuBLASLt subset of matmul.cu.
+// streams are synchronous but for the NCCL sends they hold back: Deferred) and cublaslt.cpp the cuBLASLt
+// subset of matmul.cu.
 //
 // What it checks, where a GPU would hang, fault or silently compute garbage (each a titan::Error naming the
 // launch site or the barrier):
@@ -99,6 +100,16 @@ enum class Exchange { kSyncWarp, kXor, kIdx, kDown, kUp };
 void sync_threads(const std::source_location& where);
 uint64_t warp_exchange(Exchange kind, unsigned mask, uint64_t bits, int arg, int width,
                        const std::source_location& where);
+
+// Work a stream holds back until it is synchronized (everything else on an emulated stream completes when
+// it is issued): the emulator's NCCL sends outside a group, which on a GPU hold their stream until the peer
+// has posted the receive while the host goes on. cudaStreamSynchronize, cudaEventSynchronize (of an event
+// recorded after it) and cudaStreamWaitEvent wait for it, cudaEventQuery tests it; in issue order.
+struct Deferred {
+  std::function<bool()> test;  // done? (never blocks)
+  std::function<void()> wait;  // until done
+};
+void defer_on_stream(cudaStream_t stream, Deferred work);
 
 template <class T>
 T shuffle(Exchange kind, unsigned mask, T v, int arg, int width, const std::source_location& where) {

@@ -9,7 +9,9 @@
 // reductions add the ranks' contributions in rank order. Inside ncclGroupStart/End the messages of all
 // calls are posted first and completed at ncclGroupEnd, as NCCL fuses them. Buffers must be device
 // memory of the emulator (as NCCL needs device pointers); anything else is ncclInvalidArgument with the
-// reason on stderr. Streams are ignored: the emulated stream is synchronous.
+// reason on stderr. Every call completes before it returns (the emulated stream is synchronous), except a
+// lone ncclSend: as on a GPU it completes once the peer has posted its receive, held by its stream
+// (cuda_sim::defer_on_stream) while the host goes on.
 #include <mpi.h>
 #include <nccl.h>
 
@@ -18,6 +20,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -222,7 +225,8 @@ void post_recv(ncclComm* c, void* p, size_t bytes, int peer, Pending& q) {
 // before receiving hang here as on GPUs, instead of passing through MPI's eager buffering.
 void post_synchronous_send(ncclComm* c, const void* p, size_t bytes, int peer, Pending& q) {
   q.requests.emplace_back();
-  MPI_Issend(p, static_cast<int>(bytes), MPI_BYTE, c->world[peer], c->tag, MPI_COMM_WORLD, &q.requests.back());
+  MPI_Issend(p, static_cast<int>(bytes), MPI_BYTE, c->world[peer], c->tag, MPI_COMM_WORLD,
+             &q.requests.back());
 }
 char* scratch(size_t bytes, Pending& q) {
   q.buffers.push_back(new std::vector<char>(bytes));
@@ -486,7 +490,7 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, nccl
 }
 
 ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer, ncclComm_t c,
-                      cudaStream_t) {
+                      cudaStream_t stream) {
   TITAN_NCCL_TRY(check_comm(c, "ncclSend"));
   TITAN_NCCL_TRY(check_root(c, peer, "ncclSend"));
   TITAN_NCCL_TRY(check_buffer(send, count, t, "ncclSend", "send buffer"));
@@ -494,6 +498,18 @@ ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer
   if (peer == c->rank) {  // kept until the matching ncclRecv of this rank
     const char* p = static_cast<const char*>(send);
     c->to_self.emplace_back(p, p + bytes);
+    return ncclSuccess;
+  }
+  if (group_depth == 0) {  // held by its stream until the peer receives; the host goes on
+    auto q = std::make_shared<Pending>();
+    post_synchronous_send(c, send, bytes, peer, *q);
+    titan::cuda_sim::defer_on_stream(stream, {[q] {
+                                                int flag = 0;
+                                                MPI_Testall(static_cast<int>(q->requests.size()),
+                                                            q->requests.data(), &flag, MPI_STATUSES_IGNORE);
+                                                return flag != 0;
+                                              },
+                                              [q] { complete(*q); }});
     return ncclSuccess;
   }
   return run([&](Pending& q) { post_synchronous_send(c, send, bytes, peer, q); });

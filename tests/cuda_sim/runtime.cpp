@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -555,6 +556,47 @@ const char* kind_name(cudaMemcpyKind k) {
 
 }  // namespace
 
+// Streams: each a distinct handle holding its Deferred work; an event the count of its stream's work when
+// it was recorded.
+namespace {
+struct SimStream {
+  std::deque<titan::cuda_sim::Deferred> held;
+  uint64_t issued = 0, done = 0;  // work items ever held / completed
+  void finish_until(uint64_t n) {
+    while (done < n) {
+      held.front().wait();
+      held.pop_front();
+      ++done;
+    }
+  }
+  bool test_until(uint64_t n) {
+    while (done < n) {
+      if (!held.front().test()) return false;
+      held.pop_front();
+      ++done;
+    }
+    return true;
+  }
+};
+struct SimEvent {
+  SimStream* stream = nullptr;
+  uint64_t at = 0;
+};
+SimStream& default_stream() {
+  static SimStream s;
+  return s;
+}
+SimStream& sim_stream(cudaStream_t s) {
+  return s ? *reinterpret_cast<SimStream*>(s) : default_stream();
+}
+}  // namespace
+
+void titan::cuda_sim::defer_on_stream(cudaStream_t stream, Deferred work) {
+  SimStream& s = sim_stream(stream);
+  s.held.push_back(std::move(work));
+  ++s.issued;
+}
+
 extern "C" {
 
 cudaError_t cudaGetDeviceCount(int* count) {
@@ -627,12 +669,44 @@ const char* cudaGetErrorString(cudaError_t e) {
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
-  static int token;
-  *stream = reinterpret_cast<cudaStream_t>(&token);
+  *stream = reinterpret_cast<cudaStream_t>(new SimStream);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (!stream) return cudaSuccess;
+  delete reinterpret_cast<SimStream*>(stream);  // (held work is dropped: CUDA frees it once done)
   return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  SimStream& s = sim_stream(stream);
+  s.finish_until(s.issued);
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  *event = reinterpret_cast<cudaEvent_t>(new SimEvent);
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete reinterpret_cast<SimEvent*>(event);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  SimEvent* e = reinterpret_cast<SimEvent*>(event);
+  e->stream = &sim_stream(stream);
+  e->at = e->stream->issued;
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  SimEvent* e = reinterpret_cast<SimEvent*>(event);
+  if (e->stream) e->stream->finish_until(e->at);
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  SimEvent* e = reinterpret_cast<SimEvent*>(event);
+  return !e->stream || e->stream->test_until(e->at) ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned int) {
+  return cudaEventSynchronize(event);
 }
 cudaError_t cudaDeviceSynchronize(void) {
   return cudaSuccess;
