@@ -757,8 +757,9 @@ TEST(DistPipelineParallel, TrainMatchesOneRank) {
 // step-10 checkpoint within 1e-4): each stage's base layers, all the adapters on every pipeline rank (their
 // gradients summed over the pipeline). With dropout the micro-batches draw the masks of their rows of the
 // whole batch, also in a forward re-run before its backward: PP 2 1F1B and GPipe on an f32 base; PP 2
-// Interleaved1F1B and PP 2 x FSDP 2 on a bf16 base; full activation checkpointing. The PP 2 step-5
-// checkpoint resumes on 1 rank.
+// Interleaved1F1B and PP 2 x FSDP 2 on a bf16 base; full activation checkpointing; PP 2 x TP 2 (the adapters
+// sliced like their base weights on every pipeline rank) on both bases. The PP 2 step-5 checkpoint resumes
+// on 1 rank.
 TEST(DistPipelineParallel, LoraMatchesOneRank) {
   testing::TempDir tmp;
   const std::string common = lora_train_args(tmp);
@@ -772,7 +773,9 @@ TEST(DistPipelineParallel, LoraMatchesOneRank) {
        {"pp2_full_ac", "one", pp2 + f32 + " --activation_checkpoint.mode=full", 2, 4},
        {"pp2_interleaved_bf16", "one_bf16",
         pp2 + bf16 + " --parallelism.pipeline_parallel_schedule=Interleaved1F1B", 2, 4},
-       {"pp2_fsdp2_bf16", "one_bf16", pp2 + bf16, 4, 2}},
+       {"pp2_fsdp2_bf16", "one_bf16", pp2 + bf16, 4, 2},
+       {"pp2_tp2", "one", pp2 + f32 + " --parallelism.tensor_parallel_degree=2", 4, 4},
+       {"pp2_tp2_bf16", "one_bf16", pp2 + bf16 + " --parallelism.tensor_parallel_degree=2", 4, 4}},
       "pipeline parallel: ");
   if (HasFatalFailure()) return;
   expect_resumes_on_one_rank(tmp, common + f32 + " --training.local_batch_size=4", "pp2");

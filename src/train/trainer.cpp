@@ -75,16 +75,9 @@ void Trainer::build_process_group_and_plan() {
                 ") x tensor_parallel_degree (", tp, ") x pipeline_parallel_degree (", pp,
                 ") does not divide the world size ", world_);
   }
-  if (pp > 1) {
-    auto refuse = [&](bool bad, const char* what) {
-      TITAN_CHECK(!bad, "parallelism.pipeline_parallel_degree = ", pp,
-                  ": pipeline parallel does not run with ", what,
-                  " yet (titan plan --nproc N plans such layouts)");
-    };
-    refuse(tp > 1 && cfg_.lora.enable, "tensor parallel and LoRA together");
+  if (pp > 1)
     TITAN_CHECK(world_ % pp == 0, "parallelism.pipeline_parallel_degree = ", pp,
                 " does not divide the world size ", world_);
-  }
   TITAN_CHECK(world_ % tp == 0, "parallelism.tensor_parallel_degree = ", tp,
               " does not divide the world size ", world_);
   plan_ =
