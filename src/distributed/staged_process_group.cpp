@@ -100,9 +100,4 @@ std::shared_ptr<ProcessGroup> make_host_staged_group(ProcessGroup& host, Device 
   return std::make_shared<HostStagedGroup>(host, nullptr, device);
 }
 
-std::shared_ptr<ProcessGroup> make_host_staged_group(std::shared_ptr<ProcessGroup> host, Device device) {
-  ProcessGroup& ref = *host;
-  return std::make_shared<HostStagedGroup>(ref, std::move(host), device);
-}
-
 }  // namespace titan::dist

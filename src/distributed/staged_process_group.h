@@ -12,7 +12,5 @@ namespace titan::dist {
 
 // `host` must outlive the returned group (the world group from init() does).
 std::shared_ptr<ProcessGroup> make_host_staged_group(ProcessGroup& host, Device device);
-// The same over a group it keeps (a split of the world).
-std::shared_ptr<ProcessGroup> make_host_staged_group(std::shared_ptr<ProcessGroup> host, Device device);
 
 }  // namespace titan::dist
