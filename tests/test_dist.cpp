@@ -452,32 +452,52 @@ std::string write_debug_hf(const testing::TempDir& tmp) {
 
 using testing::jsonl_losses;
 
-// A parallel run `name` against the 1-rank run `ref` (both 10 steps in tmp): the loss of every step within
-// 1e-5 relative, and the HF export of step 10 with the same tensors, each within 1e-4 (relative L2).
-void expect_run_matches(const testing::TempDir& tmp, const std::string& ref_name, const std::string& name,
-                        size_t steps = 10) {
+// Every step's loss of run `name` within 1e-5 relative of the 1-rank run `ref_name`'s (`steps` each, in tmp);
+// *max_rel: the largest relative difference (-1 where the runs' step counts do not fit).
+void expect_losses_match(const testing::TempDir& tmp, const std::string& ref_name, const std::string& name,
+                         size_t steps, double* max_rel) {
+  *max_rel = -1;
   const auto ref = jsonl_losses(tmp / (ref_name + "/metrics.jsonl"));
   const auto got = jsonl_losses(tmp / (name + "/metrics.jsonl"));
   ASSERT_EQ(ref.size(), steps) << ref_name;
   ASSERT_EQ(got.size(), ref.size()) << name;
-  double max_rel = 0;
+  double m = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << name << " step " << i + 1;
-    max_rel = std::max(max_rel, std::abs(got[i] - ref[i]) / ref[i]);
+    m = std::max(m, std::abs(got[i] - ref[i]) / ref[i]);
   }
+  *max_rel = m;
+}
+
+// The same tensors in two safetensors files (run `name`'s `have` against the reference's `want`); *worst: the
+// largest relative L2 difference of a tensor (-1 where the files' tensors do not fit).
+void expect_same_tensors(const std::string& want_path, const std::string& have_path, const std::string& name,
+                         double* worst) {
+  *worst = -1;
+  SafetensorsFile want(want_path), have(have_path);
+  ASSERT_EQ(have.entries().size(), want.entries().size()) << name;
+  double w = 0;
+  for (auto& [key, e] : want.entries()) {
+    ASSERT_TRUE(have.contains(key)) << name << ": " << key;
+    Tensor a = have.load(key), b = want.load(key);
+    ASSERT_EQ(a.shape(), b.shape()) << key;
+    w = std::max(w, testing::rel_error(a, b));
+  }
+  *worst = w;
+}
+
+// A parallel run `name` against the 1-rank run `ref` (both 10 steps in tmp): the loss of every step within
+// 1e-5 relative, and the HF export of step 10 with the same tensors, each within 1e-4 (relative L2).
+void expect_run_matches(const testing::TempDir& tmp, const std::string& ref_name, const std::string& name,
+                        size_t steps = 10) {
+  double max_rel = 0, max_param_rel = 0;
+  expect_losses_match(tmp, ref_name, name, steps, &max_rel);
+  if (max_rel < 0) return;
   std::printf("%s: max relative loss difference to 1 rank over %zu steps: %.3g\n", name.c_str(), steps,
               max_rel);
   const std::string last = "/checkpoint/step-" + std::to_string(steps) + "/model.safetensors";
-  SafetensorsFile ref_st(tmp / (ref_name + last));
-  SafetensorsFile st(tmp / (name + last));
-  ASSERT_EQ(st.entries().size(), ref_st.entries().size()) << name;
-  double max_param_rel = 0;
-  for (auto& [key, e] : ref_st.entries()) {
-    ASSERT_TRUE(st.contains(key)) << name << ": " << key;
-    Tensor a = st.load(key), b = ref_st.load(key);
-    ASSERT_EQ(a.shape(), b.shape()) << key;
-    max_param_rel = std::max(max_param_rel, testing::rel_error(a, b));
-  }
+  expect_same_tensors(tmp / (ref_name + last), tmp / (name + last), name, &max_param_rel);
+  if (max_param_rel < 0) return;
   std::printf("%s: max relative parameter difference (per tensor, L2) after %zu steps: %.3g\n", name.c_str(),
               steps, max_param_rel);
   EXPECT_LE(max_param_rel, 1e-4) << name;
@@ -506,22 +526,12 @@ void run_lora_references(const testing::TempDir& tmp, const std::string& common)
 // every step within 1e-5 relative, and the adapters of the step-10 checkpoint within 1e-4 (relative L2).
 void expect_lora_run_matches(const testing::TempDir& tmp, const std::string& ref_name,
                              const std::string& name) {
-  const auto ref = jsonl_losses(tmp / (ref_name + "/metrics.jsonl"));
-  const auto got = jsonl_losses(tmp / (name + "/metrics.jsonl"));
-  ASSERT_EQ(ref.size(), 10u) << ref_name;
-  ASSERT_EQ(got.size(), ref.size()) << name;
-  for (size_t i = 0; i < ref.size(); ++i)
-    EXPECT_NEAR(got[i], ref[i], 1e-5 * ref[i]) << name << " step " << i + 1;
+  double max_rel = 0, worst = 0;
+  expect_losses_match(tmp, ref_name, name, 10, &max_rel);
+  if (max_rel < 0) return;
   const std::string file = "/checkpoint/step-10/adapter_model.safetensors";
-  SafetensorsFile want(tmp / (ref_name + file)), have(tmp / (name + file));
-  ASSERT_EQ(have.entries().size(), want.entries().size()) << name;
-  double worst = 0;
-  for (auto& [key, e] : want.entries()) {
-    ASSERT_TRUE(have.contains(key)) << name << ": " << key;
-    Tensor a = have.load(key), b = want.load(key);
-    ASSERT_EQ(a.shape(), b.shape()) << key;
-    worst = std::max(worst, testing::rel_error(a, b));
-  }
+  expect_same_tensors(tmp / (ref_name + file), tmp / (name + file), name, &worst);
+  if (worst < 0) return;
   std::printf("%s: max relative adapter difference (per tensor, L2) after 10 steps: %.3g\n", name.c_str(),
               worst);
   EXPECT_LE(worst, 1e-4) << name;
