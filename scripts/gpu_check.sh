@@ -10,10 +10,12 @@ OUT=${OUT:-gpu_out}
 mkdir -p "$OUT" /tmp/tb
 nvidia-smi -L 2>&1 | tee "$OUT/gpu.txt"
 tar xJf "$BUNDLE" -C /tmp/tb || exit 1
-# cuBLASLt and NCCL come from the machine's CUDA.
+# cuBLASLt, NCCL, cuDNN and NVRTC come from the machine's CUDA.
 source "$(dirname "$0")/gpu_libs.sh"
 echo "cuBLASLt: $LT" | tee -a "$OUT/gpu.txt"
 echo "NCCL: $NCCL" | tee -a "$OUT/gpu.txt"
+echo "cuDNN: $CUDNN" | tee -a "$OUT/gpu.txt"
+echo "NVRTC: $NVRTC" | tee -a "$OUT/gpu.txt"
 # The tests call the titan binary by the path it was built at.
 BUILT_AT=$(cat /tmp/tb/built_at)
 mkdir -p "$(dirname "$BUILT_AT")" && ln -sfn /tmp/tb "$BUILT_AT"
@@ -43,6 +45,6 @@ if [ -n "$SAN" ] && [ "${GPU_CHECK_SANITIZE:-1}" = 1 ]; then
   run timeout 90 "$SAN" --tool memcheck --error-exitcode 3 /tmp/tb/test_cuda --gtest_color=no \
     --gtest_filter=-Cuda.EnvListsGpus:Cuda.NcclGroupOfOneRank 2>&1 | tail -40 > "$OUT/memcheck.txt"
   run timeout 60 "$SAN" --tool racecheck --error-exitcode 3 /tmp/tb/test_cuda --gtest_color=no \
-    --gtest_filter='Cuda.FlashAttention*:Cuda.AttentionKV*:Cuda.MoeRouter*' 2>&1 | tail -40 > "$OUT/racecheck.txt"
+    --gtest_filter='Cuda.FlashAttention*:Cuda.AttentionKV*:Cuda.AttentionBf16*:Cuda.MoeRouter*' 2>&1 | tail -40 > "$OUT/racecheck.txt"
 fi
 exit $rc

@@ -13,13 +13,17 @@
 #include <iterator>
 #include <random>
 #include <string>
+#include <tuple>
 
+#include "core/dtype.h"
+#include "device/cuda/sdpa_cudnn.h"
 #include "device/device.h"
 #include "distributed/nccl.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 #include "models/qwen3/config.h"
 #include "models/qwen3/model.h"
+#include "support/attention_bf16_case.h"
 #include "support/moe_case.h"
 #include "support/testing.h"
 
@@ -75,9 +79,10 @@ TEST(Cuda, EveryCudaOpHasACpuReference) {
   if (!device_available(DeviceType::CUDA)) GTEST_SKIP() << "titan was built without CUDA";
   auto& reg = KernelRegistry::global();
   for (const char* op :
-       {"matmul", "matmul_bf16", "rmsnorm", "rope", "rope_qk", "attention", "attention_ring", "swiglu",
-        "embedding", "cross_entropy", "adamw", "sum_squares", "moe_experts", "moe_experts_bf16",
-        "elementwise", "moe_router", "expert_parallel", "gemm", "dropout"}) {
+       {"matmul",        "matmul_bf16",    "rmsnorm",         "rope",        "rope_qk",
+        "attention",     "attention_ring", "attention_bf16",  "swiglu",      "embedding",
+        "cross_entropy", "adamw",          "sum_squares",     "moe_experts", "moe_experts_bf16",
+        "elementwise",   "moe_router",     "expert_parallel", "gemm",        "dropout"}) {
     EXPECT_FALSE(reg.impls(op, DeviceType::CUDA).empty()) << op << " has no CUDA implementation";
     auto cpu = reg.impls(op, DeviceType::CPU);
     EXPECT_NE(std::find(cpu.begin(), cpu.end(), "reference"), cpu.end()) << op;
@@ -381,6 +386,102 @@ TEST(Cuda, RingAttentionMatchesReference) {
   check_ring_attention(2, 19, 2, 4, 2, 24, 300, false);   // chunks across key tiles, GQA
   check_ring_attention(1, 40, 3, 2, 1, 128, 310, false);  // Qwen3's head_dim, 3 ranks
   check_ring_attention(2, 21, 2, 3, 3, 40, 320, true);    // packed documents, MHA
+}
+
+// attention_bf16, every CUDA implementation ("cudnn": cuDNN's fused attention where built, the own kernels
+// behind its interface on the emulator; "flash": the own kernels), on the fused, padded QKV layout of
+// tests/support/attention_bf16_case.h against the definition in double. A second call of a shape builds no
+// graph (the cache); packed documents take the own kernels.
+TEST(Cuda, AttentionBf16MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  auto& reg = KernelRegistry::global();
+  EXPECT_EQ(reg.default_impl("attention_bf16", DeviceType::CUDA), "cudnn");
+  std::printf("fused attention engine: %s\n", cuda::sdpa_engine());
+  for (auto& name : reg.impls("attention_bf16", DeviceType::CUDA)) {
+    const auto& k = get_kernel<AttentionBf16Kernels>(DeviceType::CUDA, name);
+    for (const auto& c :
+         {testing::AttentionBf16Case(2, 37, 4, 2, 64, 300), testing::AttentionBf16Case(1, 70, 4, 4, 128, 310),
+          testing::AttentionBf16Case(2, 50, 4, 1, 32, 320,
+                                     testing::doc_starts({{1, 20, 29}, {2, 48}}, 50))}) {
+      const int64_t N = c.s.B * c.s.T, qw = c.s.nH * c.s.hd, kw = c.s.nKV * c.s.hd;
+      Dev<uint16_t> qkv(c.qkv), dout(c.dout), out(N * c.s.ldo, c.kSentinel), dqkv(N * c.s.ldq, c.kSentinel);
+      Dev<int32_t> docs(c.doc_start);
+      const int32_t* ds = c.doc_start.empty() ? nullptr : docs.p;
+      DevF lse(c.lse.size());
+      for (int rep = 0; rep < 2; ++rep) {
+        const int64_t built = cuda::sdpa_graphs_built();
+        k.forward(out.p, lse.p, qkv.p, qkv.p + qw, qkv.p + qw + kw, c.s, ds);
+        k.backward(dqkv.p, dqkv.p + qw, dqkv.p + qw + kw, dout.p, qkv.p, qkv.p + qw, qkv.p + qw + kw, out.p,
+                   lse.p, c.s, ds);
+        if (rep == 1) EXPECT_EQ(cuda::sdpa_graphs_built(), built) << name << ": a cached shape built a graph";
+      }
+      for (auto& f : c.failures(out.read(), lse.read(), dqkv.read()))
+        ADD_FAILURE() << name << " T=" << c.s.T << ": " << f;
+    }
+  }
+}
+
+// matmul_bf16 and the bf16 experts read a weight's registered bf16 image (ops.h register_bf16_image) instead
+// of converting the weight: an image of the exact bf16 weights gives bit-identical results, an image of the
+// weights doubled doubles what is linear in them (exact: a power of two), and after unregistering the
+// weights are converted again.
+TEST(Cuda, Bf16GemmsReadRegisteredWeightImages) {
+  SKIP_WITHOUT_GPU();
+  auto image_of = [](const std::vector<float>& w, float scale) {
+    std::vector<uint16_t> b(w.size());
+    for (size_t i = 0; i < w.size(); ++i) b[i] = f32_to_bf16(scale * w[i]);
+    return b;
+  };
+  auto doubled = [](std::vector<float> x) {
+    for (float& v : x) v *= 2.0f;
+    return x;
+  };
+  const int64_t N = 9, C = 32, OC = 24;
+  auto inp = randn(N * C, 7), w = randn(OC * C, 8), dout = randn(N * OC, 9);
+  const auto& mm = get_kernel<MatmulBf16Kernels>(DeviceType::CUDA);
+  DevF dinp_(inp), dw_(w), ddout(dout);
+  auto run = [&] {
+    DevF out(N * OC), dinp(N * C), dw(OC * C);
+    mm.forward(out.p, dinp_.p, dw_.p, N, C, OC);
+    mm.backward(dinp.p, dw.p, ddout.p, dinp_.p, dw_.p, N, C, OC, false);
+    return std::make_tuple(out.read(), dinp.read(), dw.read());
+  };
+  const auto [out, dinp, dw] = run();
+  for (float scale : {1.0f, 2.0f}) {
+    Dev<uint16_t> image(image_of(w, scale));
+    register_bf16_image(dw_.p, OC * C, image.p);
+    const auto [out_i, dinp_i, dw_i] = run();
+    unregister_bf16_image(dw_.p);
+    EXPECT_EQ(out_i, scale == 1.0f ? out : doubled(out)) << "scale " << scale;
+    EXPECT_EQ(dinp_i, scale == 1.0f ? dinp : doubled(dinp)) << "scale " << scale;
+    EXPECT_EQ(dw_i, dw) << "scale " << scale;  // (no weight in the weight gradient's GEMM)
+  }
+  EXPECT_EQ(std::get<0>(run()), out);
+
+  // The routed experts: their output is linear in the down projection.
+  const testing::MoeCase c(37, 2, 8, 16, 24, 70);
+  const auto& moe = get_kernel<MoeExpertsBf16Kernels>(DeviceType::CUDA);
+  DevF x(c.x), wgu(c.wgu), wdown(c.wdown), wt(c.w);
+  Dev<int32_t> idx(c.idx);
+  const int64_t S = c.N * c.k;
+  DevF gu(S * 2 * c.I), act(S * c.I), scratch(moe_experts_scratch_floats(c.N, c.k, c.H, c.I));
+  Dev<int32_t> order(S), row_of(S), offsets(c.E + 1);
+  const MoeExpertsBuffers buf{gu.p, act.p, order.p, row_of.p, offsets.p, scratch.p};
+  auto moe_out = [&] {
+    DevF y(c.N * c.H);
+    moe.forward(y.p, buf, x.p, idx.p, wt.p, wgu.p, wdown.p, c.N, c.k, c.E, c.H, c.I);
+    return y.read();
+  };
+  const auto y = moe_out();
+  for (float scale : {1.0f, 2.0f}) {
+    Dev<uint16_t> gu_image(image_of(c.wgu, 1.0f)), down_image(image_of(c.wdown, scale));
+    register_bf16_image(wgu.p, static_cast<int64_t>(c.wgu.size()), gu_image.p);
+    register_bf16_image(wdown.p, static_cast<int64_t>(c.wdown.size()), down_image.p);
+    const auto y_i = moe_out();
+    unregister_bf16_image(wgu.p);
+    unregister_bf16_image(wdown.p);
+    EXPECT_EQ(y_i, scale == 1.0f ? y : doubled(y)) << "scale " << scale;
+  }
 }
 
 TEST(Cuda, SwigluEmbeddingMatchReference) {

@@ -10,6 +10,7 @@
 #include "kernels/counter_hash.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
+#include "support/attention_bf16_case.h"
 #include "support/moe_case.h"
 #include "support/testing.h"
 
@@ -288,6 +289,26 @@ TEST(Kernels, AttentionDocumentMaskIsSeparateSequences) {
   check_attention_all(B, T, nH, nKV, hd, 85, docs);
   check_attention_all(2, 150, 4, 1, 16, 86, doc_starts({{5, 70, 1, 74}, {130, 20}}, 150));
   check_attention_all(1, 300, 2, 2, 32, 87, doc_starts({{1, 128, 127, 1, 43}}, 300));
+}
+
+// attention_bf16: every implementation on a fused, padded QKV layout against the f32 reference of the bf16
+// values (tests/support/attention_bf16_case.h): causal with GQA and MHA, packed documents, odd lengths.
+TEST(Kernels, AttentionBf16MatchesReference) {
+  for (auto& name : impls<AttentionBf16Kernels>()) {
+    const auto& k = variant<AttentionBf16Kernels>(name);
+    for (const auto& c :
+         {testing::AttentionBf16Case(2, 37, 4, 2, 64, 300), testing::AttentionBf16Case(1, 70, 3, 3, 32, 310),
+          testing::AttentionBf16Case(2, 50, 4, 1, 8, 320, doc_starts({{1, 20, 29}, {2, 48}}, 50))}) {
+      const int64_t N = c.s.B * c.s.T, qw = c.s.nH * c.s.hd, kw = c.s.nKV * c.s.hd;
+      std::vector<uint16_t> out(N * c.s.ldo, c.kSentinel), dqkv(N * c.s.ldq, c.kSentinel);
+      std::vector<float> lse(c.lse.size());
+      const uint16_t* qkv = c.qkv.data();
+      k.forward(out.data(), lse.data(), qkv, qkv + qw, qkv + qw + kw, c.s, c.docs());
+      k.backward(dqkv.data(), dqkv.data() + qw, dqkv.data() + qw + kw, c.dout.data(), qkv, qkv + qw,
+                 qkv + qw + kw, out.data(), lse.data(), c.s, c.docs());
+      for (auto& f : c.failures(out, lse, dqkv)) ADD_FAILURE() << name << " T=" << c.s.T << ": " << f;
+    }
+  }
 }
 
 // Ring attention (context parallel) against whole-sequence attention: a sequence of T tokens (zero-padded to
@@ -963,14 +984,28 @@ TEST(Kernels, CrossEntropyVocabParallelEqualsFullVocabulary) {
 }
 
 TEST(KernelRegistry, EveryRegisteredOpIsCoveredByATest) {
-  const std::vector<std::string> covered = {
-      "adamw",          "attention",       "attention_kv",
-      "attention_ring", "cross_entropy",   "cross_entropy_vocab_parallel",
-      "dropout",        "elementwise",     "embedding",
-      "gemm",           "expert_parallel", "matmul",
-      "matmul_bf16",    "moe_experts",     "moe_experts_bf16",
-      "moe_router",     "rmsnorm",         "rope",
-      "rope_qk",        "swiglu",          "sum_squares"};
+  const std::vector<std::string> covered = {"adamw",
+                                            "attention",
+                                            "attention_kv",
+                                            "attention_bf16",
+                                            "attention_ring",
+                                            "cross_entropy",
+                                            "cross_entropy_vocab_parallel",
+                                            "dropout",
+                                            "elementwise",
+                                            "embedding",
+                                            "gemm",
+                                            "expert_parallel",
+                                            "matmul",
+                                            "matmul_bf16",
+                                            "moe_experts",
+                                            "moe_experts_bf16",
+                                            "moe_router",
+                                            "rmsnorm",
+                                            "rope",
+                                            "rope_qk",
+                                            "swiglu",
+                                            "sum_squares"};
   for (auto& op : KernelRegistry::global().ops())
     EXPECT_NE(std::find(covered.begin(), covered.end(), op), covered.end())
         << "op '" << op << "' has no all-implementations test in tests/test_kernels.cpp";

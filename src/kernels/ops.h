@@ -74,6 +74,27 @@ struct AttentionKernels {
   int64_t (*saved_floats)(int64_t B, int64_t T, int64_t nH);
 };
 
+// The same causal GQA attention on bf16 tensors (mixed precision; cuDNN's fused attention on a GPU), read
+// through row strides: element (b,t,h,d) of q lies at q[(b*T + t) * ldq + h*hd + d]; k and v likewise with
+// ldk / ldv over nKV heads, out and dout with ldo over nH heads (so q, k and v may be column ranges of one
+// fused QKV row). bf16 values are uint16_t bit patterns. Scores, softmax and sums run in f32; out is the f32
+// result rounded to bf16 (nearest even); lse (B,nH,T) f32 is the row logsumexp of the scaled scores, saved
+// for the backward. backward WRITES dq, dk, dv (the f32 sums rounded to bf16 once; a bf16 buffer cannot
+// carry a running sum) with the strides of q, k, v, from the forward's out and lse. doc_start as
+// AttentionKernels.
+struct AttentionBf16Shape {
+  int64_t B = 0, T = 0, nH = 0, nKV = 0, hd = 0;
+  int64_t ldq = 0, ldk = 0, ldv = 0, ldo = 0;
+};
+struct AttentionBf16Kernels {
+  static constexpr const char* kOp = "attention_bf16";
+  void (*forward)(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                  const AttentionBf16Shape& s, const int32_t* doc_start);
+  void (*backward)(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
+                   const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
+                   const AttentionBf16Shape& s, const int32_t* doc_start);
+};
+
 // The first key query t of row b attends to (0 without a document mask).
 inline int64_t attention_key_start(const int32_t* doc_start, int64_t b, int64_t T, int64_t t) {
   return doc_start ? doc_start[b * T + t] : 0;

@@ -145,8 +145,6 @@ void flash_rowdot(float* D, const float* dout, const float* out, int64_t B, int6
   launch(flash_rowdot_kernel, blocks_for(B * T * nH, 8), 256, 0, D, dout, out, B, T, nH, hd);
 }
 
-namespace {
-
 void flash_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                     const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t nH,
                     int64_t nKV, int64_t hd, const int32_t* doc_start) {
@@ -163,8 +161,6 @@ void flash_backward(float* dq, float* dk, float* dv, const float* dout, const fl
            (const float*)D.p, T, nH, nKV, hd, scale, doc_start);
   });
 }
-
-}  // namespace
 
 int64_t flash_saved_floats(int64_t B, int64_t T, int64_t nH) {
   return B * nH * T;

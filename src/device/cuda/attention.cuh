@@ -12,6 +12,10 @@ namespace titan::cuda {
 // Forward: out (B,T,nH,hd) and the row logsumexp lse (B,nH,T) of the causal GQA attention.
 void flash_forward(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
                    int64_t T, int64_t nH, int64_t nKV, int64_t hd, const int32_t* doc_start);
+// Backward from out and lse: dq, dk, dv (shapes of q, k, v) accumulated.
+void flash_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                    const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t nH,
+                    int64_t nKV, int64_t hd, const int32_t* doc_start);
 // D (B,nH,T) = rowwise dO . O
 void flash_rowdot(float* D, const float* dout, const float* out, int64_t B, int64_t T, int64_t nH,
                   int64_t hd);

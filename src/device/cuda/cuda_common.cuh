@@ -48,6 +48,22 @@ struct Scratch {
 void gemm_f32_or_bf16(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A,
                       int64_t lda, const float* B, int64_t ldb, float* D, int64_t ldd, float beta);
 
+// Grid-stride loop over [0, n) with 64-bit indices (n may exceed the grid).
+#define TITAN_GRID_STRIDE(i, n)                                             \
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); \
+       i += (int64_t)gridDim.x * blockDim.x)
+
+// Nearest bf16, ties to even; NaN stays a (quiet) NaN. The bit formula of f32_to_bf16 (src/core/dtype.h).
+__device__ inline uint16_t f32_to_bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+__device__ inline float bf16_bits_to_f32(uint16_t h) {
+  return __uint_as_float(static_cast<uint32_t>(h) << 16);
+}
+
 // Launches `kernel` on the device's stream and reports a bad launch (configuration, resources) here:
 //   launch(rmsnorm_forward_kernel, grid, threads, dynamic_smem_bytes, out, rstd, inp, w, C, eps);
 // Built for the CUDA emulator (TITAN_CUDA_SIM, tests/cuda_sim/), the same call runs the kernel's threads on

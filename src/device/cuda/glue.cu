@@ -20,23 +20,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Grid-stride loop over [0, n) with 64-bit indices (n may exceed the grid).
-#define TITAN_GRID_STRIDE(i, n)                                             \
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); \
-       i += (int64_t)gridDim.x * blockDim.x)
-
 // ---- elementwise ----------------------------------------------------------------------------------------
-// Nearest bf16, ties to even; NaN stays a (quiet) NaN. The bit formula of f32_to_bf16 (src/core/dtype.h).
-__device__ inline uint16_t f32_to_bf16_bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-__device__ inline float bf16_bits_to_f32(uint16_t h) {
-  return __uint_as_float(static_cast<uint32_t>(h) << 16);
-}
-
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
   TITAN_GRID_STRIDE(i, n) y[i] += x[i];
 }

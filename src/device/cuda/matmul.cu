@@ -1,6 +1,7 @@
 // GEMMs on cuBLASLt. "matmul": f32 operands, f32 compute (CUBLAS_COMPUTE_32F: no TF32, so results
 // match the CPU's f32 GEMMs to rounding). "matmul_bf16": operands rounded to bf16 (nearest even) into
-// scratch, bf16 x bf16 products accumulated in f32, f32 output; the same math as the CPU bf16 engines.
+// scratch, or read from a weight's registered bf16 image (converted once per forward by the model), bf16 x
+// bf16 products accumulated in f32, f32 output; the same math as the CPU bf16 engines.
 //
 // Row-major X (r, c) is column-major X^T (c, r); cuBLASLt is column-major, so (ops.h shapes)
 //   out  = inp W^T          -> out^T (OC,N)  = op_T(W (C,OC)) * inp^T (C,N)
@@ -11,6 +12,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 
 #include "device/cuda/cuda_common.cuh"
@@ -147,19 +149,34 @@ struct Bf16Copy : Scratch<__nv_bfloat16> {
   }
 };
 
+// The bf16 values of [x, x + n): the registered bf16 image holding them (a model converts each weight once
+// per forward, ops.h register_bf16_image), else a conversion into scratch.
+struct Bf16Operand {
+  std::optional<Bf16Copy> copy;
+  const __nv_bfloat16* p;
+  Bf16Operand(const float* x, int64_t n) {
+    if (const uint16_t* image = find_bf16_image(x, n)) {
+      p = reinterpret_cast<const __nv_bfloat16*>(image);
+    } else {
+      copy.emplace(x, n);
+      p = copy->p;
+    }
+  }
+};
+
 void matmul_bf16_forward(float* out, const float* inp, const float* w, int64_t N, int64_t C, int64_t OC) {
-  Bf16Copy bi(inp, N * C), bw(w, OC * C);
+  Bf16Operand bi(inp, N * C), bw(w, OC * C);
   matmul_forward_t(out, bi.p, bw.p, N, C, OC, CUDA_R_16BF);
 }
 void matmul_bf16_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                           int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
   Bf16Copy bd(dout, N * OC);
   if (dinp) {
-    Bf16Copy bw(w, OC * C);
+    Bf16Operand bw(w, OC * C);
     gemm(false, false, C, N, OC, bw.p, C, bd.p, OC, dinp, C, 1.0f, CUDA_R_16BF);
   }
   if (dw) {
-    Bf16Copy bi(inp, N * C);
+    Bf16Operand bi(inp, N * C);
     gemm(false, true, C, OC, N, bi.p, C, bd.p, OC, dw, C, accumulate_dw ? 1.0f : 0.0f, CUDA_R_16BF);
   }
 }
@@ -172,7 +189,7 @@ void gemm_f32_or_bf16(bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t
   // A is (ta ? m : k) columns... its elements: lda * (ta ? m : k) with the last column short; convert the
   // span that is read.
   const int64_t a_cols = ta ? m : k, a_rows = ta ? k : m, b_cols = tb ? k : n, b_rows = tb ? n : k;
-  Bf16Copy a(A, a_cols == 0 ? 0 : lda * (a_cols - 1) + a_rows),
+  Bf16Operand a(A, a_cols == 0 ? 0 : lda * (a_cols - 1) + a_rows),
       b(B, b_cols == 0 ? 0 : ldb * (b_cols - 1) + b_rows);
   gemm(ta, tb, m, n, k, a.p, lda, b.p, ldb, D, ldd, beta, CUDA_R_16BF);
 }

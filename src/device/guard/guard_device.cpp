@@ -119,6 +119,8 @@ const RopeQKKernels kRopeQK{TITAN_GUARD(RopeQKKernels, forward), TITAN_GUARD(Rop
 const AttentionKernels kAttention{TITAN_GUARD(AttentionKernels, forward),
                                   TITAN_GUARD(AttentionKernels, backward),
                                   TITAN_GUARD(AttentionKernels, saved_floats)};
+const AttentionBf16Kernels kAttentionBf16{TITAN_GUARD(AttentionBf16Kernels, forward),
+                                          TITAN_GUARD(AttentionBf16Kernels, backward)};
 const AttentionKVKernels kAttentionKV{TITAN_GUARD(AttentionKVKernels, forward)};
 const SwigluKernels kSwiglu{TITAN_GUARD(SwigluKernels, forward), TITAN_GUARD(SwigluKernels, backward)};
 const EmbeddingKernels kEmbedding{TITAN_GUARD(EmbeddingKernels, forward),
@@ -160,6 +162,7 @@ TITAN_REGISTER_KERNEL(RmsNormKernels, GUARD, "cpu", kRmsNorm, 10);
 TITAN_REGISTER_KERNEL(RopeKernels, GUARD, "cpu", kRope, 10);
 TITAN_REGISTER_KERNEL(RopeQKKernels, GUARD, "cpu", kRopeQK, 10);
 TITAN_REGISTER_KERNEL(AttentionKernels, GUARD, "cpu", kAttention, 10);
+TITAN_REGISTER_KERNEL(AttentionBf16Kernels, GUARD, "cpu", kAttentionBf16, 10);
 TITAN_REGISTER_KERNEL(AttentionKVKernels, GUARD, "cpu", kAttentionKV, 10);
 TITAN_REGISTER_KERNEL(SwigluKernels, GUARD, "cpu", kSwiglu, 10);
 TITAN_REGISTER_KERNEL(EmbeddingKernels, GUARD, "cpu", kEmbedding, 10);

@@ -50,6 +50,10 @@ void Qwen3Model::set_bf16_compute(bool on) {
   if (!on)
     for (int g = 0; g < static_cast<int>(bf16_image_base_.size()); ++g) drop_bf16_image(g);
   kernel_names_["matmul"] = on && matmul_bf16_.forward ? "bf16:" + matmul_bf16_name_ : matmul_f32_name_;
+  // Attention on bf16 q, k, v and output (op attention_bf16, cuDNN's fused attention on a GPU): the values
+  // are the bf16-rounded ones the f32 kernel would see, and its output is rounded as the f32 one was.
+  kernel_names_["attention"] = on && attention_bf16_ ? "bf16:" + attention_bf16_name_ : attention_f32_name_;
+  B_ = T_ = 0;     // re-plan the activations at the next forward (the attention's buffers depend on it)
   if (moe_f32_) {  // the routed experts likewise (op moe_experts_bf16)
     moe_ = on && moe_bf16_.forward ? &moe_bf16_ : moe_f32_;
     kernel_names_["moe_experts"] = on && moe_bf16_.forward ? "bf16:" + moe_bf16_name_ : moe_f32_name_;
@@ -171,6 +175,12 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
     }
   }
   attention_ = pick<AttentionKernels>(dev, kernels, kernel_names_);
+  if (!KernelRegistry::global().impls(AttentionBf16Kernels::kOp, dev).empty()) {
+    std::map<std::string, std::string> names;  // listed under bf16 compute
+    attention_bf16_ = pick<AttentionBf16Kernels>(dev, kernels, names);
+    attention_bf16_name_ = names[AttentionBf16Kernels::kOp];
+  }
+  attention_f32_name_ = kernel_names_["attention"];
   swiglu_ = pick<SwigluKernels>(dev, kernels, kernel_names_);
   embedding_ = pick<EmbeddingKernels>(dev, kernels, kernel_names_);
   cross_entropy_ = pick<CrossEntropyKernels>(dev, kernels, kernel_names_);

@@ -345,8 +345,13 @@ class Qwen3Model {
   void ring_attention_forward(int64_t l);
   void ring_attention_backward(int64_t l, float* dqr, float* dkr, float* dv, const float* datt);
   int64_t attn_saved_floats(int64_t B, int64_t T, int64_t nH) const {
-    return cp_ ? B * nH * T : attention_->saved_floats(B, T, nH);
+    return cp_ || attn16_ ? B * nH * T : attention_->saved_floats(B, T, nH);
   }
+  // bf16 attention: under bf16 compute, where the device has attention_bf16 and without context parallel
+  // (the ring blocks are f32). Fixed by plan_activations (the layers' buffers depend on it).
+  bool wants_attn16() const { return bf16_ && attention_bf16_ && !cp_; }
+  void attention_bf16_forward(int64_t l);
+  void attention_bf16_backward(int64_t l, float* dqr, float* dkr, float* dv, const float* datt);
   ContextParallelComm* cp_ = nullptr;
   const AttentionRingKernels* ring_ = nullptr;  // null where the device has none
   std::string ring_name_;
@@ -367,6 +372,11 @@ class Qwen3Model {
   MoeExpertsKernels moe_bf16_{};  // the moe_experts_bf16 engine (null when only the reference exists)
   std::string moe_f32_name_, moe_bf16_name_;
   const AttentionKernels* attention_;
+  const AttentionBf16Kernels* attention_bf16_ = nullptr;  // null where the device has none
+  std::string attention_bf16_name_, attention_f32_name_;
+  bool attn16_ = false;  // this plan's layers run attention_bf16
+  Tensor attn_scratch_;  // attn16_: qr | kr | v (f32) of the layer being run
+  Tensor attn16_grads_;  // attn16_: datt | dq | dk | dv (bf16) of the layer's backward
   const SwigluKernels* swiglu_;
   const EmbeddingKernels* embedding_;
   const CrossEntropyKernels* cross_entropy_;

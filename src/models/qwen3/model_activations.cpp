@@ -120,6 +120,7 @@ void Qwen3Model::set_activation_recompute_ops(bool on) {
 void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   if (B == B_ && T == T_) return;
   cp_tables_ready_ = false;
+  attn16_ = wants_attn16();
   const auto& c = config_;
   const int64_t N = B * T, H = c.hidden_size, I = c.intermediate_size, nH = c.num_attention_heads,
                 nKV = c.num_key_value_heads, L = c.num_hidden_layers;
@@ -133,10 +134,13 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     // What the buffers below will take, in double (a sequence of 2^31 tokens overflows nothing here), before
     // any is allocated: more than this machine holds is one error naming the batch and the sequence.
     const double n = double(B) * double(T), saved = c.num_attention_heads * n * (double(T) + 1);
-    const double attn_d = n * (4.0 * H + 2 + 3.0 * c.q_dim() + 3.0 * c.kv_dim() + nH + nKV) + saved;
+    // (bf16 attention: q/k/v f32 become scratch, their bf16 copies and the output's are kept, q/k/v
+    // and output as bf16 take half a float each)
+    const double attn_d = attn16_ ? n * (4.0 * H + 2 + 3.0 * c.q_dim() + 2.0 * c.kv_dim() + nH + nKV + nH)
+                                  : n * (4.0 * H + 2 + 3.0 * c.q_dim() + 3.0 * c.kv_dim() + nH + nKV) + saved;
     const double mlp_d = E > 0 ? n * (E + k + 3.0 * k * Im) : n * 3.0 * I;
     // Op-selective layers keep ln1, ln2, qr, kr (and a dense layer's act) in one shared block instead.
-    const double pointwise = n * (2.0 * H + c.q_dim() + c.kv_dim()), act = n * I;
+    const double pointwise = n * (2.0 * H + (attn16_ ? 0 : c.q_dim() + c.kv_dim())), act = n * I;
     int64_t checkpointed = 0, op_layers = 0, op_dense = 0, held = 0;
     for (int64_t l = 0; l < L; ++l) {
       if (!held_[l + 1]) continue;
@@ -150,6 +154,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     const double bytes = 4 * (checkpointed * n * H + (held - checkpointed) * (attn_d + mlp_d) - recomputed +
                               (checkpointed > 0 ? attn_d + mlp_d : 0) +
                               n * (6.0 * H + 4.0 * c.q_dim() + 4.0 * c.kv_dim() + 3.0 * I + 2) +
+                              (attn16_ ? n * (2.0 * c.q_dim() + 3.0 * c.kv_dim()) : 0) +
                               std::min(n * c.vocab_size, double(kHeadChunkBytes) / 4));
     const double have = device_memory_bytes();
     TITAN_CHECK(have <= 0 || bytes <= have, "activations for batch ", B, " x seq_len ", T, " need ",
@@ -157,13 +162,25 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   }
   acts_.clear();
   layer_acts_.assign(L, {});
+  if (attn16_) {
+    // qr | kr | v in f32 for the layer being run (converted to its bf16 copies), and the backward's
+    // datt | dq | dk | dv in bf16.
+    attn_scratch_ = Tensor::empty({N * (c.q_dim() + 2 * c.kv_dim())}, DType::F32, device_);
+    attn16_grads_ = Tensor::empty({N * (2 * c.q_dim() + 2 * c.kv_dim())}, DType::BF16, device_);
+  } else {
+    attn_scratch_ = attn16_grads_ = Tensor();
+  }
   bool any_dense = false;
   // One float allocation per layer (plus one int32 for MoE routing), carved into named pointers.
   // ln1 and ln2 are saved as this rank's rows too (re-gathered for the backward's GEMMs), except ln2 of a
   // sparse layer run replicated on the gathered rows.
   auto ln2_rows = [&](int64_t l) { return sp_ && (!c.is_moe_layer(l) || moe_local_) ? Nl : N; };
-  const int64_t attn = N * H + Nl * H * 3 + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) +
-                       attn_saved_floats(B, T, nH);
+  // bf16 attention: q_raw, k_raw, att (f32), q16 | k16 | v16 | att16 (bf16, in halves of floats; q_dim and
+  // kv_dim are even), the logsumexp.
+  const int64_t attn = attn16_ ? N * H + Nl * H * 3 + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 2 +
+                                     N * (nH + nKV) + attn_saved_floats(B, T, nH)
+                               : N * H + Nl * H * 3 + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 +
+                                     N * (nH + nKV) + attn_saved_floats(B, T, nH);
   // Checkpointing: a checkpointed layer keeps only its input; the rest is one block shared by those layers
   // (a layer's activations are recomputed into it during backward).
   float* shared = nullptr;
@@ -186,7 +203,8 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   // Op-selective layers: their pointwise outputs (ln1, qr, kr, ln2, a dense layer's act) live in one block
   // shared by those layers, recomputed before each layer's backward.
   auto pointwise_floats = [&](int64_t l) {
-    return (Nl + ln2_rows(l)) * H + N * (c.q_dim() + c.kv_dim()) + (c.is_moe_layer(l) ? 0 : N * I);
+    return (Nl + ln2_rows(l)) * H + (attn16_ ? 0 : N * (c.q_dim() + c.kv_dim())) +
+           (c.is_moe_layer(l) ? 0 : N * I);
   };
   float* ops_shared = nullptr;
   int64_t ops_max = 0;
@@ -228,11 +246,22 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     a.rstd1 = take(Nl);
     a.q_raw = take(N * c.q_dim());
     a.k_raw = take(N * c.kv_dim());
-    a.v = take(N * c.kv_dim());
     a.q_rstd = take(N * nH);
     a.k_rstd = take(N * nKV);
-    a.qr = take_pointwise(N * c.q_dim());
-    a.kr = take_pointwise(N * c.kv_dim());
+    a.q16 = a.k16 = a.v16 = a.att16 = nullptr;
+    if (attn16_) {
+      a.qr = attn_scratch_.f32();
+      a.kr = a.qr + N * c.q_dim();
+      a.v = a.kr + N * c.kv_dim();
+      a.q16 = reinterpret_cast<uint16_t*>(take(N * c.q_dim() / 2));
+      a.k16 = reinterpret_cast<uint16_t*>(take(N * c.kv_dim() / 2));
+      a.v16 = reinterpret_cast<uint16_t*>(take(N * c.kv_dim() / 2));
+      a.att16 = reinterpret_cast<uint16_t*>(take(N * c.q_dim() / 2));
+    } else {
+      a.v = take(N * c.kv_dim());
+      a.qr = take_pointwise(N * c.q_dim());
+      a.kr = take_pointwise(N * c.kv_dim());
+    }
     a.attn_saved = take(attn_saved_floats(B, T, nH));
     a.att = take(N * c.q_dim());
     a.resid_mid = take(Nl * H);

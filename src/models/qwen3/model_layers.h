@@ -37,11 +37,14 @@ struct LayerActs {
   float* kr;          // (N,nKV,hd)
   float* attn_saved;  // attention_->saved_floats(B,T,nH): probabilities or row logsumexp
   float* att;         // (N,nH*hd)
-  float* resid_mid;   // (N,H) after the attention residual
-  float* ln2;         // (N,H)
-  float* rstd2;       // (N)
-  float* gu;          // (N,2I)    dense layers
-  float* act;         // (N,I)     dense layers
+  // bf16 attention (attention_bf16 under bf16 compute): its inputs and output as bf16, saved for its
+  // backward; qr, kr and v are then scratch shared by the layers, and attn_saved the row logsumexp.
+  uint16_t *q16, *k16, *v16, *att16;  // (N,nH*hd), (N,nKV*hd), (N,nKV*hd), (N,nH*hd)
+  float* resid_mid;                   // (N,H) after the attention residual
+  float* ln2;                         // (N,H)
+  float* rstd2;                       // (N)
+  float* gu;                          // (N,2I)    dense layers
+  float* act;                         // (N,I)     dense layers
   // MoE layers
   float* router_probs;    // (N,E) router softmax
   float* topk_w;          // (N,k) routing weights

@@ -215,13 +215,18 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
     lora_->forward(l, LoraProj::K, ln1, N, a.k_raw, c.kv_dim());
     lora_->forward(l, LoraProj::V, ln1, N, a.v, c.kv_dim());
   }
-  bf16(a.ln1, Nl * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim()), bf16(a.v, N * c.kv_dim());
+  bf16(a.ln1, Nl * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim());
   qk_norm_rope(l);
-  if (cp_)
-    ring_attention_forward(l);
-  else
-    attention_->forward(a.att, a.attn_saved, a.qr, a.kr, a.v, B, T, nH, nKV, hd, doc_start());
-  bf16(a.att, N * c.q_dim());
+  if (attn16_) {  // (v rounded by its bf16 copy, att exact from att16)
+    attention_bf16_forward(l);
+  } else {
+    bf16(a.v, N * c.kv_dim());
+    if (cp_)
+      ring_attention_forward(l);
+    else
+      attention_->forward(a.att, a.attn_saved, a.qr, a.kr, a.v, B, T, nH, nKV, hd, doc_start());
+    bf16(a.att, N * c.q_dim());
+  }
   // resid_mid = resid_in + att @ wo^T (row-parallel o_proj: the ranks' partial outputs summed)
   float* o = sp_ ? partial : a.resid_mid;
   matmul_->forward(o, a.att, w.wo, N, c.q_dim(), H);
@@ -276,8 +281,45 @@ void Qwen3Model::qk_norm_rope(int64_t l) {
     rope_->forward(a.qr, a.qr, cos, sin, N, T, nH, hd);
     rope_->forward(a.kr, a.kr, cos, sin, N, T, nKV, hd);
   }
+  if (attn16_) {  // the bf16 copies attention_bf16 reads (rounded as round_bf16 would)
+    elementwise_->to_bf16(a.q16, a.qr, N * c.q_dim());
+    elementwise_->to_bf16(a.k16, a.kr, N * c.kv_dim());
+    return;
+  }
   round_bf16_if(a.qr, N * c.q_dim());
   round_bf16_if(a.kr, N * c.kv_dim());
+}
+
+// bf16 attention of layer l (attention_bf16): v's bf16 copy, then the op on the bf16 q, k, v into att16 and
+// the row logsumexp, and att (f32, exact) for the o_proj GEMM.
+void Qwen3Model::attention_bf16_forward(int64_t l) {
+  const auto& c = config_;
+  const int64_t N = B_ * T_;
+  LayerActs& a = layer_acts_[l];
+  elementwise_->to_bf16(a.v16, a.v, N * c.kv_dim());
+  const AttentionBf16Shape s{
+      B_,         T_,       c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.q_dim(), c.kv_dim(),
+      c.kv_dim(), c.q_dim()};
+  attention_bf16_->forward(a.att16, a.attn_saved, a.q16, a.k16, a.v16, s, doc_start());
+  elementwise_->from_bf16(a.att, a.att16, N * c.q_dim());
+}
+
+// Its backward: d(att) as bf16 (as autocast's bf16 output has a bf16 gradient), the op's bf16 dq, dk, dv,
+// written as f32 into dqr, dkr, dv (overwritten).
+void Qwen3Model::attention_bf16_backward(int64_t l, float* dqr, float* dkr, float* dv, const float* datt) {
+  const auto& c = config_;
+  const int64_t N = B_ * T_, qd = c.q_dim(), kvd = c.kv_dim();
+  LayerActs& a = layer_acts_[l];
+  uint16_t* datt16 = attn16_grads_.data<uint16_t>();
+  uint16_t *dq16 = datt16 + N * qd, *dk16 = dq16 + N * qd, *dv16 = dk16 + N * kvd;
+  elementwise_->to_bf16(datt16, datt, N * qd);
+  const AttentionBf16Shape s{B_,  T_, c.num_attention_heads, c.num_key_value_heads, c.head_dim, qd, kvd,
+                             kvd, qd};
+  attention_bf16_->backward(dq16, dk16, dv16, datt16, a.q16, a.k16, a.v16, a.att16, a.attn_saved, s,
+                            doc_start());
+  elementwise_->from_bf16(dqr, dq16, N * qd);
+  elementwise_->from_bf16(dkr, dk16, N * kvd);
+  elementwise_->from_bf16(dv, dv16, N * kvd);
 }
 
 // The pointwise outputs of layer l that the op-selective policy does not keep, recomputed as forward_layer
@@ -391,14 +433,18 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
     matmul_->backward(datt, g.wo, dout, a.att, w.wo, N, c.q_dim(), H, acc_dw);
     if (lora_) lora_->backward(l, LoraProj::O, a.att, dout, H, datt, N);
     float *dqr = dqr_.f32(), *dkr = dkr_.f32(), *dq = dq_.f32(), *dk = dk_.f32(), *dv = dv_.f32();
-    zero(dqr, N * c.q_dim());
-    zero(dkr, N * c.kv_dim());
-    zero(dv, N * c.kv_dim());
-    if (cp_)
-      ring_attention_backward(l, dqr, dkr, dv, datt);
-    else
-      attention_->backward(dqr, dkr, dv, datt, a.qr, a.kr, a.v, a.att, a.attn_saved, B, T, nH, nKV, hd,
-                           doc_start());
+    if (attn16_) {
+      attention_bf16_backward(l, dqr, dkr, dv, datt);  // (writes them)
+    } else {
+      zero(dqr, N * c.q_dim());
+      zero(dkr, N * c.kv_dim());
+      zero(dv, N * c.kv_dim());
+      if (cp_)
+        ring_attention_backward(l, dqr, dkr, dv, datt);
+      else
+        attention_->backward(dqr, dkr, dv, datt, a.qr, a.kr, a.v, a.att, a.attn_saved, B, T, nH, nKV, hd,
+                             doc_start());
+    }
     // RoPE backward into dq/dk (as scratch), then q_norm/k_norm backward into dqr/dkr (reused).
     zero(dq, N * c.q_dim());
     zero(dk, N * c.kv_dim());
