@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "device/device.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
@@ -104,6 +105,37 @@ int main(int argc, char** argv) {
                      [&] {
                        flash.forward(o, s, q, k, v, B, T, nH, nKV, hd, nullptr);
                        flash.backward(dq, dk, dv, o, q, k, v, o, s, B, T, nH, nKV, hd, nullptr);
+                     }),
+           3.5 * flops);
+  }
+  {  // the same attention in bf16 (attention_bf16: cuDNN's fused attention where built), q/k/v read through
+     // the strides of one fused QKV row
+    const int64_t B = 4, T = 2048, nH = 16, nKV = 8, hd = 128, N = B * T, qw = nH * hd, kw = nKV * hd;
+    const int64_t ld = qw + 2 * kw;
+    auto& att = get_kernel<AttentionBf16Kernels>(DeviceType::CUDA);
+    auto bf16 = [](int64_t n, uint64_t seed) {
+      std::mt19937_64 rng(seed);
+      std::normal_distribution<float> d(0.0f, 1.0f);
+      std::vector<uint16_t> h(n);
+      for (auto& x : h) x = f32_to_bf16(d(rng));
+      auto* p = static_cast<uint16_t*>(gpu().allocator->allocate(n * 2));
+      gpu().copy_from_host(p, h.data(), n * 2);
+      return p;
+    };
+    uint16_t *qkv = bf16(N * ld, 20), *o = bf16(N * qw, 21), *dout = bf16(N * qw, 22),
+             *dqkv = bf16(N * ld, 23);
+    float* lse = dev_randn(B * nH * T, 24);
+    const AttentionBf16Shape s{B, T, nH, nKV, hd, ld, ld, ld, qw};
+    const std::string shape = "B4 T2048 nH16 nKV8 hd128";
+    const double flops = 4.0 * B * nH * hd * (double(T) * (T + 1) / 2);
+    report("attention_fwd_bf16", shape,
+           median_ms(reps, [&] { att.forward(o, lse, qkv, qkv + qw, qkv + qw + kw, s, nullptr); }), flops);
+    report("attention_fwd_bwd_bf16", shape,
+           median_ms(reps,
+                     [&] {
+                       att.forward(o, lse, qkv, qkv + qw, qkv + qw + kw, s, nullptr);
+                       att.backward(dqkv, dqkv + qw, dqkv + qw + kw, dout, qkv, qkv + qw, qkv + qw + kw, o,
+                                    lse, s, nullptr);
                      }),
            3.5 * flops);
   }

@@ -4,7 +4,8 @@
 
 PyTorch f32 matmul runs with TF32 off (as titan's); bf16 matmul on bf16 tensors (titan's op converts its
 f32 inputs to bf16 inside the timed call); attention is F.scaled_dot_product_attention(is_causal=True,
-enable_gqa=True) in f32.
+enable_gqa=True) in f32, and in bf16 on views of one fused QKV tensor (titan: attention_bf16, cuDNN's
+fused attention reading the fused rows through strides).
 """
 import argparse
 import json
@@ -59,6 +60,18 @@ def torch_rows(reps):
         out["attention_fwd_f32"] = median_ms(reps, sdpa)
     out["attention_fwd_bwd_f32"] = median_ms(reps, lambda: sdpa().backward(do))
     out["attention_fwd_bwd_f32_flash"] = out["attention_fwd_bwd_f32"]
+    del q, k, v, do
+    # bf16, q/k/v as views of one fused QKV projection output (B, T, (nH + 2 nKV) hd), as titan reads them
+    qkv = torch.randn(B, T, (nH + 2 * nKV) * hd, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    do16 = torch.randn(B, nH, T, hd, device=dev, dtype=torch.bfloat16)
+
+    def sdpa16():
+        q, k, v = qkv.view(B, T, nH + 2 * nKV, hd).transpose(1, 2).split([nH, nKV, nKV], dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    with torch.no_grad():
+        out["attention_fwd_bf16"] = median_ms(reps, sdpa16)
+    out["attention_fwd_bwd_bf16"] = median_ms(reps, lambda: sdpa16().backward(do16))
     xn, wn = torch.randn(8192, 1024, device=dev), torch.randn(1024, device=dev)
     out["rmsnorm_fwd"] = median_ms(reps, lambda: F.rms_norm(xn, (1024,), wn, 1e-6))
     logits = torch.randn(1024, 151936, device=dev, requires_grad=True)

@@ -5,7 +5,8 @@
 # vs PyTorch eager vs torch.compile, Qwen3-0.6B and 1.7B by default) and writes the table and the JSON to $OUT.
 #   bash bench/cuda_train_step.sh BUNDLE.tar.xz [compare_cuda_train_step.py options]
 # Environment: OUT (default gpu_out), TOTAL_TIMEOUT (seconds for the whole comparison, default 480). The
-# roofline plan of each compared shape (titan plan --gpu) goes to $OUT/roofline.txt.
+# roofline plan of each compared shape (titan plan --gpu) goes to $OUT/roofline.txt, with the measured time
+# per op class of the same step (bench_train_step --op-times 1).
 set -uo pipefail
 BUNDLE=${1:?bundle}
 shift
@@ -40,6 +41,10 @@ if [ -n "$gpu" ] && [ -x /tmp/tb/titan ]; then
   for p in ${presets//,/ }; do
     env LD_LIBRARY_PATH="$TITAN_LD" /tmp/tb/titan plan --gpu "$gpu" --model.flavor="$p" \
       --training.seq_len="$seq" --training.local_batch_size="$batch" --training.mixed_precision_param=bfloat16
+    # ... and the measured device time of each op class of the same step (CUDA events around every op).
+    echo "measured op classes of $p (ms per step: gemm, attention forward/backward, pointwise, embedding + loss):"
+    env LD_LIBRARY_PATH="$TITAN_LD" timeout 60 /tmp/tb/bench_train_step --device cuda --preset "$p" \
+      --seq "$seq" --batch "$batch" --bf16 1 --steps 3 --op-times 1 | grep '"summary"'
   done 2>&1 | tee "$OUT/roofline.txt"
 else
   echo "no roofline plan: GPU '${gpu:-unknown}' is not one of h100, h200, b200" | tee "$OUT/roofline.txt"

@@ -2,14 +2,18 @@
 // measured step and a summary, in the same format as bench/pytorch_train_step.py.
 //   bench_train_step [--flavor 0.6B | --preset 1.7B] [--hidden 1024 --layers 4 --heads 16 --kv-heads 8
 //                     --head-dim 128 --intermediate 3072 --vocab 151936 --tied 1 --experts 0 --top-k 0
-//                     --moe-intermediate 0] [--seq 512 --batch 1 --steps 5 --warmup 1 --ac 0 --bf16 0]
+//                     --moe-intermediate 0] [--seq 512 --batch 1 --steps 5 --warmup 1 --ac 0 --bf16 0
+//                     --op-times 0]
 //                    [--device cpu|cuda[:i]] [--peak-tflops 989.4] [--init hf|tiled]
 //                    [--serve 1]
 // --ac: 0 none, 1 every layer ("full"), N every N-th layer, op (selective by op: pointwise ops recomputed).
 // --flavor 0.6B cuts the 0.6B shape to 4 layers (the CPU default); --preset NAME is the released shape of
 // Qwen3Config::flavor(NAME) with all its layers. --device cuda: parameters, gradients, activations and the
 // AdamW state live on the GPU; the gradient norm (sum_squares op) and AdamW (adamw op) run there too;
-// seq defaults to 2048 and the peak for MFU to 989.4 TFLOP/s (H100/H200 dense bf16). Each phase ends with
+// seq defaults to 2048 and the peak for MFU to 989.4 TFLOP/s (H100/H200 dense bf16). --op-times 1 adds the
+// device time of each op class (GEMMs, attention forward / backward, pointwise ops, embedding + loss; CUDA
+// events around every op, kernels/op_timing.h; the host clock on the CPU) as "op_ms", to set beside
+// `titan plan --gpu`'s prediction (the marks cost a little: time the step itself without them). Each phase ends with
 // a device synchronization, so step and phase times are the GPU's. MFU = flops_per_token * tokens/s / peak
 // with flops_per_token = Qwen3Config::training_flops_per_token(seq) (torchtitan's 6N + 12*L*heads*hd*seq,
 // N = GEMM weights incl. lm_head); 0 when no peak is given (CPU default). AdamW and the gradient norm are
@@ -20,6 +24,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -28,12 +33,14 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "device/device.h"
+#include "kernels/op_timing.h"
 #include "kernels/registry.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
@@ -98,7 +105,7 @@ int main(int argc, char** argv) try {
   titan::Qwen3Config c = titan::Qwen3Config::flavor(preset.empty() ? flavor : preset);
   if (preset.empty() && flavor == "0.6B") c.num_hidden_layers = 4;
   int64_t seq = on_gpu ? 2048 : 512, batch = 1, steps = 5, warmup = 1, ac = 0, serve = 0, bf16 = 0,
-          head_chunk = 0;
+          op_times = 0, head_chunk = 0;
   bool ac_ops = false;
   double peak_tflops = on_gpu ? 989.4 : 0.0;
   std::string init = on_gpu ? "tiled" : "hf";
@@ -148,6 +155,8 @@ int main(int argc, char** argv) try {
       warmup = v;
     else if (k == "--ac")  // 0 none, 1 every layer (full), N every N-th layer, op (selective by op)
       ac_ops = std::strcmp(argv[i + 1], "op") == 0, ac = ac_ops ? 0 : v;
+    else if (k == "--op-times")
+      op_times = v;  // 1: device time per op class (kernels/op_timing.h) in every step's line and the summary
     else if (k == "--bf16")
       bf16 = v;  // 1: training.mixed_precision_param = "bfloat16"
     else if (k == "--head-chunk")
@@ -176,6 +185,21 @@ int main(int argc, char** argv) try {
   model.set_activation_recompute_ops(ac_ops);
   model.set_head_chunk_rows(head_chunk);
   if (bf16) model.set_bf16_compute(true);
+  std::optional<titan::OpTiming> timing;
+  if (op_times) {
+    timing.emplace(device.type);
+    timing->make_current();
+    model.time_ops();
+  }
+  constexpr int kClasses = static_cast<int>(titan::OpClass::kCount);
+  std::vector<std::array<double, kClasses>> op_ms;  // per measured step
+  auto op_json = [&](const std::array<double, kClasses>& ms) {
+    std::string j = "{";
+    for (int i = 0; i < kClasses; ++i)
+      j += titan::str_cat(i ? "," : "", "\"", titan::op_class_name(static_cast<titan::OpClass>(i)),
+                          "\":", ms[i]);
+    return j + "}";
+  };
   const titan::AdamWConfig adamw_cfg{1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f};
   // titan's AdamW and grad_sq_norm as the trainer runs them (on the model's device).
   titan::AdamW optimizer(model.flat_params(), model.flat_grads(), adamw_cfg);
@@ -212,14 +236,20 @@ int main(int argc, char** argv) try {
     sync();
     auto t5 = clock::now();
     double dt = since(t0, t5);
+    std::string ops;
+    if (timing) {
+      const auto ms = timing->collect();
+      if (measured) op_ms.push_back(ms);
+      ops = ",\"op_ms\":" + op_json(ms);
+    }
     if (measured) {
       times.push_back(dt);
       std::printf(
           "{\"impl\":\"titan\",\"step\":%lld,\"seconds\":%.6f,\"tokens_per_s\":%.2f,\"mfu\":%.4f,"
           "\"loss\":%.6f,\"phases\":{\"zero_grad\":%.4f,\"forward\":%.4f,\"backward\":%.4f,"
-          "\"clip\":%.4f,\"optimizer\":%.4f}}\n",
+          "\"clip\":%.4f,\"optimizer\":%.4f}%s}\n",
           static_cast<long long>(s), dt, tokens / dt, mfu(tokens / dt), r.loss, since(t0, t1), since(t1, t2),
-          since(t2, t3), since(t3, t4), since(t4, t5));
+          since(t2, t3), since(t3, t4), since(t4, t5), ops.c_str());
       std::fflush(stdout);
     }
   };
@@ -240,16 +270,21 @@ int main(int argc, char** argv) try {
   const auto& stats = dev.allocator->stats;
   std::string names;
   for (auto& [op, impl] : model.kernel_names()) names += (names.empty() ? "" : ",") + op + "=" + impl;
+  std::string ops;  // the op classes of the median step
+  if (!op_ms.empty()) {
+    const size_t at = std::find(times.begin(), times.end(), med) - times.begin();
+    ops = ",\"op_ms\":" + op_json(op_ms[std::min(at, op_ms.size() - 1)]);
+  }
   std::printf(
       "{\"impl\":\"titan\",\"summary\":true,\"device\":\"%s\",\"bf16\":%s,\"threads\":%d,\"params\":%lld,"
       "\"steps\":%zu,\"tokens_per_step\":%.0f,\"median_seconds\":%.6f,\"median_tokens_per_s\":%.2f,"
       "\"flops_per_token\":%.0f,\"peak_tflops\":%.2f,\"median_mfu\":%.4f,\"peak_alloc_gib\":%.3f,"
-      "\"peak_alloc_bytes\":%lld,\"activation_gib\":%.3f,\"peak_rss_bytes\":%.0f,\"kernels\":\"%s\"}\n",
+      "\"peak_alloc_bytes\":%lld,\"activation_gib\":%.3f,\"peak_rss_bytes\":%.0f,\"kernels\":\"%s\"%s}\n",
       device.str().c_str(), bf16 ? "true" : "false", omp_get_max_threads(),
       static_cast<long long>(model.num_params()), times.size(), tokens, med, med > 0 ? tokens / med : 0.0,
       flops_per_token, peak_tflops, med > 0 ? mfu(tokens / med) : 0.0, stats.peak.load() / double(1 << 30),
       static_cast<long long>(stats.peak.load()), model.activation_bytes() / double(1 << 30), peak_rss_bytes(),
-      names.c_str());
+      names.c_str(), ops.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_train_step: %s\n", e.what());

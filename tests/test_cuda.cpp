@@ -19,6 +19,7 @@
 #include "device/cuda/sdpa_cudnn.h"
 #include "device/device.h"
 #include "distributed/nccl.h"
+#include "kernels/op_timing.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 #include "models/qwen3/config.h"
@@ -1003,6 +1004,28 @@ void check_model_against_cpu(const Qwen3Config& cfg, const std::string& name, De
   cpu.set_bf16_compute(true);
   dev.set_bf16_compute(true);
   expect_close(train_step(dev), train_step(cpu), 2e-2, 2e-2, 2e-2, name + " bf16");
+}
+
+// Qwen3Model::time_ops: every op class of a bf16 step reports device time (CUDA events) to the current
+// OpTiming, and the step's results stay bit for bit those of the untimed ops.
+TEST(Cuda, TimedOpsReportEveryClassAndChangeNothing) {
+  SKIP_WITHOUT_GPU();
+  Qwen3Model m(tiny_qwen3(false), {}, nullptr, true, Device{DeviceType::CUDA, 0});
+  m.init_weights(3);
+  m.set_bf16_compute(true);
+  const StepResult plain = train_step(m);
+  OpTiming timing(DeviceType::CUDA);
+  timing.make_current();
+  m.time_ops();
+  const StepResult timed_step = train_step(m);
+  expect_bit_equal(timed_step, plain, "timed ops");
+  const auto ms = timing.collect();
+  for (int c = 0; c < static_cast<int>(OpClass::kCount); ++c) {
+    EXPECT_GT(timing.calls()[c], 0) << op_class_name(static_cast<OpClass>(c));
+    EXPECT_GE(ms[c], 0.0) << op_class_name(static_cast<OpClass>(c));
+  }
+  EXPECT_GT(ms[static_cast<int>(OpClass::kGemm)], 0.0);
+  EXPECT_THROW(m.time_ops(), Error);  // (once)
 }
 
 TEST(Cuda, Qwen3ModelMatchesCpu) {

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "kernels/op_timing.h"
 #include "models/qwen3/model.h"
 #include "support/golden.h"
 #include "support/testing.h"
@@ -262,6 +263,37 @@ TEST(Qwen3Golden, ReferenceKernelsMatchFixture) {
 // The weight gradients right after zero_grad() are written, not added (the lm_head's first chunk, every
 // layer's in the first backward; later chunks and micro-batches add): one head chunk or several, dense
 // and MoE, a second forward/backward doubles every gradient and zero_grad() starts again from nothing.
+// time_ops on the CPU: the op classes' host time reaches the current OpTiming (every class called), and the
+// step's loss and gradients are bit for bit the untimed ones.
+TEST(Qwen3Model, TimedOpsReportEveryClassAndChangeNothing) {
+  Qwen3Config c = Qwen3Config::flavor("debug");
+  c.num_hidden_layers = 2;
+  Qwen3Model m(c);
+  m.init_weights(5);
+  const int64_t B = 2, T = 16;
+  std::vector<int32_t> ids(B * T);
+  for (int64_t n = 0; n < B * T; ++n) ids[n] = static_cast<int32_t>((n * 31 + 7) % c.vocab_size);
+  auto step = [&] {
+    m.zero_grad();
+    const double loss = m.forward(ids.data(), ids.data(), B, T).loss;
+    m.backward();
+    std::vector<std::vector<float>> grads;
+    for (auto& g : m.flat_grads()) grads.emplace_back(g.f32(), g.f32() + g.numel());
+    return std::make_pair(loss, grads);
+  };
+  const auto plain = step();
+  OpTiming timing(DeviceType::CPU);
+  timing.make_current();
+  m.time_ops();
+  const auto timed = step();
+  EXPECT_EQ(timed.first, plain.first);
+  EXPECT_TRUE(timed.second == plain.second);
+  const auto ms = timing.collect();
+  for (int k = 0; k < static_cast<int>(OpClass::kCount); ++k)
+    EXPECT_GT(timing.calls()[k], 0) << op_class_name(static_cast<OpClass>(k));
+  EXPECT_GT(ms[static_cast<int>(OpClass::kGemm)], 0.0);
+}
+
 TEST(Qwen3Model, GradientsAccumulateAcrossBackwardCalls) {
   for (const char* fixture : {"qwen3/tied_gqa2", "qwen3_moe/e8k2_norm"}) {
     const std::string dir = source_path(std::string("tests/golden/") + fixture);

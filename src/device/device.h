@@ -44,7 +44,7 @@ class Allocator {
 
 // What a device provides to the core. Versioned so an out-of-tree device can check compatibility.
 struct DeviceInterface {
-  static constexpr int kVersion = 3;  // 2: device_count, describe, synchronize; 3: zero, copy
+  static constexpr int kVersion = 4;  // 2: device_count, describe, synchronize; 3: zero, copy; 4: marks
   int version = kVersion;
   const char* name = "";
   Allocator* allocator = nullptr;
@@ -66,6 +66,13 @@ struct DeviceInterface {
   void (*set_current)(int index) = nullptr;
   // Accelerators: bytes of memory of the current device (for memory reports). Null: host memory.
   int64_t (*memory_bytes)() = nullptr;
+  // Accelerators: timing marks in the device's queue (CUDA events). mark() records a point after the work
+  // queued so far and returns it (the host does not wait); elapsed_ms(a, b) waits until b is reached and
+  // returns the device time from a to b; release_mark frees one. Null where ops run on the host (time them
+  // with the host clock).
+  void* (*mark)() = nullptr;
+  double (*elapsed_ms)(void* from, void* to) = nullptr;
+  void (*release_mark)(void* m) = nullptr;
 };
 
 // Registers `iface` for `type`; called from a static initializer in the device's own file.

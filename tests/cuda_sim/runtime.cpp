@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <boost/context/fiber.hpp>
+#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -581,6 +582,9 @@ struct SimStream {
 struct SimEvent {
   SimStream* stream = nullptr;
   uint64_t at = 0;
+  // When it was recorded: the emulator runs a launch before returning, so the work queued before the event
+  // is done by then (held sends aside), and the host clock between two records stands for device time.
+  std::chrono::steady_clock::time_point when;
 };
 SimStream& default_stream() {
   static SimStream s;
@@ -694,6 +698,13 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   SimEvent* e = reinterpret_cast<SimEvent*>(event);
   e->stream = &sim_stream(stream);
   e->at = e->stream->issued;
+  e->when = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  const SimEvent *a = reinterpret_cast<SimEvent*>(start), *b = reinterpret_cast<SimEvent*>(end);
+  if (!a->stream || !b->stream) return cudaErrorInvalidResourceHandle;  // (never recorded)
+  *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {

@@ -105,7 +105,8 @@ void copy_on_device(void* dst, const void* src, size_t n) {
 void set_current(int index) {
   const int n = gpu_count();
   TITAN_CHECK(n > 0, "cuda:", index, " requested, but the CUDA runtime finds no GPU");
-  TITAN_CHECK(index >= 0 && index < n, "cuda:", index, " requested, but the CUDA runtime finds ", n, " GPU(s)");
+  TITAN_CHECK(index >= 0 && index < n, "cuda:", index, " requested, but the CUDA runtime finds ", n,
+              " GPU(s)");
   TITAN_CUDA_CHECK(cudaSetDevice(index));
 }
 int64_t memory_bytes() {
@@ -119,6 +120,21 @@ int one_thread() {
 }
 void synchronize() {
   TITAN_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+}
+void* mark() {
+  cudaEvent_t e = nullptr;
+  TITAN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
+  TITAN_CUDA_CHECK(cudaEventRecord(e, cuda_stream()));
+  return e;
+}
+double elapsed_ms(void* from, void* to) {
+  float ms = 0;
+  TITAN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(to)));
+  TITAN_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from), static_cast<cudaEvent_t>(to)));
+  return ms;
+}
+void release_mark(void* m) {
+  TITAN_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(m)));
 }
 
 // One line per GPU: index, name, memory, compute capability, multiprocessors; plus driver/runtime.
@@ -155,6 +171,9 @@ struct CudaDeviceRegistration {
     iface.device_count = gpu_count;
     iface.describe = describe;
     iface.synchronize = synchronize;
+    iface.mark = mark;
+    iface.elapsed_ms = elapsed_ms;
+    iface.release_mark = release_mark;
     register_device(DeviceType::CUDA, &iface);
   }
 };

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "distributed/expert_parallel.h"
 #include "io/hf_checkpoint.h"
+#include "kernels/op_timing.h"
 #include "kernels/registry.h"
 #include "models/qwen3/lora.h"
 
@@ -40,6 +41,30 @@ Tensor& Qwen3Model::ensure(Tensor& t, int64_t n, DType dtype) const {
   n = std::max<int64_t>(n, 1);
   if (!t.defined() || t.numel() < n || t.dtype() != dtype) t = Tensor::empty({n}, dtype, device_);
   return t;
+}
+
+void Qwen3Model::time_ops() {
+  TITAN_CHECK(!ops_timed_, "time_ops: this model's ops are timed already");
+  ops_timed_ = true;
+  const bool bf16_mm = matmul_ == &matmul_bf16_, bf16_moe = moe_ == &moe_bf16_;
+  matmul_f32_ = timed(matmul_f32_, 0);
+  if (matmul_bf16_.forward) matmul_bf16_ = *timed(&matmul_bf16_, 1);
+  matmul_ = bf16_mm ? &matmul_bf16_ : matmul_f32_;
+  if (moe_f32_) {
+    moe_f32_ = timed(moe_f32_, 0);
+    if (moe_bf16_.forward) moe_bf16_ = *timed(&moe_bf16_, 1);
+    moe_ = bf16_moe ? &moe_bf16_ : moe_f32_;
+  }
+  rmsnorm_ = timed(rmsnorm_);
+  rope_ = timed(rope_);
+  if (rope_qk_) rope_qk_ = timed(rope_qk_);
+  attention_ = timed(attention_);
+  if (attention_bf16_) attention_bf16_ = timed(attention_bf16_);
+  swiglu_ = timed(swiglu_);
+  embedding_ = timed(embedding_);
+  cross_entropy_ = timed(cross_entropy_);
+  elementwise_ = timed(elementwise_);
+  if (router_) router_ = timed(router_);
 }
 
 void Qwen3Model::set_bf16_compute(bool on) {

@@ -161,6 +161,9 @@ class Qwen3Model {
   // bf16 compute emulation: parameters and every op output rounded to bfloat16 (accumulation in f32),
   // as a bf16 model in PyTorch computes. Gradients and the optimizer stay f32.
   void set_bf16_compute(bool on);
+  // Benchmarks: every op this model runs reports to the current OpTiming (kernels/op_timing.h) from now on
+  // (its op tables swapped for timed copies; results unchanged). Once per program.
+  void time_ops();
   bool bf16_compute() const { return bf16_; }
   // Activation checkpointing: a checkpointed layer keeps only its input; backward recomputes its forward
   // (bit-identical) into one shared activation buffer before differentiating it. every = 0: none; 1: every
@@ -374,9 +377,10 @@ class Qwen3Model {
   const AttentionKernels* attention_;
   const AttentionBf16Kernels* attention_bf16_ = nullptr;  // null where the device has none
   std::string attention_bf16_name_, attention_f32_name_;
-  bool attn16_ = false;  // this plan's layers run attention_bf16
-  Tensor attn_scratch_;  // attn16_: qr | kr | v (f32) of the layer being run
-  Tensor attn16_grads_;  // attn16_: datt | dq | dk | dv (bf16) of the layer's backward
+  bool attn16_ = false;     // this plan's layers run attention_bf16
+  bool ops_timed_ = false;  // time_ops() swapped the op tables
+  Tensor attn_scratch_;     // attn16_: qr | kr | v (f32) of the layer being run
+  Tensor attn16_grads_;     // attn16_: datt | dq | dk | dv (bf16) of the layer's backward
   const SwigluKernels* swiglu_;
   const EmbeddingKernels* embedding_;
   const CrossEntropyKernels* cross_entropy_;
