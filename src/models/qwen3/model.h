@@ -353,6 +353,13 @@ class Qwen3Model {
   // bf16 attention: under bf16 compute, where the device has attention_bf16 and without context parallel
   // (the ring blocks are f32). Fixed by plan_activations (the layers' buffers depend on it).
   bool wants_attn16() const { return bf16_ && attention_bf16_ && !cp_; }
+  // Where the i-th of datt | dq | dk | dv of N rows starts in attn16_grads_ (bf16 elements; 16-byte aligned).
+  int64_t attn16_grad_offset(int i, int64_t N) const {
+    const int64_t sizes[] = {N * config_.q_dim(), N * config_.q_dim(), N * config_.kv_dim()};
+    int64_t at = 0;
+    for (int j = 0; j < i; ++j) at += (sizes[j] + 7) / 8 * 8;
+    return at;
+  }
   void attention_bf16_forward(int64_t l);
   void attention_bf16_backward(int64_t l, float* dqr, float* dkr, float* dv, const float* datt);
   ContextParallelComm* cp_ = nullptr;

@@ -166,7 +166,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     // qr | kr | v in f32 for the layer being run (converted to its bf16 copies), and the backward's
     // datt | dq | dk | dv in bf16.
     attn_scratch_ = Tensor::empty({N * (c.q_dim() + 2 * c.kv_dim())}, DType::F32, device_);
-    attn16_grads_ = Tensor::empty({N * (2 * c.q_dim() + 2 * c.kv_dim())}, DType::BF16, device_);
+    attn16_grads_ = Tensor::empty({attn16_grad_offset(3, N) + N * c.kv_dim()}, DType::BF16, device_);
   } else {
     attn_scratch_ = attn16_grads_ = Tensor();
   }
@@ -175,10 +175,10 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   // ln1 and ln2 are saved as this rank's rows too (re-gathered for the backward's GEMMs), except ln2 of a
   // sparse layer run replicated on the gathered rows.
   auto ln2_rows = [&](int64_t l) { return sp_ && (!c.is_moe_layer(l) || moe_local_) ? Nl : N; };
-  // bf16 attention: q_raw, k_raw, att (f32), q16 | k16 | v16 | att16 (bf16, in halves of floats; q_dim and
-  // kv_dim are even), the logsumexp.
+  // bf16 attention: q_raw, k_raw, att (f32), q16 | k16 | v16 | att16 (bf16, in halves of floats, each
+  // 16-byte aligned as cuDNN wants its tensors: up to 3 floats of padding before each), the logsumexp.
   const int64_t attn = attn16_ ? N * H + Nl * H * 3 + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 2 +
-                                     N * (nH + nKV) + attn_saved_floats(B, T, nH)
+                                     4 * 4 + N * (nH + nKV) + attn_saved_floats(B, T, nH)
                                : N * H + Nl * H * 3 + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 +
                                      N * (nH + nKV) + attn_saved_floats(B, T, nH);
   // Checkpointing: a checkpointed layer keeps only its input; the rest is one block shared by those layers
@@ -229,6 +229,11 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
       p += n;
       return r;
     };
+    // n bf16 values at the next 16-byte boundary (the block starts at one).
+    auto take_bf16 = [&](int64_t n) {
+      p = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 15) & ~uintptr_t(15));
+      return reinterpret_cast<uint16_t*>(take((n + 1) / 2));
+    };
     float* po = ops_shared;
     auto take_pointwise = [&](int64_t n) {
       if (!rec) return take(n);
@@ -253,10 +258,10 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
       a.qr = attn_scratch_.f32();
       a.kr = a.qr + N * c.q_dim();
       a.v = a.kr + N * c.kv_dim();
-      a.q16 = reinterpret_cast<uint16_t*>(take(N * c.q_dim() / 2));
-      a.k16 = reinterpret_cast<uint16_t*>(take(N * c.kv_dim() / 2));
-      a.v16 = reinterpret_cast<uint16_t*>(take(N * c.kv_dim() / 2));
-      a.att16 = reinterpret_cast<uint16_t*>(take(N * c.q_dim() / 2));
+      a.q16 = take_bf16(N * c.q_dim());
+      a.k16 = take_bf16(N * c.kv_dim());
+      a.v16 = take_bf16(N * c.kv_dim());
+      a.att16 = take_bf16(N * c.q_dim());
     } else {
       a.v = take(N * c.kv_dim());
       a.qr = take_pointwise(N * c.q_dim());

@@ -296,6 +296,8 @@ void Qwen3Model::attention_bf16_forward(int64_t l) {
   const auto& c = config_;
   const int64_t N = B_ * T_;
   LayerActs& a = layer_acts_[l];
+  for (const uint16_t* p : {a.q16, a.k16, a.v16, a.att16})  // (cuDNN reads its tensors 16 bytes at a time)
+    TITAN_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, "bf16 attention: a buffer off 16-byte alignment");
   elementwise_->to_bf16(a.v16, a.v, N * c.kv_dim());
   const AttentionBf16Shape s{
       B_,         T_,       c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.q_dim(), c.kv_dim(),
@@ -310,8 +312,9 @@ void Qwen3Model::attention_bf16_backward(int64_t l, float* dqr, float* dkr, floa
   const auto& c = config_;
   const int64_t N = B_ * T_, qd = c.q_dim(), kvd = c.kv_dim();
   LayerActs& a = layer_acts_[l];
-  uint16_t* datt16 = attn16_grads_.data<uint16_t>();
-  uint16_t *dq16 = datt16 + N * qd, *dk16 = dq16 + N * qd, *dv16 = dk16 + N * kvd;
+  uint16_t* g = attn16_grads_.data<uint16_t>();
+  uint16_t *datt16 = g, *dq16 = g + attn16_grad_offset(1, N), *dk16 = g + attn16_grad_offset(2, N),
+           *dv16 = g + attn16_grad_offset(3, N);
   elementwise_->to_bf16(datt16, datt, N * qd);
   const AttentionBf16Shape s{B_,  T_, c.num_attention_heads, c.num_key_value_heads, c.head_dim, qd, kvd,
                              kvd, qd};
