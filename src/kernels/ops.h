@@ -3,6 +3,7 @@
 // into every gradient they produce (input and parameter grads), so residual branches and gradient
 // accumulation need no extra adds. N = B*T rows.
 #pragma once
+#include <compare>
 #include <cstdint>
 
 namespace titan {
@@ -85,6 +86,7 @@ struct AttentionKernels {
 struct AttentionBf16Shape {
   int64_t B = 0, T = 0, nH = 0, nKV = 0, hd = 0;
   int64_t ldq = 0, ldk = 0, ldv = 0, ldo = 0;
+  auto operator<=>(const AttentionBf16Shape&) const = default;  // (a cache key)
 };
 struct AttentionBf16Kernels {
   static constexpr const char* kOp = "attention_bf16";

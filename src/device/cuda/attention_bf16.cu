@@ -30,10 +30,6 @@ void pack_rows(uint16_t* dst, const float* src, int64_t rows, int64_t width, int
   launch(pack_rows_kernel, blocks_for(rows * width, kThreads), kThreads, 0, dst, src, rows, width, ld);
 }
 
-SdpaShape sdpa_shape(const AttentionBf16Shape& s) {
-  return {s.B, s.T, s.nH, s.nKV, s.hd, s.ldq, s.ldk, s.ldv, s.ldo};
-}
-
 void own_forward(const SdpaShape& s, uint16_t* o, float* lse, const uint16_t* q, const uint16_t* k,
                  const uint16_t* v, const int32_t* doc_start) {
   const int64_t N = s.B * s.T, qw = s.nH * s.hd, kw = s.nKV * s.hd;
@@ -67,24 +63,23 @@ void own_backward(const SdpaShape& s, uint16_t* dq, uint16_t* dk, uint16_t* dv, 
 
 void flash_bf16_forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                         const AttentionBf16Shape& s, const int32_t* doc_start) {
-  own_forward(sdpa_shape(s), out, lse, q, k, v, doc_start);
+  own_forward(s, out, lse, q, k, v, doc_start);
 }
 void flash_bf16_backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
                          const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
                          const AttentionBf16Shape& s, const int32_t* doc_start) {
-  own_backward(sdpa_shape(s), dq, dk, dv, dout, q, k, v, out, lse, doc_start);
+  own_backward(s, dq, dk, dv, dout, q, k, v, out, lse, doc_start);
 }
 
 // cuDNN's graph has no document mask here: packed rows take the own kernels.
 void cudnn_bf16_forward(uint16_t* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                         const AttentionBf16Shape& s, const int32_t* doc_start) {
-  if (doc_start || !sdpa_forward(sdpa_shape(s), out, lse, q, k, v))
-    flash_bf16_forward(out, lse, q, k, v, s, doc_start);
+  if (doc_start || !sdpa_forward(s, out, lse, q, k, v)) flash_bf16_forward(out, lse, q, k, v, s, doc_start);
 }
 void cudnn_bf16_backward(uint16_t* dq, uint16_t* dk, uint16_t* dv, const uint16_t* dout, const uint16_t* q,
                          const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse,
                          const AttentionBf16Shape& s, const int32_t* doc_start) {
-  if (doc_start || !sdpa_backward(sdpa_shape(s), dq, dk, dv, dout, q, k, v, out, lse))
+  if (doc_start || !sdpa_backward(s, dq, dk, dv, dout, q, k, v, out, lse))
     flash_bf16_backward(dq, dk, dv, dout, q, k, v, out, lse, s, doc_start);
 }
 

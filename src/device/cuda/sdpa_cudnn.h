@@ -14,13 +14,12 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/ops.h"
+
 namespace titan::cuda {
 
-struct SdpaShape {
-  int64_t B = 0, T = 0, nH = 0, nKV = 0, hd = 0;
-  int64_t ldq = 0, ldk = 0, ldv = 0, ldo = 0;  // row strides (elements) of q, k, v and o/dout
-  auto operator<=>(const SdpaShape&) const = default;
-};
+// The shape and row strides of attention_bf16 (kernels/ops.h).
+using SdpaShape = AttentionBf16Shape;
 
 // false (after one log line naming the reason, once per shape) when cuDNN cannot run this shape here
 // (no GPU support for it, an unsupported head dim or cuDNN version); the caller then runs its own kernels.
