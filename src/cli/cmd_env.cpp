@@ -18,6 +18,7 @@
 #include "cli/command.h"
 #include "core/cpu_isa.h"
 #include "core/version.h"
+#include "device/cpu/sgemm.h"
 #include "device/device.h"
 #include "kernels/registry.h"
 
@@ -137,6 +138,13 @@ int env_main(int, char**) {
         runs_at = std::string(" at ") + titan::cpu_isa_name(reg.running_isa(op, dev, def));
       std::printf("  %-16s default %s%s: %s\n", op.c_str(), def.c_str(), runs_at.c_str(), impls.c_str());
     }
+#ifdef TITAN_HAVE_DNNL
+    if (dev == titan::DeviceType::CPU)
+      std::printf("  (matmul onednn: weight gradients on %s)\n",
+                  titan::cpu::weight_grad_on_openblas()
+                      ? "OpenBLAS, whose AVX2 kernels run that layout faster"
+                      : "oneDNN");
+#endif
   }
   return 0;
 }

@@ -33,6 +33,15 @@ inline void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
 #endif
 }
 
+#ifdef TITAN_HAVE_DNNL
+// Whether OpenBLAS runs its AVX2 (or wider) kernels here: its core type is one of Haswell, Zen, SkylakeX,
+// Cooperlake, SapphireRapids (a VM hiding the CPU model gets Prescott/Nehalem-class SSE kernels).
+bool openblas_runs_avx2();
+// Whether the "onednn" matmul computes weight gradients on OpenBLAS (matmul_onednn.cpp says why): the
+// running ISA is below AVX-512 and openblas_runs_avx2(). Decided once per process.
+bool weight_grad_on_openblas();
+#endif
+
 // The bf16 GEMM engines of CPUs without bf16 dot products ("sgemm" of matmul_bf16 / moe_experts_bf16, and
 // the references): an operand rounded to bf16 (nearest even) into `buf`, kept in f32, so that sgemm's
 // products are exact and only its accumulation is f32, as on the bf16 instructions. A weight with a
