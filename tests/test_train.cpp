@@ -608,6 +608,39 @@ TEST(Trainer, PlanCountsEachActivationCheckpointingMode) {
             true);
 }
 
+TEST(Trainer, PlanCountsBf16AttentionAsTheModelAllocatesIt) {
+  // Under bf16 compute a layer saves bf16 q/k/v and attention output instead of f32 q/k/v after RoPE (those
+  // become scratch shared by the layers, with the backward's bf16 gradients): the plan's saved bytes per
+  // layer move as the model's own allocation does (up to the alignment reserve of the four bf16 buffers).
+  Qwen3Config c = Qwen3Config::flavor("debug");
+  c.num_hidden_layers = 2;
+  const int64_t B = 2, T = 32, N = B * T, L = c.num_hidden_layers;
+  auto model_saved = [&](bool bf16) {
+    Qwen3Model m(c);
+    m.init_weights(1);
+    m.set_bf16_compute(bf16);
+    std::vector<int32_t> ids(N, 3);
+    m.forward(ids.data(), ids.data(), B, T);
+    return m.activation_bytes();
+  };
+  const int64_t model_delta = model_saved(false) - model_saved(true);
+  auto plan = [&](bool bf16, int64_t cp = 1) {
+    return make_plan(c, cp, 1, 1, B, B, T, CheckpointPolicy{}, 1, 1, false, {}, cp, bf16);
+  };
+  const RunPlan f32 = plan(false), bf16 = plan(true);
+  EXPECT_FALSE(f32.bf16_attention);
+  EXPECT_TRUE(bf16.bf16_attention);
+  const int64_t scratch = 4 * N * (2 * c.q_dim() + 3 * c.kv_dim());  // f32 q/k/v + bf16 dq/dk/dv/datt
+  const int64_t plan_delta = f32.activation_bytes - bf16.activation_bytes + scratch;
+  EXPECT_EQ(plan_delta, 4 * L * N * c.kv_dim());
+  // (the model reserves 4 floats of alignment before each of the four bf16 buffers of a layer)
+  EXPECT_LE(std::abs(plan_delta - model_delta), 4 * L * 4 * 4) << plan_delta << " vs " << model_delta;
+  EXPECT_NE(bf16.describe().find("attention's tensors bf16"), std::string::npos);
+  // Context parallel keeps the ring's blocks f32: bf16 compute changes nothing there.
+  EXPECT_FALSE(plan(true, 2).bf16_attention);
+  EXPECT_EQ(plan(true, 2).activation_bytes, plan(false, 2).activation_bytes);
+}
+
 // Pipeline stages as torchtitan splits them (the embedding and the head weigh one layer each), the
 // placement of looped schedules, each schedule's bubble and in-flight micro-batches, and the plan per
 // pipeline rank: every parameter on exactly one rank (a tied lm_head copied to the last), 1F1B's first

@@ -55,10 +55,10 @@ int plan_main(int argc, char** argv) {
               "pipeline_parallel_degree x context_parallel_degree = ",
               fixed);
   const int64_t shard = par.data_parallel_shard_degree > 0 ? par.data_parallel_shard_degree : nproc / fixed;
-  auto plan =
-      titan::make_plan(mc, nproc, rep, shard, cfg.training.local_batch_size, cfg.training.global_batch_size,
-                       cfg.training.seq_len, cfg.activation_checkpoint.policy(), par.expert_parallel_degree,
-                       tp, par.enable_sequence_parallel, par.pipeline(), cp);
+  auto plan = titan::make_plan(
+      mc, nproc, rep, shard, cfg.training.local_batch_size, cfg.training.global_batch_size,
+      cfg.training.seq_len, cfg.activation_checkpoint.policy(), par.expert_parallel_degree, tp,
+      par.enable_sequence_parallel, par.pipeline(), cp, cfg.training.mixed_precision_param == "bfloat16");
   std::printf("%s\n", plan.describe().c_str());
   if (!gpu.empty()) {
     TITAN_CHECK(pp == 1 && cp == 1, "--gpu: the roofline predicts layouts without pipeline or context ",

@@ -32,7 +32,7 @@ std::string human(double n) {
 RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int64_t dp_shard,
                   int64_t local_batch, int64_t global_batch, int64_t seq_len, CheckpointPolicy checkpointing,
                   int64_t expert_parallel, int64_t tensor_parallel, bool sequence_parallel,
-                  const dist::PipelineOptions& pipeline, int64_t context_parallel) {
+                  const dist::PipelineOptions& pipeline, int64_t context_parallel, bool bf16_compute) {
   RunPlan p;
   p.world = world;
   p.dp_replicate = dp_replicate;
@@ -114,17 +114,26 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   const int64_t rows = pp > 1 ? pipeline.microbatch_size : local_batch;
   const int64_t N = rows * ((seq_len + cp - 1) / cp), Nl = sp ? N / tp : N, I = lc.intermediate_size;
   const int64_t forwards = (local_batch / rows) * p.grad_accum;  // per step on this rank
-  const int64_t per_layer = Nl * H * 4 + Nl * 2 + N * lc.q_dim() * 3 + N * lc.kv_dim() * 3 +
+  // Attention's saved tensors: f32 q_raw, k_raw, the output and q/k after norm + RoPE and v; with bf16
+  // attention q/k/v after RoPE become scratch shared by the layers, and bf16 q/k/v and the output (half a
+  // float each) are saved instead.
+  const bool attn16 = p.bf16_attention = bf16_compute && cp == 1;
+  const int64_t attn_qkv =
+      attn16 ? N * lc.q_dim() * 3 + N * lc.kv_dim() * 2 : N * lc.q_dim() * 3 + N * lc.kv_dim() * 3;
+  const int64_t per_layer = Nl * H * 4 + Nl * 2 + attn_qkv +
                             N * (lc.num_attention_heads + lc.num_key_value_heads) +
                             N * lc.num_attention_heads + N * 3 * I;
   const int64_t every = checkpointing.every;
   auto checkpointed = [&](int64_t l) { return every > 0 && (l + 1) % every == 0; };
   const int64_t scratch = N * (3 * H + 2 * lc.q_dim() + 3 * lc.kv_dim() + 3 * I) +
                           (sp ? Nl * H + 2 * N * H : 0) +
-                          (pp > 1 ? 2 * Nl * H : 0) +          // the stage's received input and sent output
-                          (cp > 1 ? 4 * N * lc.kv_dim() : 0);  // the ring's K/V chunks (double-buffered)
-  // Selective 'op': the saved layers keep ln1, ln2, q/k after norm + RoPE and act in one shared block.
-  const int64_t pointwise = 2 * Nl * H + N * (lc.q_dim() + lc.kv_dim() + I);
+                          (pp > 1 ? 2 * Nl * H : 0) +           // the stage's received input and sent output
+                          (cp > 1 ? 4 * N * lc.kv_dim() : 0) +  // the ring's K/V chunks (double-buffered)
+                          // bf16 attention: the f32 q/k/v being converted, and datt/dq/dk/dv in bf16
+                          (attn16 ? N * (2 * lc.q_dim() + 3 * lc.kv_dim()) : 0);
+  // Selective 'op': the saved layers keep ln1, ln2, q/k after norm + RoPE (f32 attention: the bf16 copies
+  // are GEMM-like saves) and act in one shared block.
+  const int64_t pointwise = 2 * Nl * H + N * ((attn16 ? 0 : lc.q_dim() + lc.kv_dim()) + I);
   const int64_t logits = std::min<int64_t>(N * lc.vocab_size, Qwen3Model::kHeadChunkBytes / 4);
   // Collectives on (N, H) f32 per forward, in units of (tp - 1) / tp of the buffer sent per rank (a ring
   // all-gather or reduce-scatter; an all-reduce is two). Without sequence parallel: an all-reduce after
@@ -228,8 +237,8 @@ std::string RunPlan::describe() const {
   os << "\nbatch: local " << local_batch << " x seq " << seq_len << ", global " << global_batch
      << ", gradient accumulation " << grad_accum << " steps, " << global_batch * seq_len << " tokens/step\n"
      << "memory per rank: parameters " << gib(param_bytes) << ", gradients " << gib(grad_bytes)
-     << ", optimizer " << gib(optimizer_bytes) << ", activations " << gib(activation_bytes) << ", total "
-     << gib(total_bytes());
+     << ", optimizer " << gib(optimizer_bytes) << ", activations " << gib(activation_bytes)
+     << (bf16_attention ? " (attention's tensors bf16)" : "") << ", total " << gib(total_bytes());
   if (pipeline.degree > 1) {
     const int64_t p = pipeline.degree, m = pipeline.microbatches, v = pipeline.stages_per_rank();
     char bubble[64];

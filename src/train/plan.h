@@ -25,6 +25,7 @@ struct RunPlan {
   // Pipeline parallel: the stages, schedule and micro-batches (one stage with everything when degree 1).
   dist::PipelineLayout pipeline;
   int64_t context_parallel = 1;  // ranks a sequence is split over (two mirrored chunks each)
+  bool bf16_attention = false;   // q/k/v and the attention output saved as bf16 (bf16 compute, no CP)
   double pp_comm_bytes = 0;      // per rank and step: activations and their gradients sent between stages
   double cp_comm_bytes = 0;      // per rank and step: K/V chunks (and dK/dV) passed around the ring
   int64_t shard_params = 0;      // parameters this rank owns (its shard of its tensor-parallel slice)
@@ -56,10 +57,13 @@ struct CheckpointPolicy {
 // pipeline rank its stages' layers and the micro-batches its schedule keeps in flight; context_parallel
 // splits every sequence (activations 1/cp; parameters sharded over dp_shard x cp, as torchtitan's FSDP
 // mesh). world = dp_replicate x dp_shard x tensor_parallel x pipeline degree x context_parallel. Errors
-// name the parallelism field when one cannot.
+// name the parallelism field when one cannot. bf16_compute (training.mixed_precision_param = "bfloat16"):
+// attention's tensors are bf16 (the model's attention_bf16 path; not under context parallel, whose ring
+// blocks stay f32), which changes the saved activations and the scratch.
 RunPlan make_plan(const Qwen3Config& model, int64_t world, int64_t dp_replicate, int64_t dp_shard,
                   int64_t local_batch, int64_t global_batch, int64_t seq_len, CheckpointPolicy checkpointing,
                   int64_t expert_parallel = 1, int64_t tensor_parallel = 1, bool sequence_parallel = false,
-                  const dist::PipelineOptions& pipeline = {}, int64_t context_parallel = 1);
+                  const dist::PipelineOptions& pipeline = {}, int64_t context_parallel = 1,
+                  bool bf16_compute = false);
 
 }  // namespace titan

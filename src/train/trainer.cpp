@@ -83,7 +83,8 @@ void Trainer::build_process_group_and_plan() {
   plan_ =
       make_plan(mc_, world_, par.data_parallel_replicate_degree, dp_shard, cfg_.training.local_batch_size,
                 cfg_.training.global_batch_size, cfg_.training.seq_len, cfg_.activation_checkpoint.policy(),
-                par.expert_parallel_degree, tp, par.enable_sequence_parallel, par.pipeline(), cp);
+                par.expert_parallel_degree, tp, par.enable_sequence_parallel, par.pipeline(), cp,
+                cfg_.training.mixed_precision_param == "bfloat16");
   if (cfg_.lora.enable) {
     // LoRA: the frozen base (bf16 or f32) without gradients or optimizer state; the adapters train.
     LoraConfig lc;
