@@ -414,11 +414,38 @@ TEST(Cuda, AttentionBf16MatchesReference) {
         k.forward(out.p, lse.p, qkv.p, qkv.p + qw, qkv.p + qw + kw, c.s, ds);
         k.backward(dqkv.p, dqkv.p + qw, dqkv.p + qw + kw, dout.p, qkv.p, qkv.p + qw, qkv.p + qw + kw, out.p,
                    lse.p, c.s, ds);
-        if (rep == 1) EXPECT_EQ(cuda::sdpa_graphs_built(), built) << name << ": a cached shape built a graph";
+        if (rep == 1) {
+          EXPECT_EQ(cuda::sdpa_graphs_built(), built) << name << ": a cached shape built a graph";
+        }
       }
       for (auto& f : c.failures(out.read(), lse.read(), dqkv.read()))
         ADD_FAILURE() << name << " T=" << c.s.T << ": " << f;
     }
+  }
+}
+
+// matmul_bf16's bf16-input GEMMs (the input given as bf16 bits, as o_proj reads the bf16 attention output)
+// equal its f32-input GEMMs on the f32 values of those bits, bit for bit.
+TEST(Cuda, MatmulBf16InputEqualsF32InputOfTheSameValues) {
+  SKIP_WITHOUT_GPU();
+  const int64_t N = 37, C = 72, OC = 53;
+  auto x = randn(N * C, 30), w = randn(OC * C, 31), dout = randn(N * OC, 32);
+  std::vector<uint16_t> x16(x.size());
+  std::vector<float> xv(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x16[i] = f32_to_bf16(x[i]), xv[i] = bf16_to_f32(x16[i]);
+  const auto& mm = get_kernel<MatmulBf16Kernels>(DeviceType::CUDA);
+  DevF dx(xv), dw_(w), ddout(dout);
+  Dev<uint16_t> dx16(x16);
+  for (bool acc : {false, true}) {
+    DevF out(N * OC), dinp(N * C, 0.5f), dw(OC * C, 0.25f), out16(N * OC), dinp16(N * C, 0.5f),
+        dw16(OC * C, 0.25f);
+    mm.forward(out.p, dx.p, dw_.p, N, C, OC);
+    mm.backward(dinp.p, dw.p, ddout.p, dx.p, dw_.p, N, C, OC, acc);
+    mm.forward_bf16_input(out16.p, dx16.p, dw_.p, N, C, OC);
+    mm.backward_bf16_input(dinp16.p, dw16.p, ddout.p, dx16.p, dw_.p, N, C, OC, acc);
+    EXPECT_EQ(out16.read(), out.read());
+    EXPECT_EQ(dinp16.read(), dinp.read());
+    EXPECT_EQ(dw16.read(), dw.read()) << "accumulate " << acc;
   }
 }
 

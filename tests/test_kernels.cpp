@@ -143,6 +143,36 @@ TEST(Kernels, MatmulBf16AllImplementations) {
   }
 }
 
+// The bf16-input GEMMs (the input given as bf16 bits) equal the f32-input ones on the f32 values of those
+// bits, bit for bit, in every engine: forward, d(input) and the weight gradient (written and accumulated),
+// each skipped when its output is null.
+TEST(Kernels, MatmulBf16InputEqualsF32InputOfTheSameValues) {
+  for (auto [N, C, OC] : {std::tuple<int64_t, int64_t, int64_t>{7, 13, 11}, {33, 64, 48}}) {
+    auto x = randn(N * C, 11), w = randn(OC * C, 12), dout = randn(N * OC, 13);
+    std::vector<uint16_t> x16(x.size());
+    std::vector<float> xv(x.size());
+    for (size_t i = 0; i < x.size(); ++i) x16[i] = f32_to_bf16(x[i]), xv[i] = bf16_to_f32(x16[i]);
+    for (auto& name : impls<MatmulBf16Kernels>()) {
+      const auto& k = variant<MatmulBf16Kernels>(name);
+      ASSERT_TRUE(k.forward_bf16_input && k.backward_bf16_input) << name;
+      for (bool acc : {false, true}) {
+        std::vector<float> out(N * OC), dinp(N * C, 0.5f), dw(OC * C, 0.25f);
+        std::vector<float> out16(N * OC), dinp16(N * C, 0.5f), dw16(OC * C, 0.25f), dw_only(OC * C, 0.25f);
+        k.forward(out.data(), xv.data(), w.data(), N, C, OC);
+        k.backward(dinp.data(), dw.data(), dout.data(), xv.data(), w.data(), N, C, OC, acc);
+        k.forward_bf16_input(out16.data(), x16.data(), w.data(), N, C, OC);
+        k.backward_bf16_input(dinp16.data(), dw16.data(), dout.data(), x16.data(), w.data(), N, C, OC, acc);
+        k.backward_bf16_input(nullptr, dw_only.data(), dout.data(), x16.data(), w.data(), N, C, OC, acc);
+        k.backward_bf16_input(nullptr, nullptr, dout.data(), x16.data(), w.data(), N, C, OC, acc);
+        EXPECT_EQ(out16, out) << name;
+        EXPECT_EQ(dinp16, dinp) << name;
+        EXPECT_EQ(dw16, dw) << name << " accumulate " << acc;
+        EXPECT_EQ(dw_only, dw) << name << " accumulate " << acc;
+      }
+    }
+  }
+}
+
 // A registered bf16 image of a weight range is what the engines read instead of converting the weight:
 // the results are bit-identical to converting, for a weight inside the range too; after unregistering,
 // the weight is converted again.

@@ -609,8 +609,9 @@ TEST(Trainer, PlanCountsEachActivationCheckpointingMode) {
 }
 
 TEST(Trainer, PlanCountsBf16AttentionAsTheModelAllocatesIt) {
-  // Under bf16 compute a layer saves bf16 q/k/v and attention output instead of f32 q/k/v after RoPE (those
-  // become scratch shared by the layers, with the backward's bf16 gradients): the plan's saved bytes per
+  // Under bf16 compute a layer saves bf16 q/k/v and attention output instead of f32 q/k/v after RoPE and the
+  // f32 output (o_proj reads the bf16 one; q/k/v become scratch shared by the layers, with the backward's
+  // bf16 gradients): the plan's saved bytes per
   // layer move as the model's own allocation does (up to the alignment reserve of the four bf16 buffers).
   Qwen3Config c = Qwen3Config::flavor("debug");
   c.num_hidden_layers = 2;
@@ -632,7 +633,7 @@ TEST(Trainer, PlanCountsBf16AttentionAsTheModelAllocatesIt) {
   EXPECT_TRUE(bf16.bf16_attention);
   const int64_t scratch = 4 * N * (2 * c.q_dim() + 3 * c.kv_dim());  // f32 q/k/v + bf16 dq/dk/dv/datt
   const int64_t plan_delta = f32.activation_bytes - bf16.activation_bytes + scratch;
-  EXPECT_EQ(plan_delta, 4 * L * N * c.kv_dim());
+  EXPECT_EQ(plan_delta, 4 * L * N * (c.q_dim() + c.kv_dim()));
   // (the model reserves 4 floats of alignment before each of the four bf16 buffers of a layer)
   EXPECT_LE(std::abs(plan_delta - model_delta), 4 * L * 4 * 4) << plan_delta << " vs " << model_delta;
   EXPECT_NE(bf16.describe().find("attention's tensors bf16"), std::string::npos);

@@ -125,15 +125,17 @@ const K* store(const K& table, int slot) {
 
 }  // namespace
 
-const MatmulKernels* timed(const MatmulKernels* k, int slot) {
-  TITAN_CHECK(slot == 0 || slot == 1, "timed: matmul slot ", slot);
-  if (slot == 0)
-    return store(MatmulKernels{TITAN_TIMED(0, MatmulKernels, forward, kGemm),
-                               TITAN_TIMED(0, MatmulKernels, backward, kGemm)},
-                 0);
-  return store(MatmulKernels{TITAN_TIMED(1, MatmulKernels, forward, kGemm),
-                             TITAN_TIMED(1, MatmulKernels, backward, kGemm)},
-               1);
+const MatmulKernels* timed(const MatmulKernels* k) {
+  return store(MatmulKernels{TITAN_TIMED(0, MatmulKernels, forward, kGemm),
+                             TITAN_TIMED(0, MatmulKernels, backward, kGemm)},
+               0);
+}
+const MatmulBf16Kernels* timed(const MatmulBf16Kernels* k) {
+  return store(MatmulBf16Kernels{TITAN_TIMED(0, MatmulBf16Kernels, forward, kGemm),
+                                 TITAN_TIMED(0, MatmulBf16Kernels, backward, kGemm),
+                                 TITAN_TIMED(0, MatmulBf16Kernels, forward_bf16_input, kGemm),
+                                 TITAN_TIMED(0, MatmulBf16Kernels, backward_bf16_input, kGemm)},
+               0);
 }
 const RmsNormKernels* timed(const RmsNormKernels* k) {
   return store(RmsNormKernels{TITAN_TIMED(0, RmsNormKernels, forward, kPointwise),

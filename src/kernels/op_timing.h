@@ -54,7 +54,8 @@ class OpTiming {
 // Timed copies of the op tables a model runs; each function keeps its class (a table's forward and backward
 // may differ: attention). Each returns a pointer to storage that lives as long as the program; calling it
 // again for the same kind of table replaces the previous copy's target (one timed model at a time).
-const MatmulKernels* timed(const MatmulKernels* k, int slot);  // slot: one of two matmul tables (f32, bf16)
+const MatmulKernels* timed(const MatmulKernels* k);
+const MatmulBf16Kernels* timed(const MatmulBf16Kernels* k);
 const RmsNormKernels* timed(const RmsNormKernels* k);
 const RopeKernels* timed(const RopeKernels* k);
 const RopeQKKernels* timed(const RopeQKKernels* k);

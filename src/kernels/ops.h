@@ -27,6 +27,13 @@ struct MatmulBf16Kernels {
   void (*forward)(float* out, const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC);
   void (*backward)(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                    int64_t N, int64_t C, int64_t OC, bool accumulate_dweight);
+  // The same GEMMs with the input held as bf16 already (inp16: N x C bit patterns), so that a tensor the
+  // step keeps in bf16 (the attention output, read by o_proj) needs no f32 copy: equal to forward/backward
+  // on the f32 values of those bits.
+  void (*forward_bf16_input)(float* out, const uint16_t* inp16, const float* weight, int64_t N, int64_t C,
+                             int64_t OC);
+  void (*backward_bf16_input)(float* dinp, float* dweight, const float* dout, const uint16_t* inp16,
+                              const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dweight);
 };
 
 // bf16 images of f32 weight ranges, kept up to date by their owner (a model under bf16 compute makes them

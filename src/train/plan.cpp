@@ -115,11 +115,12 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   const int64_t N = rows * ((seq_len + cp - 1) / cp), Nl = sp ? N / tp : N, I = lc.intermediate_size;
   const int64_t forwards = (local_batch / rows) * p.grad_accum;  // per step on this rank
   // Attention's saved tensors: f32 q_raw, k_raw, the output and q/k after norm + RoPE and v; with bf16
-  // attention q/k/v after RoPE become scratch shared by the layers, and bf16 q/k/v and the output (half a
-  // float each) are saved instead.
+  // attention q/k/v after RoPE become scratch shared by the layers, bf16 q/k/v and the output (half a float
+  // each) are saved instead, and o_proj reads the bf16 output (no f32 copy; a LoRA adapter on o_proj keeps
+  // one, N x q_dim floats more per layer).
   const bool attn16 = p.bf16_attention = bf16_compute && cp == 1;
   const int64_t attn_qkv =
-      attn16 ? N * lc.q_dim() * 3 + N * lc.kv_dim() * 2 : N * lc.q_dim() * 3 + N * lc.kv_dim() * 3;
+      attn16 ? N * lc.q_dim() * 2 + N * lc.kv_dim() * 2 : N * lc.q_dim() * 3 + N * lc.kv_dim() * 3;
   const int64_t per_layer = Nl * H * 4 + Nl * 2 + attn_qkv +
                             N * (lc.num_attention_heads + lc.num_key_value_heads) +
                             N * lc.num_attention_heads + N * 3 * I;

@@ -4,6 +4,8 @@
 // matmul on bf16 copies of the operands, which uses the CPU's bf16 dot-product instructions (AVX512_BF16
 // vdpbf16ps, AMX where present); registered when the build found oneDNN (TITAN_HAVE_DNNL) and chosen
 // where the CPU has AVX512_BF16.
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -74,7 +76,27 @@ std::vector<Bf16Image>& images() {
   return all;
 }
 
-const MatmulBf16Kernels kRef{ref_forward, ref_backward};
+// The f32 values of n bf16 bit patterns, in a buffer reused across calls (the input of the bf16-input
+// GEMMs; the other operands have their own buffers).
+const float* widened(const uint16_t* x, int64_t n) {
+  static std::vector<float> buf;
+  if ((int64_t)buf.size() < n) buf.resize(n);
+  float* d = buf.data();
+#pragma omp parallel for simd schedule(static) if (n >= (int64_t(1) << 16) && !omp_in_parallel())
+  for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(x[i]);
+  return d;
+}
+
+void ref_forward_bf16_input(float* out, const uint16_t* inp16, const float* weight, int64_t N, int64_t C,
+                            int64_t OC) {
+  ref_forward(out, widened(inp16, N * C), weight, N, C, OC);
+}
+void ref_backward_bf16_input(float* dinp, float* dw, const float* dout, const uint16_t* inp16,
+                             const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
+  ref_backward(dinp, dw, dout, dw ? widened(inp16, N * C) : nullptr, weight, N, C, OC, accumulate_dw);
+}
+
+const MatmulBf16Kernels kRef{ref_forward, ref_backward, ref_forward_bf16_input, ref_backward_bf16_input};
 TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CPU, "reference", kRef, 0);
 
 // bf16-rounded copies of the operands in f32, reused across calls (one per operand slot).
@@ -99,7 +121,20 @@ void sgemm_backward(float* dinp, float* dw, const float* dout, const float* inp,
   if (dw) f32_engine().backward(nullptr, dw, g, rounded(1, inp, N * C), nullptr, N, C, OC, accumulate_dw);
 }
 
-const MatmulBf16Kernels kSgemm{sgemm_forward, sgemm_backward};
+// (the widened input is bf16-exact already: no rounding pass)
+void sgemm_forward_bf16_input(float* out, const uint16_t* inp16, const float* w, int64_t N, int64_t C,
+                              int64_t OC) {
+  f32_engine().forward(out, widened(inp16, N * C), rounded(1, w, OC * C), N, C, OC);
+}
+void sgemm_backward_bf16_input(float* dinp, float* dw, const float* dout, const uint16_t* inp16,
+                               const float* w, int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
+  const float* g = rounded(0, dout, N * OC);
+  if (dinp) f32_engine().backward(dinp, nullptr, g, nullptr, rounded(1, w, OC * C), N, C, OC, false);
+  if (dw) f32_engine().backward(nullptr, dw, g, widened(inp16, N * C), nullptr, N, C, OC, accumulate_dw);
+}
+
+const MatmulBf16Kernels kSgemm{sgemm_forward, sgemm_backward, sgemm_forward_bf16_input,
+                               sgemm_backward_bf16_input};
 TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CPU, "sgemm", kSgemm, 5);
 
 #ifdef TITAN_HAVE_DNNL
@@ -184,27 +219,41 @@ const uint16_t* weight_bf16(const float* w, int64_t n) {
   return image ? image : buf(1).fill(w, n);
 }
 
-// out (N,OC) = inp (N,C) @ w^T: B = w^T is (C,OC) with strides (1, C).
+// out (N,OC) = inp (N,C) @ w^T: B = w^T is (C,OC) with strides (1, C). The bf16-input variants read inp16
+// in place of the converted copy.
+void dnnl_forward_bf16_input(float* out, const uint16_t* inp16, const float* w, int64_t N, int64_t C,
+                             int64_t OC) {
+  run({N, OC, C, C, 1, 1, C, false}, inp16, weight_bf16(w, OC * C), out);
+}
 void dnnl_forward(float* out, const float* inp, const float* w, int64_t N, int64_t C, int64_t OC) {
-  const uint16_t* a = buf(0).fill(inp, N * C);
-  const uint16_t* b = weight_bf16(w, OC * C);
-  run({N, OC, C, C, 1, 1, C, false}, a, b, out);
+  dnnl_forward_bf16_input(out, buf(0).fill(inp, N * C), w, N, C, OC);
 }
 
-void dnnl_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t N,
-                   int64_t C, int64_t OC, bool accumulate_dw) {
+// (inp is read only for dw: the caller converts it lazily through `input`)
+template <class Input>
+void dnnl_backward_impl(float* dinp, float* dw, const float* dout, Input input, const float* w, int64_t N,
+                        int64_t C, int64_t OC, bool accumulate_dw) {
   const uint16_t* g = buf(0).fill(dout, N * OC);
   if (dinp) {  // dinp (N,C) += dout (N,OC) @ w (OC,C)
     const uint16_t* b = weight_bf16(w, OC * C);
     run({N, C, OC, OC, 1, C, 1, true}, g, b, dinp);
   }
-  if (dw) {  // dw (OC,C) [+]= dout^T (OC,N) @ inp (N,C); dout^T has strides (1, OC)
-    const uint16_t* b = buf(1).fill(inp, N * C);
-    run({OC, C, N, 1, OC, C, 1, accumulate_dw}, g, b, dw);
-  }
+  if (dw)  // dw (OC,C) [+]= dout^T (OC,N) @ inp (N,C); dout^T has strides (1, OC)
+    run({OC, C, N, 1, OC, C, 1, accumulate_dw}, g, input(), dw);
+}
+void dnnl_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t N,
+                   int64_t C, int64_t OC, bool accumulate_dw) {
+  dnnl_backward_impl(
+      dinp, dw, dout, [&] { return static_cast<const uint16_t*>(buf(1).fill(inp, N * C)); }, w, N, C, OC,
+      accumulate_dw);
+}
+void dnnl_backward_bf16_input(float* dinp, float* dw, const float* dout, const uint16_t* inp16,
+                              const float* w, int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
+  dnnl_backward_impl(
+      dinp, dw, dout, [&] { return inp16; }, w, N, C, OC, accumulate_dw);
 }
 
-const MatmulBf16Kernels kDnnl{dnnl_forward, dnnl_backward};
+const MatmulBf16Kernels kDnnl{dnnl_forward, dnnl_backward, dnnl_forward_bf16_input, dnnl_backward_bf16_input};
 TITAN_REGISTER_KERNEL_ISA(MatmulBf16Kernels, CPU, "onednn", kDnnl, 10, CpuIsa::kAvx512Bf16);
 #endif
 

@@ -168,17 +168,42 @@ void matmul_bf16_forward(float* out, const float* inp, const float* w, int64_t N
   Bf16Operand bi(inp, N * C), bw(w, OC * C);
   matmul_forward_t(out, bi.p, bw.p, N, C, OC, CUDA_R_16BF);
 }
-void matmul_bf16_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
-                          int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
+// The input of the backward's dw GEMM, converted only when dw is wanted (`input` gives its bf16 values).
+template <class Input>
+void matmul_bf16_backward_t(float* dinp, float* dw, const float* dout, Input input, const float* w, int64_t N,
+                            int64_t C, int64_t OC, bool accumulate_dw) {
   Bf16Copy bd(dout, N * OC);
   if (dinp) {
     Bf16Operand bw(w, OC * C);
     gemm(false, false, C, N, OC, bw.p, C, bd.p, OC, dinp, C, 1.0f, CUDA_R_16BF);
   }
-  if (dw) {
-    Bf16Operand bi(inp, N * C);
-    gemm(false, true, C, OC, N, bi.p, C, bd.p, OC, dw, C, accumulate_dw ? 1.0f : 0.0f, CUDA_R_16BF);
-  }
+  if (dw)
+    input([&](const __nv_bfloat16* bi) {
+      gemm(false, true, C, OC, N, bi, C, bd.p, OC, dw, C, accumulate_dw ? 1.0f : 0.0f, CUDA_R_16BF);
+    });
+}
+void matmul_bf16_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                          int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
+  matmul_bf16_backward_t(
+      dinp, dw, dout,
+      [&](auto&& use) {
+        Bf16Operand bi(inp, N * C);
+        use(bi.p);
+      },
+      w, N, C, OC, accumulate_dw);
+}
+
+// The bf16-input variants: the input's bits go to cuBLASLt as they are (no conversion pass).
+void matmul_bf16_forward_bf16_input(float* out, const uint16_t* inp16, const float* w, int64_t N, int64_t C,
+                                    int64_t OC) {
+  Bf16Operand bw(w, OC * C);
+  matmul_forward_t(out, reinterpret_cast<const __nv_bfloat16*>(inp16), bw.p, N, C, OC, CUDA_R_16BF);
+}
+void matmul_bf16_backward_bf16_input(float* dinp, float* dw, const float* dout, const uint16_t* inp16,
+                                     const float* w, int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
+  matmul_bf16_backward_t(
+      dinp, dw, dout, [&](auto&& use) { use(reinterpret_cast<const __nv_bfloat16*>(inp16)); }, w, N, C, OC,
+      accumulate_dw);
 }
 
 }  // namespace
@@ -205,7 +230,8 @@ void gemm_rowmajor(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
 const MatmulKernels kMatmul{matmul_forward, matmul_backward};
 const GemmKernels kGemm{gemm_rowmajor};
 TITAN_REGISTER_KERNEL(GemmKernels, CUDA, "cublaslt", kGemm, 10);
-const MatmulBf16Kernels kMatmulBf16{matmul_bf16_forward, matmul_bf16_backward};
+const MatmulBf16Kernels kMatmulBf16{matmul_bf16_forward, matmul_bf16_backward, matmul_bf16_forward_bf16_input,
+                                    matmul_bf16_backward_bf16_input};
 TITAN_REGISTER_KERNEL(MatmulKernels, CUDA, "cublaslt", kMatmul, 10);
 TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CUDA, "cublaslt", kMatmulBf16, 10);
 

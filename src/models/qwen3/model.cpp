@@ -47,8 +47,11 @@ void Qwen3Model::time_ops() {
   TITAN_CHECK(!ops_timed_, "time_ops: this model's ops are timed already");
   ops_timed_ = true;
   const bool bf16_mm = matmul_ == &matmul_bf16_, bf16_moe = moe_ == &moe_bf16_;
-  matmul_f32_ = timed(matmul_f32_, 0);
-  if (matmul_bf16_.forward) matmul_bf16_ = *timed(&matmul_bf16_, 1);
+  matmul_f32_ = timed(matmul_f32_);
+  if (matmul16_.forward) {
+    matmul16_ = *timed(&matmul16_);
+    matmul_bf16_ = MatmulKernels{matmul16_.forward, matmul16_.backward};
+  }
   matmul_ = bf16_mm ? &matmul_bf16_ : matmul_f32_;
   if (moe_f32_) {
     moe_f32_ = timed(moe_f32_, 0);
@@ -168,8 +171,10 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
   const DeviceType dev = device.type;
   matmul_ = matmul_f32_ = pick<MatmulKernels>(dev, kernels, kernel_names_);
   matmul_f32_name_ = kernel_names_["matmul"];
-  if (const MatmulBf16Kernels* mm = pick_bf16_engine<MatmulBf16Kernels>(dev, kernels, matmul_bf16_name_))
+  if (const MatmulBf16Kernels* mm = pick_bf16_engine<MatmulBf16Kernels>(dev, kernels, matmul_bf16_name_)) {
+    matmul16_ = *mm;
     matmul_bf16_ = MatmulKernels{mm->forward, mm->backward};
+  }
   rmsnorm_ = pick<RmsNormKernels>(dev, kernels, kernel_names_);
   // The model rotates q and k with one "rope_qk" call. A choice for "rope" names either a rope_qk
   // implementation ("fused", "reference") or a plain per-tensor rope implementation ("fast"), applied to q
@@ -360,6 +365,7 @@ bool Qwen3Model::frozen_scratch_grads(int g) const {
 
 void Qwen3Model::set_lora(LoraAdapters* lora) {
   lora_ = lora;
+  B_ = T_ = 0;  // re-plan the activations at the next forward (an adapter's o_proj reads the f32 att)
   if (!lora || frozen_) return;
   frozen_ = true;
   // Base gradients are never computed from now on: drop their buffers (sparse layers keep a scratch one).

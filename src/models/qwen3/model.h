@@ -353,6 +353,11 @@ class Qwen3Model {
   // bf16 attention: under bf16 compute, where the device has attention_bf16 and without context parallel
   // (the ring blocks are f32). Fixed by plan_activations (the layers' buffers depend on it).
   bool wants_attn16() const { return bf16_ && attention_bf16_ && !cp_; }
+  // ... and o_proj reads the bf16 attention output itself (matmul_bf16's bf16-input GEMMs), so no f32 copy
+  // of it exists: where the bf16 GEMM engine runs and no LoRA adapter (whose o_proj reads f32) is attached.
+  bool wants_o16() const {
+    return wants_attn16() && matmul_ == &matmul_bf16_ && matmul16_.forward_bf16_input && !lora_;
+  }
   // Where the i-th of datt | dq | dk | dv of N rows starts in attn16_grads_ (bf16 elements; 16-byte aligned).
   int64_t attn16_grad_offset(int i, int64_t N) const {
     const int64_t sizes[] = {N * config_.q_dim(), N * config_.q_dim(), N * config_.kv_dim()};
@@ -372,7 +377,8 @@ class Qwen3Model {
   std::map<std::string, std::string> kernel_names_;
   const MatmulKernels* matmul_;  // matmul_f32_, or &matmul_bf16_ under bf16 compute
   const MatmulKernels* matmul_f32_;
-  MatmulKernels matmul_bf16_{};  // the matmul_bf16 engine (null when only the reference exists)
+  MatmulKernels matmul_bf16_{};   // the matmul_bf16 engine (null when only the reference exists)
+  MatmulBf16Kernels matmul16_{};  // its whole table (with the bf16-input GEMMs)
   std::string matmul_f32_name_, matmul_bf16_name_;
   const RmsNormKernels* rmsnorm_;
   const RopeKernels* rope_;
@@ -385,6 +391,7 @@ class Qwen3Model {
   const AttentionBf16Kernels* attention_bf16_ = nullptr;  // null where the device has none
   std::string attention_bf16_name_, attention_f32_name_;
   bool attn16_ = false;     // this plan's layers run attention_bf16
+  bool o16_ = false;        // ... and their o_proj reads att16 (a.att is null)
   bool ops_timed_ = false;  // time_ops() swapped the op tables
   Tensor attn_scratch_;     // attn16_: qr | kr | v (f32) of the layer being run
   Tensor attn16_grads_;     // attn16_: datt | dq | dk | dv (bf16) of the layer's backward

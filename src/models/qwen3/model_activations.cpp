@@ -121,6 +121,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   if (B == B_ && T == T_) return;
   cp_tables_ready_ = false;
   attn16_ = wants_attn16();
+  o16_ = wants_o16();
   const auto& c = config_;
   const int64_t N = B * T, H = c.hidden_size, I = c.intermediate_size, nH = c.num_attention_heads,
                 nKV = c.num_key_value_heads, L = c.num_hidden_layers;
@@ -136,8 +137,9 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     const double n = double(B) * double(T), saved = c.num_attention_heads * n * (double(T) + 1);
     // (bf16 attention: q/k/v f32 become scratch, their bf16 copies and the output's are kept, q/k/v
     // and output as bf16 take half a float each)
-    const double attn_d = attn16_ ? n * (4.0 * H + 2 + 3.0 * c.q_dim() + 2.0 * c.kv_dim() + nH + nKV + nH)
-                                  : n * (4.0 * H + 2 + 3.0 * c.q_dim() + 3.0 * c.kv_dim() + nH + nKV) + saved;
+    const double attn_d =
+        attn16_ ? n * (4.0 * H + 2 + (o16_ ? 2.0 : 3.0) * c.q_dim() + 2.0 * c.kv_dim() + nH + nKV + nH)
+                : n * (4.0 * H + 2 + 3.0 * c.q_dim() + 3.0 * c.kv_dim() + nH + nKV) + saved;
     const double mlp_d = E > 0 ? n * (E + k + 3.0 * k * Im) : n * 3.0 * I;
     // Op-selective layers keep ln1, ln2, qr, kr (and a dense layer's act) in one shared block instead.
     const double pointwise = n * (2.0 * H + (attn16_ ? 0 : c.q_dim() + c.kv_dim())), act = n * I;
@@ -175,10 +177,11 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   // ln1 and ln2 are saved as this rank's rows too (re-gathered for the backward's GEMMs), except ln2 of a
   // sparse layer run replicated on the gathered rows.
   auto ln2_rows = [&](int64_t l) { return sp_ && (!c.is_moe_layer(l) || moe_local_) ? Nl : N; };
-  // bf16 attention: q_raw, k_raw, att (f32), q16 | k16 | v16 | att16 (bf16, in halves of floats, each
-  // 16-byte aligned as cuDNN wants its tensors: up to 3 floats of padding before each), the logsumexp.
-  const int64_t attn = attn16_ ? N * H + Nl * H * 3 + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 2 +
-                                     4 * 4 + N * (nH + nKV) + attn_saved_floats(B, T, nH)
+  // bf16 attention: q_raw, k_raw, att (f32; none under o16_), q16 | k16 | v16 | att16 (bf16, in halves of
+  // floats, each 16-byte aligned as cuDNN wants its tensors: up to 3 floats of padding before each), the
+  // logsumexp.
+  const int64_t attn = attn16_ ? N * H + Nl * H * 3 + Nl * 2 + N * c.q_dim() * (o16_ ? 2 : 3) +
+                                     N * c.kv_dim() * 2 + 4 * 4 + N * (nH + nKV) + attn_saved_floats(B, T, nH)
                                : N * H + Nl * H * 3 + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 +
                                      N * (nH + nKV) + attn_saved_floats(B, T, nH);
   // Checkpointing: a checkpointed layer keeps only its input; the rest is one block shared by those layers
@@ -268,7 +271,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
       a.kr = take_pointwise(N * c.kv_dim());
     }
     a.attn_saved = take(attn_saved_floats(B, T, nH));
-    a.att = take(N * c.q_dim());
+    a.att = o16_ ? nullptr : take(N * c.q_dim());
     a.resid_mid = take(Nl * H);
     a.ln2 = take_pointwise(ln2_rows(l) * H);
     a.rstd2 = take(Nl);

@@ -229,7 +229,10 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   }
   // resid_mid = resid_in + att @ wo^T (row-parallel o_proj: the ranks' partial outputs summed)
   float* o = sp_ ? partial : a.resid_mid;
-  matmul_->forward(o, a.att, w.wo, N, c.q_dim(), H);
+  if (o16_)
+    matmul16_.forward_bf16_input(o, a.att16, w.wo, N, c.q_dim(), H);
+  else
+    matmul_->forward(o, a.att, w.wo, N, c.q_dim(), H);
   if (lora_) lora_->forward(l, LoraProj::O, a.att, N, o, H);
   sum_row_parallel(o, a.resid_mid);
   float* rm = a.resid_mid;
@@ -291,7 +294,7 @@ void Qwen3Model::qk_norm_rope(int64_t l) {
 }
 
 // bf16 attention of layer l (attention_bf16): v's bf16 copy, then the op on the bf16 q, k, v into att16 and
-// the row logsumexp, and att (f32, exact) for the o_proj GEMM.
+// the row logsumexp, and att (f32, exact) for the o_proj GEMM unless that reads att16 itself (o16_).
 void Qwen3Model::attention_bf16_forward(int64_t l) {
   const auto& c = config_;
   const int64_t N = B_ * T_;
@@ -303,7 +306,7 @@ void Qwen3Model::attention_bf16_forward(int64_t l) {
       B_,         T_,       c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.q_dim(), c.kv_dim(),
       c.kv_dim(), c.q_dim()};
   attention_bf16_->forward(a.att16, a.attn_saved, a.q16, a.k16, a.v16, s, doc_start());
-  elementwise_->from_bf16(a.att, a.att16, N * c.q_dim());
+  if (!o16_) elementwise_->from_bf16(a.att, a.att16, N * c.q_dim());
 }
 
 // Its backward: d(att) as bf16 (as autocast's bf16 output has a bf16 gradient), the op's bf16 dq, dk, dv,
@@ -433,7 +436,10 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
     float* datt = datt_.f32();
     zero(datt, N * c.q_dim());
     const float* dout = full_rows(dresid);
-    matmul_->backward(datt, g.wo, dout, a.att, w.wo, N, c.q_dim(), H, acc_dw);
+    if (o16_)
+      matmul16_.backward_bf16_input(datt, g.wo, dout, a.att16, w.wo, N, c.q_dim(), H, acc_dw);
+    else
+      matmul_->backward(datt, g.wo, dout, a.att, w.wo, N, c.q_dim(), H, acc_dw);
     if (lora_) lora_->backward(l, LoraProj::O, a.att, dout, H, datt, N);
     float *dqr = dqr_.f32(), *dkr = dkr_.f32(), *dq = dq_.f32(), *dk = dk_.f32(), *dv = dv_.f32();
     if (attn16_) {
