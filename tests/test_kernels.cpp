@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "core/dtype.h"
+#include "device/cpu/sgemm.h"
 #include "kernels/counter_hash.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
@@ -112,6 +113,28 @@ TEST(Kernels, MatmulAllImplementations) {
     EXPECT_LE(rel(dw, dw_r), kTol) << name;
   }
 }
+
+#ifdef TITAN_HAVE_DNNL
+// The onednn matmul computes weight gradients on oneDNN or, on CPUs running AVX2 code, on OpenBLAS
+// (matmul_onednn.cpp): both engines give the reference's dW, written and accumulated, on any machine,
+// whichever one this machine routes to; and the route follows its rule.
+TEST(Kernels, WeightGradientEnginesMatchTheReference) {
+  const int64_t N = 67, C = 40, OC = 96;
+  auto inp = randn(N * C, 41), dout = randn(N * OC, 42);
+  const auto& ref = get_kernel<MatmulKernels>(DeviceType::CPU, "reference");
+  for (bool acc : {false, true}) {
+    std::vector<float> dw_r(OC * C, 0.25f), dw_dnnl(OC * C, 0.25f), dw_blas(OC * C, 0.25f);
+    ref.backward(nullptr, dw_r.data(), dout.data(), inp.data(), nullptr, N, C, OC, acc);
+    const float beta = acc ? 1.0f : 0.0f;
+    cpu::sgemm(true, false, OC, C, N, 1.0f, dout.data(), OC, inp.data(), C, beta, dw_dnnl.data(), C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout.data(), OC, inp.data(), C, beta,
+                dw_blas.data(), C);
+    EXPECT_LE(rel(dw_dnnl, dw_r), kTol) << "oneDNN, accumulate " << acc;
+    EXPECT_LE(rel(dw_blas, dw_r), kTol) << "OpenBLAS, accumulate " << acc;
+  }
+  EXPECT_EQ(cpu::weight_grad_on_openblas(), cpu_isa() < CpuIsa::kAvx512 && cpu::openblas_runs_avx2());
+}
+#endif
 
 // bf16 GEMMs: every engine equals the reference (bf16-rounded operands, double accumulation); the result is
 // within bf16 rounding of the f32 matmul.
