@@ -4,8 +4,6 @@
 // matmul on bf16 copies of the operands, which uses the CPU's bf16 dot-product instructions (AVX512_BF16
 // vdpbf16ps, AMX where present); registered when the build found oneDNN (TITAN_HAVE_DNNL) and chosen
 // where the CPU has AVX512_BF16.
-#include <omp.h>
-
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -80,11 +78,7 @@ std::vector<Bf16Image>& images() {
 // GEMMs; the other operands have their own buffers).
 const float* widened(const uint16_t* x, int64_t n) {
   static std::vector<float> buf;
-  if ((int64_t)buf.size() < n) buf.resize(n);
-  float* d = buf.data();
-#pragma omp parallel for simd schedule(static) if (n >= (int64_t(1) << 16) && !omp_in_parallel())
-  for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(x[i]);
-  return d;
+  return cpu::bf16_widened(buf, x, n);
 }
 
 void ref_forward_bf16_input(float* out, const uint16_t* inp16, const float* weight, int64_t N, int64_t C,
@@ -208,8 +202,9 @@ void run(const GemmKey& k, const uint16_t* a, const uint16_t* b, float* c) {
   s.wait();
 }
 
+// 0: the activation or output gradient, 1: a weight without an image, 2: the backward's input.
 Bf16Buffer& buf(int i) {
-  static Bf16Buffer b[2];
+  static Bf16Buffer b[3];
   return b[i];
 }
 
@@ -229,28 +224,21 @@ void dnnl_forward(float* out, const float* inp, const float* w, int64_t N, int64
   dnnl_forward_bf16_input(out, buf(0).fill(inp, N * C), w, N, C, OC);
 }
 
-// (inp is read only for dw: the caller converts it lazily through `input`)
-template <class Input>
-void dnnl_backward_impl(float* dinp, float* dw, const float* dout, Input input, const float* w, int64_t N,
-                        int64_t C, int64_t OC, bool accumulate_dw) {
+// inp16: the input's bf16 values, read only for dw (null when dw is).
+void dnnl_backward_bf16_input(float* dinp, float* dw, const float* dout, const uint16_t* inp16,
+                              const float* w, int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
   const uint16_t* g = buf(0).fill(dout, N * OC);
   if (dinp) {  // dinp (N,C) += dout (N,OC) @ w (OC,C)
     const uint16_t* b = weight_bf16(w, OC * C);
     run({N, C, OC, OC, 1, C, 1, true}, g, b, dinp);
   }
   if (dw)  // dw (OC,C) [+]= dout^T (OC,N) @ inp (N,C); dout^T has strides (1, OC)
-    run({OC, C, N, 1, OC, C, 1, accumulate_dw}, g, input(), dw);
+    run({OC, C, N, 1, OC, C, 1, accumulate_dw}, g, inp16, dw);
 }
 void dnnl_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, int64_t N,
                    int64_t C, int64_t OC, bool accumulate_dw) {
-  dnnl_backward_impl(
-      dinp, dw, dout, [&] { return static_cast<const uint16_t*>(buf(1).fill(inp, N * C)); }, w, N, C, OC,
-      accumulate_dw);
-}
-void dnnl_backward_bf16_input(float* dinp, float* dw, const float* dout, const uint16_t* inp16,
-                              const float* w, int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
-  dnnl_backward_impl(
-      dinp, dw, dout, [&] { return inp16; }, w, N, C, OC, accumulate_dw);
+  dnnl_backward_bf16_input(dinp, dw, dout, dw ? buf(2).fill(inp, N * C) : nullptr, w, N, C, OC,
+                           accumulate_dw);
 }
 
 const MatmulBf16Kernels kDnnl{dnnl_forward, dnnl_backward, dnnl_forward_bf16_input, dnnl_backward_bf16_input};

@@ -48,14 +48,19 @@ bool weight_grad_on_openblas();
 // registered bf16 image (kernels/ops.h) is read from the image (the same values), so a weight held only in
 // bf16 (an inference model's, generate/kv_model.h) needs no f32 copy. Parallel unless called inside a
 // parallel region.
-inline const float* bf16_rounded(std::vector<float>& buf, const float* x, int64_t n) {
+// The f32 values of n bf16 bit patterns, into `buf`.
+inline const float* bf16_widened(std::vector<float>& buf, const uint16_t* x, int64_t n) {
   if ((int64_t)buf.size() < n) buf.resize(n);
   float* d = buf.data();
-  if (const uint16_t* image = find_bf16_image(x, n)) {
 #pragma omp parallel for simd schedule(static) if (n >= (int64_t(1) << 16) && !omp_in_parallel())
-    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(image[i]);
-    return d;
-  }
+  for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(x[i]);
+  return d;
+}
+
+inline const float* bf16_rounded(std::vector<float>& buf, const float* x, int64_t n) {
+  if (const uint16_t* image = find_bf16_image(x, n)) return bf16_widened(buf, image, n);
+  if ((int64_t)buf.size() < n) buf.resize(n);
+  float* d = buf.data();
 #pragma omp parallel for simd schedule(static) if (n >= (int64_t(1) << 16) && !omp_in_parallel())
   for (int64_t i = 0; i < n; ++i) d[i] = round_to_bf16(x[i]);
   return d;

@@ -168,29 +168,21 @@ void matmul_bf16_forward(float* out, const float* inp, const float* w, int64_t N
   Bf16Operand bi(inp, N * C), bw(w, OC * C);
   matmul_forward_t(out, bi.p, bw.p, N, C, OC, CUDA_R_16BF);
 }
-// The input of the backward's dw GEMM, converted only when dw is wanted (`input` gives its bf16 values).
-template <class Input>
-void matmul_bf16_backward_t(float* dinp, float* dw, const float* dout, Input input, const float* w, int64_t N,
-                            int64_t C, int64_t OC, bool accumulate_dw) {
+// bi: the input's bf16 values, read only for dw (null when dw is).
+void matmul_bf16_backward_bf16(float* dinp, float* dw, const float* dout, const __nv_bfloat16* bi,
+                               const float* w, int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
   Bf16Copy bd(dout, N * OC);
   if (dinp) {
     Bf16Operand bw(w, OC * C);
     gemm(false, false, C, N, OC, bw.p, C, bd.p, OC, dinp, C, 1.0f, CUDA_R_16BF);
   }
-  if (dw)
-    input([&](const __nv_bfloat16* bi) {
-      gemm(false, true, C, OC, N, bi, C, bd.p, OC, dw, C, accumulate_dw ? 1.0f : 0.0f, CUDA_R_16BF);
-    });
+  if (dw) gemm(false, true, C, OC, N, bi, C, bd.p, OC, dw, C, accumulate_dw ? 1.0f : 0.0f, CUDA_R_16BF);
 }
 void matmul_bf16_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                           int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
-  matmul_bf16_backward_t(
-      dinp, dw, dout,
-      [&](auto&& use) {
-        Bf16Operand bi(inp, N * C);
-        use(bi.p);
-      },
-      w, N, C, OC, accumulate_dw);
+  std::optional<Bf16Operand> bi;
+  if (dw) bi.emplace(inp, N * C);
+  matmul_bf16_backward_bf16(dinp, dw, dout, dw ? bi->p : nullptr, w, N, C, OC, accumulate_dw);
 }
 
 // The bf16-input variants: the input's bits go to cuBLASLt as they are (no conversion pass).
@@ -201,9 +193,8 @@ void matmul_bf16_forward_bf16_input(float* out, const uint16_t* inp16, const flo
 }
 void matmul_bf16_backward_bf16_input(float* dinp, float* dw, const float* dout, const uint16_t* inp16,
                                      const float* w, int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
-  matmul_bf16_backward_t(
-      dinp, dw, dout, [&](auto&& use) { use(reinterpret_cast<const __nv_bfloat16*>(inp16)); }, w, N, C, OC,
-      accumulate_dw);
+  matmul_bf16_backward_bf16(dinp, dw, dout, reinterpret_cast<const __nv_bfloat16*>(inp16), w, N, C, OC,
+                            accumulate_dw);
 }
 
 }  // namespace

@@ -48,10 +48,7 @@ void Qwen3Model::time_ops() {
   ops_timed_ = true;
   const bool bf16_mm = matmul_ == &matmul_bf16_, bf16_moe = moe_ == &moe_bf16_;
   matmul_f32_ = timed(matmul_f32_);
-  if (matmul16_.forward) {
-    matmul16_ = *timed(&matmul16_);
-    matmul_bf16_ = MatmulKernels{matmul16_.forward, matmul16_.backward};
-  }
+  if (matmul16_.forward) use_matmul16(*timed(&matmul16_));
   matmul_ = bf16_mm ? &matmul_bf16_ : matmul_f32_;
   if (moe_f32_) {
     moe_f32_ = timed(moe_f32_, 0);
@@ -171,10 +168,8 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
   const DeviceType dev = device.type;
   matmul_ = matmul_f32_ = pick<MatmulKernels>(dev, kernels, kernel_names_);
   matmul_f32_name_ = kernel_names_["matmul"];
-  if (const MatmulBf16Kernels* mm = pick_bf16_engine<MatmulBf16Kernels>(dev, kernels, matmul_bf16_name_)) {
-    matmul16_ = *mm;
-    matmul_bf16_ = MatmulKernels{mm->forward, mm->backward};
-  }
+  if (const MatmulBf16Kernels* mm = pick_bf16_engine<MatmulBf16Kernels>(dev, kernels, matmul_bf16_name_))
+    use_matmul16(*mm);
   rmsnorm_ = pick<RmsNormKernels>(dev, kernels, kernel_names_);
   // The model rotates q and k with one "rope_qk" call. A choice for "rope" names either a rope_qk
   // implementation ("fused", "reference") or a plain per-tensor rope implementation ("fast"), applied to q

@@ -379,6 +379,10 @@ class Qwen3Model {
   const MatmulKernels* matmul_f32_;
   MatmulKernels matmul_bf16_{};   // the matmul_bf16 engine (null when only the reference exists)
   MatmulBf16Kernels matmul16_{};  // its whole table (with the bf16-input GEMMs)
+  void use_matmul16(const MatmulBf16Kernels& k) {
+    matmul16_ = k;
+    matmul_bf16_ = MatmulKernels{k.forward, k.backward};
+  }
   std::string matmul_f32_name_, matmul_bf16_name_;
   const RmsNormKernels* rmsnorm_;
   const RopeKernels* rope_;
