@@ -449,6 +449,42 @@ TEST(Cuda, MatmulBf16InputEqualsF32InputOfTheSameValues) {
   }
 }
 
+// The bf16 forms a dense layer's MLP runs on under bf16 compute: cuBLASLt's bf16 output is the f32 output
+// rounded (its epilogue rounds the same f32 accumulators; within one bf16 step should a GPU pick another
+// algorithm for the bf16 output), SwiGLU's bf16 forms equal its f32 forms on the same values, bit for bit.
+TEST(Cuda, Bf16MlpFormsEqualTheF32FormsOfTheSameValues) {
+  SKIP_WITHOUT_GPU();
+  const int64_t N = 37, C = 72, OC = 53, I = 73;
+  auto x = randn(N * C, 33), w = randn(OC * C, 34);
+  const auto& mm = get_kernel<MatmulBf16Kernels>(DeviceType::CUDA);
+  DevF dx(x), dw_(w), out(N * OC);
+  Dev<uint16_t> out16(std::vector<uint16_t>(N * OC, 0xffff));
+  mm.forward(out.p, dx.p, dw_.p, N, C, OC);
+  mm.forward_bf16_output(out16.p, dx.p, dw_.p, N, C, OC);
+  const auto f = out.read();
+  const auto h = out16.read();
+  for (int64_t i = 0; i < N * OC; ++i)
+    ASSERT_LE(std::abs(int(h[i]) - int(f32_to_bf16(f[i]))), 1)
+        << i << ": " << f[i] << " vs " << bf16_to_f32(h[i]);
+
+  auto gu = randn(N * 2 * I, 35), dout = randn(N * I, 36);
+  std::vector<uint16_t> gu16(gu.size());
+  std::vector<float> guv(gu.size());
+  for (size_t i = 0; i < gu.size(); ++i) gu16[i] = f32_to_bf16(3.0f * gu[i]), guv[i] = bf16_to_f32(gu16[i]);
+  const auto& sw = cuda_op<SwigluKernels>();
+  DevF dguv(guv), ddout(dout), o(N * I), d(N * 2 * I, 0.2f), d16(N * 2 * I, 0.2f);
+  Dev<uint16_t> dgu16(gu16), o16(std::vector<uint16_t>(N * I, 0xffff));
+  sw.forward(o.p, dguv.p, N, I);
+  sw.forward_bf16(o16.p, dgu16.p, N, I);
+  sw.backward(d.p, ddout.p, dguv.p, N, I);
+  sw.backward_bf16(d16.p, ddout.p, dgu16.p, N, I);
+  std::vector<uint16_t> want(N * I);
+  const auto of = o.read();
+  for (int64_t i = 0; i < N * I; ++i) want[i] = f32_to_bf16(of[i]);
+  EXPECT_EQ(o16.read(), want);
+  EXPECT_EQ(d16.read(), d.read());
+}
+
 // matmul_bf16 and the bf16 experts read a weight's registered bf16 image (ops.h register_bf16_image) instead
 // of converting the weight: an image of the exact bf16 weights gives bit-identical results, an image of the
 // weights doubled doubles what is linear in them (exact: a power of two), and after unregistering the

@@ -196,6 +196,45 @@ TEST(Kernels, MatmulBf16InputEqualsF32InputOfTheSameValues) {
   }
 }
 
+// Under bf16 compute a dense layer keeps gate/up and the SwiGLU output in bf16: the GEMM's bf16 output is
+// its f32 output rounded (nearest even), and SwiGLU's bf16 forms equal its f32 forms on the same values,
+// bit for bit, in every implementation, so the model computes what it computed on f32 buffers of bf16
+// values.
+TEST(Kernels, Bf16MlpFormsEqualTheF32FormsOfTheSameValues) {
+  for (auto [N, C, OC] : {std::tuple<int64_t, int64_t, int64_t>{7, 13, 11}, {33, 64, 48}}) {
+    auto x = randn(N * C, 21), w = randn(OC * C, 22);
+    for (auto& name : impls<MatmulBf16Kernels>()) {
+      const auto& k = variant<MatmulBf16Kernels>(name);
+      ASSERT_TRUE(k.forward_bf16_output) << name;
+      std::vector<float> out(N * OC);
+      std::vector<uint16_t> want(N * OC), out16(N * OC, 0xffff);
+      k.forward(out.data(), x.data(), w.data(), N, C, OC);
+      for (int64_t i = 0; i < N * OC; ++i) want[i] = f32_to_bf16(out[i]);
+      k.forward_bf16_output(out16.data(), x.data(), w.data(), N, C, OC);
+      EXPECT_EQ(out16, want) << name << " " << N << "x" << C << "x" << OC;
+    }
+  }
+  for (auto [N, I] : {std::pair<int64_t, int64_t>{10, 37}, {5, 64}}) {
+    auto gu = randn(N * 2 * I, 23), dout = randn(N * I, 24);
+    std::vector<uint16_t> gu16(gu.size());
+    std::vector<float> guv(gu.size());
+    for (size_t i = 0; i < gu.size(); ++i) gu16[i] = f32_to_bf16(3.0f * gu[i]), guv[i] = bf16_to_f32(gu16[i]);
+    for (auto& name : impls<SwigluKernels>()) {
+      const auto& k = variant<SwigluKernels>(name);
+      ASSERT_TRUE(k.forward_bf16 && k.backward_bf16) << name;
+      std::vector<float> o(N * I), d(N * 2 * I, 0.2f), d16(N * 2 * I, 0.2f);
+      std::vector<uint16_t> want(N * I), o16(N * I, 0xffff);
+      k.forward(o.data(), guv.data(), N, I);
+      for (int64_t i = 0; i < N * I; ++i) want[i] = f32_to_bf16(o[i]);
+      k.forward_bf16(o16.data(), gu16.data(), N, I);
+      EXPECT_EQ(o16, want) << name << " N " << N << " I " << I;
+      k.backward(d.data(), dout.data(), guv.data(), N, I);
+      k.backward_bf16(d16.data(), dout.data(), gu16.data(), N, I);
+      EXPECT_EQ(d16, d) << name << " N " << N << " I " << I;
+    }
+  }
+}
+
 // A registered bf16 image of a weight range is what the engines read instead of converting the weight:
 // the results are bit-identical to converting, for a weight inside the range too; after unregistering,
 // the weight is converted again.

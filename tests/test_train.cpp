@@ -608,11 +608,11 @@ TEST(Trainer, PlanCountsEachActivationCheckpointingMode) {
             true);
 }
 
-TEST(Trainer, PlanCountsBf16AttentionAsTheModelAllocatesIt) {
+TEST(Trainer, PlanCountsBf16ActivationsAsTheModelAllocatesIt) {
   // Under bf16 compute a layer saves bf16 q/k/v and attention output instead of f32 q/k/v after RoPE and the
   // f32 output (o_proj reads the bf16 one; q/k/v become scratch shared by the layers, with the backward's
-  // bf16 gradients): the plan's saved bytes per
-  // layer move as the model's own allocation does (up to the alignment reserve of the four bf16 buffers).
+  // bf16 gradients), and a dense layer bf16 gate/up and SwiGLU output: the plan's saved bytes per layer
+  // move as the model's own allocation does (up to the alignment reserve of the six bf16 buffers).
   Qwen3Config c = Qwen3Config::flavor("debug");
   c.num_hidden_layers = 2;
   const int64_t B = 2, T = 32, N = B * T, L = c.num_hidden_layers;
@@ -629,17 +629,21 @@ TEST(Trainer, PlanCountsBf16AttentionAsTheModelAllocatesIt) {
     return make_plan(c, cp, 1, 1, B, B, T, CheckpointPolicy{}, 1, 1, false, {}, cp, bf16);
   };
   const RunPlan f32 = plan(false), bf16 = plan(true);
-  EXPECT_FALSE(f32.bf16_attention);
-  EXPECT_TRUE(bf16.bf16_attention);
+  EXPECT_FALSE(f32.bf16_attention || f32.bf16_mlp);
+  EXPECT_TRUE(bf16.bf16_attention && bf16.bf16_mlp);
   const int64_t scratch = 4 * N * (2 * c.q_dim() + 3 * c.kv_dim());  // f32 q/k/v + bf16 dq/dk/dv/datt
   const int64_t plan_delta = f32.activation_bytes - bf16.activation_bytes + scratch;
-  EXPECT_EQ(plan_delta, 4 * L * N * (c.q_dim() + c.kv_dim()));
-  // (the model reserves 4 floats of alignment before each of the four bf16 buffers of a layer)
-  EXPECT_LE(std::abs(plan_delta - model_delta), 4 * L * 4 * 4) << plan_delta << " vs " << model_delta;
-  EXPECT_NE(bf16.describe().find("attention's tensors bf16"), std::string::npos);
-  // Context parallel keeps the ring's blocks f32: bf16 compute changes nothing there.
+  // (attention: q/k/v after RoPE and the output; MLP: half of gate/up and act)
+  EXPECT_EQ(plan_delta, 4 * L * N * (c.q_dim() + c.kv_dim()) + 4 * L * N * 3 * c.intermediate_size / 2);
+  // (the model reserves up to 3 floats of alignment before each of the six bf16 buffers of a layer)
+  EXPECT_LE(std::abs(plan_delta - model_delta), 4 * L * 6 * 4) << plan_delta << " vs " << model_delta;
+  EXPECT_NE(bf16.describe().find("attention's and MLP's tensors bf16"), std::string::npos);
+  // Context parallel keeps the ring's blocks f32: there bf16 compute changes the MLP's tensors only.
   EXPECT_FALSE(plan(true, 2).bf16_attention);
-  EXPECT_EQ(plan(true, 2).activation_bytes, plan(false, 2).activation_bytes);
+  EXPECT_TRUE(plan(true, 2).bf16_mlp);
+  EXPECT_NE(plan(true, 2).describe().find("(MLP's tensors bf16)"), std::string::npos);
+  EXPECT_EQ(plan(false, 2).activation_bytes - plan(true, 2).activation_bytes,
+            4 * L * (N / 2) * 3 * c.intermediate_size / 2);
 }
 
 // Pipeline stages as torchtitan splits them (the embedding and the head weigh one layer each), the

@@ -134,7 +134,8 @@ const MatmulBf16Kernels* timed(const MatmulBf16Kernels* k) {
   return store(MatmulBf16Kernels{TITAN_TIMED(0, MatmulBf16Kernels, forward, kGemm),
                                  TITAN_TIMED(0, MatmulBf16Kernels, backward, kGemm),
                                  TITAN_TIMED(0, MatmulBf16Kernels, forward_bf16_input, kGemm),
-                                 TITAN_TIMED(0, MatmulBf16Kernels, backward_bf16_input, kGemm)},
+                                 TITAN_TIMED(0, MatmulBf16Kernels, backward_bf16_input, kGemm),
+                                 TITAN_TIMED(0, MatmulBf16Kernels, forward_bf16_output, kGemm)},
                0);
 }
 const RmsNormKernels* timed(const RmsNormKernels* k) {
@@ -165,7 +166,9 @@ const AttentionBf16Kernels* timed(const AttentionBf16Kernels* k) {
 }
 const SwigluKernels* timed(const SwigluKernels* k) {
   return store(SwigluKernels{TITAN_TIMED(0, SwigluKernels, forward, kPointwise),
-                             TITAN_TIMED(0, SwigluKernels, backward, kPointwise)},
+                             TITAN_TIMED(0, SwigluKernels, backward, kPointwise),
+                             TITAN_TIMED(0, SwigluKernels, forward_bf16, kPointwise),
+                             TITAN_TIMED(0, SwigluKernels, backward_bf16, kPointwise)},
                0);
 }
 const EmbeddingKernels* timed(const EmbeddingKernels* k) {

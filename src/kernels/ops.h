@@ -34,6 +34,10 @@ struct MatmulBf16Kernels {
                              int64_t OC);
   void (*backward_bf16_input)(float* dinp, float* dweight, const float* dout, const uint16_t* inp16,
                               const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dweight);
+  // forward with the output written as bf16 (out16: N x OC bit patterns), for an output the step keeps in
+  // bf16 (a dense layer's gate/up): the nearest bf16 (ties to even) of forward's f32 result.
+  void (*forward_bf16_output)(uint16_t* out16, const float* inp, const float* weight, int64_t N, int64_t C,
+                              int64_t OC);
 };
 
 // bf16 images of f32 weight ranges, kept up to date by their owner (a model under bf16 compute makes them
@@ -148,6 +152,10 @@ struct SwigluKernels {
   static constexpr const char* kOp = "swiglu";
   void (*forward)(float* out, const float* gu, int64_t N, int64_t I);
   void (*backward)(float* dgu, const float* dout, const float* gu, int64_t N, int64_t I);
+  // The same with gate/up and the output as bf16 bit patterns (bf16 compute keeps them so): out16 = the
+  // nearest bf16 of forward on the f32 values of gu16; backward_bf16 = backward on those values (dgu f32).
+  void (*forward_bf16)(uint16_t* out16, const uint16_t* gu16, int64_t N, int64_t I);
+  void (*backward_bf16)(float* dgu, const float* dout, const uint16_t* gu16, int64_t N, int64_t I);
 };
 
 // out[n] = table[ids[n]]     table (V,C), out (N,C); backward: dtable[ids[n]] += dout[n]

@@ -121,9 +121,12 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   const bool attn16 = p.bf16_attention = bf16_compute && cp == 1;
   const int64_t attn_qkv =
       attn16 ? N * lc.q_dim() * 2 + N * lc.kv_dim() * 2 : N * lc.q_dim() * 3 + N * lc.kv_dim() * 3;
+  // The MLP's gate/up and act: f32, or under bf16 compute bf16 (half a float each) in dense models.
+  const bool mlp16 = p.bf16_mlp = bf16_compute && !c.is_moe();
+  const int64_t mlp_acts = mlp16 ? (N * 3 * I + 1) / 2 : N * 3 * I, act = mlp16 ? (N * I + 1) / 2 : N * I;
   const int64_t per_layer = Nl * H * 4 + Nl * 2 + attn_qkv +
                             N * (lc.num_attention_heads + lc.num_key_value_heads) +
-                            N * lc.num_attention_heads + N * 3 * I;
+                            N * lc.num_attention_heads + mlp_acts;
   const int64_t every = checkpointing.every;
   auto checkpointed = [&](int64_t l) { return every > 0 && (l + 1) % every == 0; };
   const int64_t scratch = N * (3 * H + 2 * lc.q_dim() + 3 * lc.kv_dim() + 3 * I) +
@@ -134,7 +137,7 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
                           (attn16 ? N * (2 * lc.q_dim() + 3 * lc.kv_dim()) : 0);
   // Selective 'op': the saved layers keep ln1, ln2, q/k after norm + RoPE (f32 attention: the bf16 copies
   // are GEMM-like saves) and act in one shared block.
-  const int64_t pointwise = 2 * Nl * H + N * ((attn16 ? 0 : lc.q_dim() + lc.kv_dim()) + I);
+  const int64_t pointwise = 2 * Nl * H + N * (attn16 ? 0 : lc.q_dim() + lc.kv_dim()) + act;
   const int64_t logits = std::min<int64_t>(N * lc.vocab_size, Qwen3Model::kHeadChunkBytes / 4);
   // Collectives on (N, H) f32 per forward, in units of (tp - 1) / tp of the buffer sent per rank (a ring
   // all-gather or reduce-scatter; an all-reduce is two). Without sequence parallel: an all-reduce after
@@ -239,7 +242,11 @@ std::string RunPlan::describe() const {
      << ", gradient accumulation " << grad_accum << " steps, " << global_batch * seq_len << " tokens/step\n"
      << "memory per rank: parameters " << gib(param_bytes) << ", gradients " << gib(grad_bytes)
      << ", optimizer " << gib(optimizer_bytes) << ", activations " << gib(activation_bytes)
-     << (bf16_attention ? " (attention's tensors bf16)" : "") << ", total " << gib(total_bytes());
+     << (bf16_attention && bf16_mlp ? " (attention's and MLP's tensors bf16)"
+         : bf16_attention           ? " (attention's tensors bf16)"
+         : bf16_mlp                 ? " (MLP's tensors bf16)"
+                                    : "")
+     << ", total " << gib(total_bytes());
   if (pipeline.degree > 1) {
     const int64_t p = pipeline.degree, m = pipeline.microbatches, v = pipeline.stages_per_rank();
     char bubble[64];

@@ -26,6 +26,7 @@ struct RunPlan {
   dist::PipelineLayout pipeline;
   int64_t context_parallel = 1;  // ranks a sequence is split over (two mirrored chunks each)
   bool bf16_attention = false;   // q/k/v and the attention output saved as bf16 (bf16 compute, no CP)
+  bool bf16_mlp = false;         // gate/up and the SwiGLU output saved as bf16 (bf16 compute, dense)
   double pp_comm_bytes = 0;      // per rank and step: activations and their gradients sent between stages
   double cp_comm_bytes = 0;      // per rank and step: K/V chunks (and dK/dV) passed around the ring
   int64_t shard_params = 0;      // parameters this rank owns (its shard of its tensor-parallel slice)

@@ -1,8 +1,9 @@
 // The CUDA emulator's cuBLASLt: the subset src/device/cuda/matmul.cu uses (column-major D = alpha op(A)
-// op(B) + beta C with f32 or bf16 A and B, f32 C and D, f32 compute and scale, host alpha and beta), on the
-// CPU's BLAS. bf16 operands are widened to f32 exactly; products and sums are f32, as CUBLAS_COMPUTE_32F.
-// Arguments are checked as the library does (INVALID_VALUE or NOT_SUPPORTED, with the reason on stderr),
-// and every matrix must lie in device memory for the extent its layout names.
+// op(B) + beta C with f32 or bf16 A and B, f32 C and D (or bf16 C and D with bf16 A and B: the f32 result
+// rounded to nearest even), f32 compute and scale, host alpha and beta), on the CPU's BLAS. bf16 operands are
+// widened to f32 exactly; products and sums are f32, as CUBLAS_COMPUTE_32F. Arguments are checked as the
+// library does (INVALID_VALUE or NOT_SUPPORTED, with the reason on stderr), and every matrix must lie in
+// device memory for the extent its layout names.
 #include <cblas.h>
 #include <cublasLt.h>
 
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/dtype.h"
 #include "cuda_sim.h"
 
 struct cublasLtContext {
@@ -159,8 +161,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                &ld = *reinterpret_cast<const Layout*>(d_layout);
   if (op.compute != CUBLAS_COMPUTE_32F || op.scale != CUDA_R_32F)
     return reject(CUBLAS_STATUS_NOT_SUPPORTED, "compute/scale type (the emulator models 32F only)");
-  if (la.type != lb.type || lc.type != CUDA_R_32F || ld.type != CUDA_R_32F)
-    return reject(CUBLAS_STATUS_NOT_SUPPORTED, "type combination (A = B in f32 or bf16, C = D in f32)");
+  // (cuBLASLt's 32F-compute combinations: f32 in, f32 out; bf16 in, f32 or bf16 out)
+  if (la.type != lb.type || lc.type != ld.type ||
+      (ld.type == CUDA_R_16BF ? la.type != CUDA_R_16BF : ld.type != CUDA_R_32F))
+    return reject(CUBLAS_STATUS_NOT_SUPPORTED,
+                  "type combination (A = B in f32 or bf16, C = D in f32, or in bf16 with bf16 A and B)");
   const bool ta = op.ta == CUBLAS_OP_T, tb = op.tb == CUBLAS_OP_T;
   const uint64_t m = ta ? la.cols : la.rows, k = ta ? la.rows : la.cols;
   const uint64_t kb = tb ? lb.cols : lb.rows, n = tb ? lb.rows : lb.cols;
@@ -176,6 +181,21 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   if (C != D && (lc.ld != ld.ld)) return reject(CUBLAS_STATUS_NOT_SUPPORTED, "C != D with different layouts");
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  if (ld.type == CUDA_R_16BF) {
+    // bf16 D: the f32 result (C widened when beta reads it), rounded to the nearest bf16 (ties to even).
+    std::vector<float> acc = b != 0.0f ? to_f32(C, lc) : std::vector<float>(m * n, 0.0f);
+    if (k > 0) {
+      const std::vector<float> fa = to_f32(A, la), fb = to_f32(B, lb);
+      cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m),
+                  int(n), int(k), a, fa.data(), int(la.rows), fb.data(), int(lb.rows), b, acc.data(), int(m));
+    } else {
+      for (float& x : acc) x *= b;
+    }
+    auto* d16 = static_cast<uint16_t*>(D);
+    for (uint64_t j = 0; j < n; ++j)
+      for (uint64_t i = 0; i < m; ++i) d16[j * ld.ld + i] = titan::f32_to_bf16(acc[j * m + i]);
+    return CUBLAS_STATUS_SUCCESS;
+  }
   auto* d = static_cast<float*>(D);
   if (C != D && b != 0.0f)
     for (uint64_t j = 0; j < n; ++j)

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/dtype.h"
 #include "device/cpu/vec_math.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
@@ -203,14 +204,40 @@ void swiglu_forward(float* out, const float* gu, int64_t N, int64_t I) {
   }
 }
 
-void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int64_t I) {
+// The bf16 forms, row by row as above on the row's widened gate/up (so each value equals the f32 form's).
+void swiglu_forward_bf16(uint16_t* out16, const uint16_t* gu16, int64_t N, int64_t I) {
 #pragma omp parallel
   {
-    std::vector<float> sig((size_t)I);
-    float* s = sig.data();
+    std::vector<float> buf((size_t)(3 * I));
+    float *g = buf.data(), *u = g + I, *y = u + I;
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      const float* g = gu + n * 2 * I;
+      const uint16_t* row = gu16 + n * 2 * I;
+#pragma omp simd
+      for (int64_t i = 0; i < 2 * I; ++i) g[i] = bf16_to_f32(row[i]);
+      vec::sigmoid(y, g, I);
+      uint16_t* out = out16 + n * I;
+#pragma omp simd
+      for (int64_t i = 0; i < I; ++i) out[i] = f32_to_bf16(g[i] * y[i] * u[i]);
+    }
+  }
+}
+
+// gate/up from gu (f32) or, when that is null, from gu16 (each row widened into a buffer).
+void swiglu_backward_rows(float* dgu, const float* dout, const float* gu, const uint16_t* gu16, int64_t N,
+                          int64_t I) {
+#pragma omp parallel
+  {
+    std::vector<float> buf((size_t)(gu ? I : 3 * I));
+    float* s = buf.data();
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* g = gu ? gu + n * 2 * I : s + I;
+      if (!gu) {
+        const uint16_t* row = gu16 + n * 2 * I;
+#pragma omp simd
+        for (int64_t i = 0; i < 2 * I; ++i) s[I + i] = bf16_to_f32(row[i]);
+      }
       const float* u = g + I;
       const float* dy = dout + n * I;
       float* dg = dgu + n * 2 * I;
@@ -223,6 +250,13 @@ void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, 
       }
     }
   }
+}
+
+void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int64_t I) {
+  swiglu_backward_rows(dgu, dout, gu, nullptr, N, I);
+}
+void swiglu_backward_bf16(float* dgu, const float* dout, const uint16_t* gu16, int64_t N, int64_t I) {
+  swiglu_backward_rows(dgu, dout, nullptr, gu16, N, I);
 }
 
 void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
@@ -337,7 +371,7 @@ int64_t attention_probs_floats(int64_t B, int64_t T, int64_t nH) {
   return B * nH * T * T;
 }
 const AttentionKernels kAttention{attention_forward, attention_backward, attention_probs_floats};
-const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward};
+const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward, swiglu_forward_bf16, swiglu_backward_bf16};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy};
 const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{cross_entropy_shard_stats,

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
 
@@ -189,6 +190,23 @@ void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, 
     }
 }
 
+// The bf16 forms: the f32 forms on the widened values.
+std::vector<float> widen(const uint16_t* x, int64_t n) {
+  std::vector<float> r((size_t)n);
+  for (int64_t i = 0; i < n; ++i) r[i] = bf16_to_f32(x[i]);
+  return r;
+}
+
+void swiglu_forward_bf16(uint16_t* out16, const uint16_t* gu16, int64_t N, int64_t I) {
+  std::vector<float> out((size_t)(N * I));
+  swiglu_forward(out.data(), widen(gu16, N * 2 * I).data(), N, I);
+  for (int64_t i = 0; i < N * I; ++i) out16[i] = f32_to_bf16(out[i]);
+}
+
+void swiglu_backward_bf16(float* dgu, const float* dout, const uint16_t* gu16, int64_t N, int64_t I) {
+  swiglu_backward(dgu, dout, widen(gu16, N * 2 * I).data(), N, I);
+}
+
 void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
   for (int64_t n = 0; n < N; ++n)
     for (int64_t c = 0; c < C; ++c) out[n * C + c] = ids[n] < 0 ? 0.0f : table[(int64_t)ids[n] * C + c];
@@ -367,7 +385,7 @@ int64_t attention_probs_floats(int64_t B, int64_t T, int64_t nH) {
 const AttentionKernels kAttention{attention_forward, attention_backward, attention_probs_floats};
 const AttentionRingKernels kAttentionRing{attention_ring_forward, attention_ring_merge,
                                           attention_ring_backward};
-const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward};
+const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward, swiglu_forward_bf16, swiglu_backward_bf16};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy};
 const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{cross_entropy_shard_stats,

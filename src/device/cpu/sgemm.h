@@ -57,6 +57,12 @@ inline const float* bf16_widened(std::vector<float>& buf, const uint16_t* x, int
   return d;
 }
 
+// dst = the nearest bf16 (ties to even) of each of n floats.
+inline void bf16_narrowed(uint16_t* dst, const float* src, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= (int64_t(1) << 16) && !omp_in_parallel())
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+
 inline const float* bf16_rounded(std::vector<float>& buf, const float* x, int64_t n) {
   if (const uint16_t* image = find_bf16_image(x, n)) return bf16_widened(buf, image, n);
   if ((int64_t)buf.size() < n) buf.resize(n);

@@ -133,34 +133,52 @@ void rope_qk_backward(float* dq, float* dk, const float* dq_rot, const float* dk
 }
 
 // ---- SwiGLU --------------------------------------------------------------------------------------------
-__global__ void swiglu_forward_kernel(float* out, const float* gu, int64_t N, int64_t I) {
+// gate/up read as f32 or bf16 bits (bf16 compute), the forward's output written as either.
+__device__ inline float load_value(const float* p, int64_t i) {
+  return p[i];
+}
+__device__ inline float load_value(const uint16_t* p, int64_t i) {
+  return bf16_bits_to_f32(p[i]);
+}
+__device__ inline void store_value(float* p, int64_t i, float v) {
+  p[i] = v;
+}
+__device__ inline void store_value(uint16_t* p, int64_t i, float v) {
+  p[i] = f32_to_bf16_bits(v);
+}
+
+template <class In, class Out>
+__global__ void swiglu_forward_kernel(Out* out, const In* gu, int64_t N, int64_t I) {
   for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < N * I;
        idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t n = idx / I, i = idx % I;
-    const float g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i];
-    out[idx] = g / (1.0f + expf(-g)) * u;
+    const float g = load_value(gu, n * 2 * I + i), u = load_value(gu, n * 2 * I + I + i);
+    store_value(out, idx, g / (1.0f + expf(-g)) * u);
   }
 }
 
 // d/dg silu(g) = s (1 + g (1 - s)), s = sigmoid(g)
-__global__ void swiglu_backward_kernel(float* dgu, const float* dout, const float* gu, int64_t N, int64_t I) {
+template <class In>
+__global__ void swiglu_backward_kernel(float* dgu, const float* dout, const In* gu, int64_t N, int64_t I) {
   for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < N * I;
        idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t n = idx / I, i = idx % I;
-    const float g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i], dy = dout[idx];
+    const float g = load_value(gu, n * 2 * I + i), u = load_value(gu, n * 2 * I + I + i), dy = dout[idx];
     const float s = 1.0f / (1.0f + expf(-g));
     dgu[n * 2 * I + i] += dy * u * s * (1.0f + g * (1.0f - s));
     dgu[n * 2 * I + I + i] += dy * g * s;
   }
 }
 
-void swiglu_forward(float* out, const float* gu, int64_t N, int64_t I) {
+template <class In, class Out>
+void swiglu_forward_t(Out* out, const In* gu, int64_t N, int64_t I) {
   if (N * I == 0) return;
-  launch(swiglu_forward_kernel, blocks_for(N * I, 256), 256, 0, out, gu, N, I);
+  launch(swiglu_forward_kernel<In, Out>, blocks_for(N * I, 256), 256, 0, out, gu, N, I);
 }
-void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int64_t I) {
+template <class In>
+void swiglu_backward_t(float* dgu, const float* dout, const In* gu, int64_t N, int64_t I) {
   if (N * I == 0) return;
-  launch(swiglu_backward_kernel, blocks_for(N * I, 256), 256, 0, dgu, dout, gu, N, I);
+  launch(swiglu_backward_kernel<In>, blocks_for(N * I, 256), 256, 0, dgu, dout, gu, N, I);
 }
 
 // ---- Embedding -----------------------------------------------------------------------------------------
@@ -335,7 +353,8 @@ double sum_squares(const float* x, int64_t n) {
 const RmsNormKernels kRmsNorm{rmsnorm_forward, rmsnorm_backward};
 const RopeKernels kRope{rope_forward, rope_backward};
 const RopeQKKernels kRopeQK{rope_qk_forward, rope_qk_backward};
-const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward};
+const SwigluKernels kSwiglu{swiglu_forward_t<float, float>, swiglu_backward_t<float>,
+                            swiglu_forward_t<uint16_t, uint16_t>, swiglu_backward_t<uint16_t>};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy};
 const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{cross_entropy_shard_stats,

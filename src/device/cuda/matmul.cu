@@ -42,7 +42,7 @@ struct Lt {
   void* workspace = nullptr;
   std::mutex mu;
   // Algorithm per problem: the heuristic query costs more than a small GEMM.
-  std::map<std::tuple<int, int, int, int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t>,
+  std::map<std::tuple<int, int, int, int, int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t>,
            cublasLtMatmulHeuristicResult_t>
       algos;
 };
@@ -58,12 +58,15 @@ Lt& lt() {
 
 }  // namespace
 
-// D (m,n) = alpha op(A) op(B) + beta D, column-major, A/B of `ab_type` (f32 or bf16), D f32.
+// D (m,n) = alpha op(A) op(B) + beta D, column-major, A/B of `ab_type` (f32 or bf16), D of `d_type` (f32,
+// or bf16 with beta = 0: the f32 accumulators rounded to bf16 by the epilogue).
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda, const void* B,
-          int64_t ldb, float* D, int64_t ldd, float beta, cudaDataType_t ab_type, float alpha = 1.0f) {
+          int64_t ldb, void* D, int64_t ldd, float beta, cudaDataType_t ab_type, float alpha = 1.0f,
+          cudaDataType_t d_type = CUDA_R_32F) {
   if (m == 0 || n == 0) return;
+  const size_t d_bytes = d_type == CUDA_R_16BF ? 2 : 4;
   if (k == 0) {  // empty sum: D = beta D
-    if (beta == 0.0f) TITAN_CUDA_CHECK(cudaMemsetAsync(D, 0, sizeof(float) * m * n, cuda_stream()));
+    if (beta == 0.0f) TITAN_CUDA_CHECK(cudaMemsetAsync(D, 0, d_bytes * (ldd * (n - 1) + m), cuda_stream()));
     return;
   }
   Lt& L = lt();
@@ -75,12 +78,13 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int6
   cublasLtMatrixLayout_t la, lb, ld;
   check_lt(cublasLtMatrixLayoutCreate(&la, ab_type, ta ? k : m, ta ? m : k, lda), "layout A");
   check_lt(cublasLtMatrixLayoutCreate(&lb, ab_type, tb ? n : k, tb ? k : n, ldb), "layout B");
-  check_lt(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd), "layout D");
+  check_lt(cublasLtMatrixLayoutCreate(&ld, d_type, m, n, ldd), "layout D");
   cublasLtMatmulHeuristicResult_t algo{};
   {
     std::lock_guard<std::mutex> g(L.mu);
     const uint32_t al_a = alignment(A), al_b = alignment(B), al_d = alignment(D);
-    auto key = std::make_tuple(int(ab_type), int(ta), int(tb), m, n, k, beta != 0.0f, al_a, al_b, al_d);
+    auto key =
+        std::make_tuple(int(ab_type), int(d_type), int(ta), int(tb), m, n, k, beta != 0.0f, al_a, al_b, al_d);
     auto it = L.algos.find(key);
     if (it == L.algos.end()) {
       cublasLtMatmulPreference_t pref;
@@ -168,6 +172,12 @@ void matmul_bf16_forward(float* out, const float* inp, const float* w, int64_t N
   Bf16Operand bi(inp, N * C), bw(w, OC * C);
   matmul_forward_t(out, bi.p, bw.p, N, C, OC, CUDA_R_16BF);
 }
+// The output written as bf16 by cuBLASLt's epilogue (no f32 output, no conversion pass).
+void matmul_bf16_forward_bf16_output(uint16_t* out16, const float* inp, const float* w, int64_t N, int64_t C,
+                                     int64_t OC) {
+  Bf16Operand bi(inp, N * C), bw(w, OC * C);
+  gemm(true, false, OC, N, C, bw.p, C, bi.p, C, out16, OC, 0.0f, CUDA_R_16BF, 1.0f, CUDA_R_16BF);
+}
 // bi: the input's bf16 values, read only for dw (null when dw is).
 void matmul_bf16_backward_bf16(float* dinp, float* dw, const float* dout, const __nv_bfloat16* bi,
                                const float* w, int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
@@ -222,7 +232,7 @@ const MatmulKernels kMatmul{matmul_forward, matmul_backward};
 const GemmKernels kGemm{gemm_rowmajor};
 TITAN_REGISTER_KERNEL(GemmKernels, CUDA, "cublaslt", kGemm, 10);
 const MatmulBf16Kernels kMatmulBf16{matmul_bf16_forward, matmul_bf16_backward, matmul_bf16_forward_bf16_input,
-                                    matmul_bf16_backward_bf16_input};
+                                    matmul_bf16_backward_bf16_input, matmul_bf16_forward_bf16_output};
 TITAN_REGISTER_KERNEL(MatmulKernels, CUDA, "cublaslt", kMatmul, 10);
 TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CUDA, "cublaslt", kMatmulBf16, 10);
 

@@ -113,7 +113,8 @@ struct Thunk<K, Member, R (*)(A...)> {
 const MatmulKernels kMatmul{TITAN_GUARD(MatmulKernels, forward), TITAN_GUARD(MatmulKernels, backward)};
 const MatmulBf16Kernels kMatmulBf16{
     TITAN_GUARD(MatmulBf16Kernels, forward), TITAN_GUARD(MatmulBf16Kernels, backward),
-    TITAN_GUARD(MatmulBf16Kernels, forward_bf16_input), TITAN_GUARD(MatmulBf16Kernels, backward_bf16_input)};
+    TITAN_GUARD(MatmulBf16Kernels, forward_bf16_input), TITAN_GUARD(MatmulBf16Kernels, backward_bf16_input),
+    TITAN_GUARD(MatmulBf16Kernels, forward_bf16_output)};
 const RmsNormKernels kRmsNorm{TITAN_GUARD(RmsNormKernels, forward), TITAN_GUARD(RmsNormKernels, backward)};
 const RopeKernels kRope{TITAN_GUARD(RopeKernels, forward), TITAN_GUARD(RopeKernels, backward)};
 const RopeQKKernels kRopeQK{TITAN_GUARD(RopeQKKernels, forward), TITAN_GUARD(RopeQKKernels, backward)};
@@ -123,7 +124,9 @@ const AttentionKernels kAttention{TITAN_GUARD(AttentionKernels, forward),
 const AttentionBf16Kernels kAttentionBf16{TITAN_GUARD(AttentionBf16Kernels, forward),
                                           TITAN_GUARD(AttentionBf16Kernels, backward)};
 const AttentionKVKernels kAttentionKV{TITAN_GUARD(AttentionKVKernels, forward)};
-const SwigluKernels kSwiglu{TITAN_GUARD(SwigluKernels, forward), TITAN_GUARD(SwigluKernels, backward)};
+const SwigluKernels kSwiglu{TITAN_GUARD(SwigluKernels, forward), TITAN_GUARD(SwigluKernels, backward),
+                            TITAN_GUARD(SwigluKernels, forward_bf16),
+                            TITAN_GUARD(SwigluKernels, backward_bf16)};
 const EmbeddingKernels kEmbedding{TITAN_GUARD(EmbeddingKernels, forward),
                                   TITAN_GUARD(EmbeddingKernels, backward)};
 const CrossEntropyKernels kCrossEntropy{TITAN_GUARD(CrossEntropyKernels, forward_backward)};

@@ -360,7 +360,8 @@ bool Qwen3Model::frozen_scratch_grads(int g) const {
 
 void Qwen3Model::set_lora(LoraAdapters* lora) {
   lora_ = lora;
-  B_ = T_ = 0;  // re-plan the activations at the next forward (an adapter's o_proj reads the f32 att)
+  B_ = T_ =
+      0;  // re-plan the activations at the next forward (an adapter's o_proj, gate/up and down read f32)
   if (!lora || frozen_) return;
   frozen_ = true;
   // Base gradients are never computed from now on: drop their buffers (sparse layers keep a scratch one).

@@ -358,6 +358,13 @@ class Qwen3Model {
   bool wants_o16() const {
     return wants_attn16() && matmul_ == &matmul_bf16_ && matmul16_.forward_bf16_input && !lora_;
   }
+  // Dense layers keep gate/up and the SwiGLU output in bf16 (matmul_bf16's bf16-output and bf16-input
+  // GEMMs, swiglu's bf16 forms): under bf16 compute where the bf16 GEMM engine runs and no LoRA adapter
+  // (whose gate/up/down read and write f32) is attached.
+  bool wants_mlp16() const {
+    return bf16_ && matmul_ == &matmul_bf16_ && matmul16_.forward_bf16_output && swiglu_->forward_bf16 &&
+           !lora_;
+  }
   // Where the i-th of datt | dq | dk | dv of N rows starts in attn16_grads_ (bf16 elements; 16-byte aligned).
   int64_t attn16_grad_offset(int i, int64_t N) const {
     const int64_t sizes[] = {N * config_.q_dim(), N * config_.q_dim(), N * config_.kv_dim()};
@@ -396,6 +403,7 @@ class Qwen3Model {
   std::string attention_bf16_name_, attention_f32_name_;
   bool attn16_ = false;     // this plan's layers run attention_bf16
   bool o16_ = false;        // ... and their o_proj reads att16 (a.att is null)
+  bool mlp16_ = false;      // this plan's dense layers keep gu16 and act16 (wants_mlp16)
   bool ops_timed_ = false;  // time_ops() swapped the op tables
   Tensor attn_scratch_;     // attn16_: qr | kr | v (f32) of the layer being run
   Tensor attn16_grads_;     // attn16_: datt | dq | dk | dv (bf16) of the layer's backward

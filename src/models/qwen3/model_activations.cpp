@@ -122,6 +122,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   cp_tables_ready_ = false;
   attn16_ = wants_attn16();
   o16_ = wants_o16();
+  mlp16_ = wants_mlp16();
   const auto& c = config_;
   const int64_t N = B * T, H = c.hidden_size, I = c.intermediate_size, nH = c.num_attention_heads,
                 nKV = c.num_key_value_heads, L = c.num_hidden_layers;
@@ -140,9 +141,11 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     const double attn_d =
         attn16_ ? n * (4.0 * H + 2 + (o16_ ? 2.0 : 3.0) * c.q_dim() + 2.0 * c.kv_dim() + nH + nKV + nH)
                 : n * (4.0 * H + 2 + 3.0 * c.q_dim() + 3.0 * c.kv_dim() + nH + nKV) + saved;
-    const double mlp_d = E > 0 ? n * (E + k + 3.0 * k * Im) : n * 3.0 * I;
+    // (bf16 MLP: a dense layer's gate/up and act take half a float each)
+    const double mlp_d = E > 0 ? n * (E + k + 3.0 * k * Im) : n * (mlp16_ ? 1.5 : 3.0) * I;
     // Op-selective layers keep ln1, ln2, qr, kr (and a dense layer's act) in one shared block instead.
-    const double pointwise = n * (2.0 * H + (attn16_ ? 0 : c.q_dim() + c.kv_dim())), act = n * I;
+    const double pointwise = n * (2.0 * H + (attn16_ ? 0 : c.q_dim() + c.kv_dim())),
+                 act = n * I * (mlp16_ ? 0.5 : 1.0);
     int64_t checkpointed = 0, op_layers = 0, op_dense = 0, held = 0;
     for (int64_t l = 0; l < L; ++l) {
       if (!held_[l + 1]) continue;
@@ -184,6 +187,11 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
                                      N * c.kv_dim() * 2 + 4 * 4 + N * (nH + nKV) + attn_saved_floats(B, T, nH)
                                : N * H + Nl * H * 3 + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 +
                                      N * (nH + nKV) + attn_saved_floats(B, T, nH);
+  // A dense layer's gate/up and act: f32, or bf16 (in halves of floats, each 16-byte aligned: up to 3
+  // floats of padding before each).
+  auto bf16_floats = [](int64_t n) { return (n + 1) / 2 + 3; };
+  const int64_t dense_mlp = mlp16_ ? bf16_floats(N * 2 * I) + bf16_floats(N * I) : N * 3 * I,
+                dense_act = mlp16_ ? bf16_floats(N * I) : N * I;
   // Checkpointing: a checkpointed layer keeps only its input; the rest is one block shared by those layers
   // (a layer's activations are recomputed into it during backward).
   float* shared = nullptr;
@@ -195,7 +203,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     for (int64_t l = 0; l < L; ++l)
       if (held_[l + 1])
         mlp_max =
-            std::max(mlp_max, c.is_moe_layer(l) ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 3 * I);
+            std::max(mlp_max, c.is_moe_layer(l) ? N * E + N * k + N * k * 2 * Im + N * k * Im : dense_mlp);
     acts_.push_back(Tensor::empty({attn + mlp_max}, DType::F32, device_));
     shared = acts_.back().f32();
     if (!moe_layers_.empty()) {
@@ -207,7 +215,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   // shared by those layers, recomputed before each layer's backward.
   auto pointwise_floats = [&](int64_t l) {
     return (Nl + ln2_rows(l)) * H + (attn16_ ? 0 : N * (c.q_dim() + c.kv_dim())) +
-           (c.is_moe_layer(l) ? 0 : N * I);
+           (c.is_moe_layer(l) ? 0 : dense_act);
   };
   float* ops_shared = nullptr;
   int64_t ops_max = 0;
@@ -221,7 +229,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     if (!held_[l + 1]) continue;
     const bool moe = c.is_moe_layer(l), ck = layer_checkpointed(l), rec = layer_recomputes_ops(l);
     any_dense |= !moe;
-    const int64_t mlp = moe ? N * E + N * k + N * k * 2 * Im + N * k * Im : N * 2 * I + N * I;
+    const int64_t mlp = moe ? N * E + N * k + N * k * 2 * Im + N * k * Im : dense_mlp;
     float* p = shared;
     if (!ck) {
       acts_.push_back(Tensor::empty({attn + mlp - (rec ? pointwise_floats(l) : 0)}, DType::F32, device_));
@@ -232,11 +240,14 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
       p += n;
       return r;
     };
-    // n bf16 values at the next 16-byte boundary (the block starts at one).
-    auto take_bf16 = [&](int64_t n) {
-      p = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 15) & ~uintptr_t(15));
-      return reinterpret_cast<uint16_t*>(take((n + 1) / 2));
+    // n bf16 values at the next 16-byte boundary of `at` (each block starts at one).
+    auto take_bf16_at = [](float*& at, int64_t n) {
+      at = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(at) + 15) & ~uintptr_t(15));
+      auto* r = reinterpret_cast<uint16_t*>(at);
+      at += (n + 1) / 2;
+      return r;
     };
+    auto take_bf16 = [&](int64_t n) { return take_bf16_at(p, n); };
     float* po = ops_shared;
     auto take_pointwise = [&](int64_t n) {
       if (!rec) return take(n);
@@ -244,6 +255,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
       po += n;
       return r;
     };
+    auto take_pointwise_bf16 = [&](int64_t n) { return rec ? take_bf16_at(po, n) : take_bf16(n); };
     LayerActs& a = layer_acts_[l];
     a.resid_in = take(Nl * H);
     if (ck) {
@@ -276,6 +288,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     a.ln2 = take_pointwise(ln2_rows(l) * H);
     a.rstd2 = take(Nl);
     a.gu = a.act = nullptr;
+    a.gu16 = a.act16 = nullptr;
     a.router_probs = a.topk_w = nullptr;
     a.topk_idx = nullptr;
     if (moe) {
@@ -292,6 +305,9 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
       a.moe.order = ip + N * k;
       a.moe.row_of = ip + 2 * N * k;
       a.moe.offsets = ip + 3 * N * k;
+    } else if (mlp16_) {
+      a.gu16 = take_bf16(N * 2 * I);
+      a.act16 = take_pointwise_bf16(N * I);
     } else {
       a.gu = take(N * 2 * I);
       a.act = take_pointwise(N * I);

@@ -45,6 +45,9 @@ struct LayerActs {
   float* rstd2;                       // (N)
   float* gu;                          // (N,2I)    dense layers
   float* act;                         // (N,I)     dense layers
+  // bf16 MLP (dense layers under bf16 compute with the bf16 GEMM engine): gate/up and the activation as
+  // bf16, in place of gu and act (which are then null).
+  uint16_t *gu16, *act16;  // (N,2I), (N,I)
   // MoE layers
   float* router_probs;    // (N,E) router softmax
   float* topk_w;          // (N,k) routing weights

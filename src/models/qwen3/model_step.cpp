@@ -251,16 +251,23 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
     if (sp_) dev_->copy(out, mlp_out + tp_->rank() * Nl * H, Nl * H * sizeof(float));
   } else {
     const float* ln2 = gathered_ln(a.ln2);
-    matmul_->forward(a.gu, ln2, w.wgu, N, H, 2 * I);
-    if (lora_) {  // gate rows [0,I), up rows [I,2I) of the fused output
-      lora_->forward(l, LoraProj::Gate, ln2, N, a.gu, 2 * I);
-      lora_->forward(l, LoraProj::Up, ln2, N, a.gu + I, 2 * I);
+    if (mlp16_) {  // gate/up and the activation in bf16 (the values the rounding below would give)
+      matmul16_.forward_bf16_output(a.gu16, ln2, w.wgu, N, H, 2 * I);
+      bf16(a.ln2, Nl * H);
+      swiglu_->forward_bf16(a.act16, a.gu16, N, I);
+      matmul16_.forward_bf16_input(mlp_out, a.act16, w.wdown, N, I, H);
+    } else {
+      matmul_->forward(a.gu, ln2, w.wgu, N, H, 2 * I);
+      if (lora_) {  // gate rows [0,I), up rows [I,2I) of the fused output
+        lora_->forward(l, LoraProj::Gate, ln2, N, a.gu, 2 * I);
+        lora_->forward(l, LoraProj::Up, ln2, N, a.gu + I, 2 * I);
+      }
+      bf16(a.ln2, Nl * H), bf16(a.gu, N * 2 * I);
+      swiglu_->forward(a.act, a.gu, N, I);
+      bf16(a.act, N * I);
+      matmul_->forward(mlp_out, a.act, w.wdown, N, I, H);
+      if (lora_) lora_->forward(l, LoraProj::Down, a.act, N, mlp_out, H);
     }
-    bf16(a.ln2, Nl * H), bf16(a.gu, N * 2 * I);
-    swiglu_->forward(a.act, a.gu, N, I);
-    bf16(a.act, N * I);
-    matmul_->forward(mlp_out, a.act, w.wdown, N, I, H);
-    if (lora_) lora_->forward(l, LoraProj::Down, a.act, N, mlp_out, H);
     sum_row_parallel(mlp_out, out);  // row-parallel down_proj
   }
   elementwise_->add(out, rm, Nl * H);
@@ -342,7 +349,9 @@ void Qwen3Model::recompute_layer_ops(int64_t l) {
   qk_norm_rope(l);
   norm_for_mlp(l);
   round_bf16_if(a.ln2, (sp_ && (!w.router || moe_local_) ? Nl : N) * H);
-  if (!w.router) {
+  if (!w.router && mlp16_) {
+    swiglu_->forward_bf16(a.act16, a.gu16, N, I);
+  } else if (!w.router) {
     swiglu_->forward(a.act, a.gu, N, I);
     round_bf16_if(a.act, N * I);
   }
@@ -418,10 +427,16 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
       float* dact = dact_.f32();
       float* dgu = dgu_.f32();
       zero(dact, N * I);
-      matmul_->backward(dact, g.wdown, dout, a.act, w.wdown, N, I, H, acc_dw);
+      if (mlp16_)
+        matmul16_.backward_bf16_input(dact, g.wdown, dout, a.act16, w.wdown, N, I, H, acc_dw);
+      else
+        matmul_->backward(dact, g.wdown, dout, a.act, w.wdown, N, I, H, acc_dw);
       if (lora_) lora_->backward(l, LoraProj::Down, a.act, dout, H, dact, N);
       zero(dgu, N * 2 * I);
-      swiglu_->backward(dgu, dact, a.gu, N, I);
+      if (mlp16_)
+        swiglu_->backward_bf16(dgu, dact, a.gu16, N, I);
+      else
+        swiglu_->backward(dgu, dact, a.gu, N, I);
       zero(dln, N * H);
       const float* ln2 = gathered_ln(a.ln2);
       matmul_->backward(dln, g.wgu, dgu, ln2, w.wgu, N, H, 2 * I, acc_dw);
