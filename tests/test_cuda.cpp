@@ -449,23 +449,39 @@ TEST(Cuda, MatmulBf16InputEqualsF32InputOfTheSameValues) {
   }
 }
 
-// The bf16 forms a dense layer's MLP runs on under bf16 compute: cuBLASLt's bf16 output is the f32 output
-// rounded (its epilogue rounds the same f32 accumulators; within one bf16 step should a GPU pick another
-// algorithm for the bf16 output), SwiGLU's bf16 forms equal its f32 forms on the same values, bit for bit.
-TEST(Cuda, Bf16MlpFormsEqualTheF32FormsOfTheSameValues) {
+// The bf16 forms of the step's bf16 activations (norm outputs, gate/up, the SwiGLU output): cuBLASLt's bf16
+// output is the f32 output rounded (its epilogue rounds the same f32 accumulators; within one bf16 step
+// should a GPU pick another algorithm for the bf16 output), RMSNorm's and SwiGLU's bf16 forms equal their
+// f32 forms on the same values, bit for bit.
+TEST(Cuda, Bf16ActivationFormsEqualTheF32FormsOfTheSameValues) {
   SKIP_WITHOUT_GPU();
   const int64_t N = 37, C = 72, OC = 53, I = 73;
   auto x = randn(N * C, 33), w = randn(OC * C, 34);
+  std::vector<uint16_t> x16(x.size());
+  std::vector<float> xv(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x16[i] = f32_to_bf16(x[i]), xv[i] = bf16_to_f32(x16[i]);
   const auto& mm = get_kernel<MatmulBf16Kernels>(DeviceType::CUDA);
-  DevF dx(x), dw_(w), out(N * OC);
-  Dev<uint16_t> out16(std::vector<uint16_t>(N * OC, 0xffff));
+  DevF dx(x), dxv(xv), dw_(w), out(N * OC), outv(N * OC);
+  Dev<uint16_t> dx16(x16), out16(N * OC, 0xffff), io16(N * OC, 0xffff);
   mm.forward(out.p, dx.p, dw_.p, N, C, OC);
   mm.forward_bf16_output(out16.p, dx.p, dw_.p, N, C, OC);
-  const auto f = out.read();
-  const auto h = out16.read();
-  for (int64_t i = 0; i < N * OC; ++i)
-    ASSERT_LE(std::abs(int(h[i]) - int(f32_to_bf16(f[i]))), 1)
-        << i << ": " << f[i] << " vs " << bf16_to_f32(h[i]);
+  mm.forward(outv.p, dxv.p, dw_.p, N, C, OC);
+  mm.forward_bf16_io(io16.p, dx16.p, dw_.p, N, C, OC);
+  for (auto [f, h] : {std::pair{out.read(), out16.read()}, {outv.read(), io16.read()}})
+    for (int64_t i = 0; i < N * OC; ++i)
+      ASSERT_LE(std::abs(int(h[i]) - int(f32_to_bf16(f[i]))), 1)
+          << i << ": " << f[i] << " vs " << bf16_to_f32(h[i]);
+
+  auto nw = randn(C, 37);
+  DevF dnw(nw), nout(N * C), rstd(N), rstd16(N, -1.0f);
+  Dev<uint16_t> nout16(N * C, 0xffff);
+  cuda_op<RmsNormKernels>().forward(nout.p, rstd.p, dx.p, dnw.p, N, C, 1e-6f);
+  cuda_op<RmsNormKernels>().forward_bf16_output(nout16.p, rstd16.p, dx.p, dnw.p, N, C, 1e-6f);
+  std::vector<uint16_t> nwant(N * C);
+  const auto nf = nout.read();
+  for (int64_t i = 0; i < N * C; ++i) nwant[i] = f32_to_bf16(nf[i]);
+  EXPECT_EQ(nout16.read(), nwant);
+  EXPECT_EQ(rstd16.read(), rstd.read());
 
   auto gu = randn(N * 2 * I, 35), dout = randn(N * I, 36);
   std::vector<uint16_t> gu16(gu.size());
@@ -473,7 +489,7 @@ TEST(Cuda, Bf16MlpFormsEqualTheF32FormsOfTheSameValues) {
   for (size_t i = 0; i < gu.size(); ++i) gu16[i] = f32_to_bf16(3.0f * gu[i]), guv[i] = bf16_to_f32(gu16[i]);
   const auto& sw = cuda_op<SwigluKernels>();
   DevF dguv(guv), ddout(dout), o(N * I), d(N * 2 * I, 0.2f), d16(N * 2 * I, 0.2f);
-  Dev<uint16_t> dgu16(gu16), o16(std::vector<uint16_t>(N * I, 0xffff));
+  Dev<uint16_t> dgu16(gu16), o16(N * I, 0xffff);
   sw.forward(o.p, dguv.p, N, I);
   sw.forward_bf16(o16.p, dgu16.p, N, I);
   sw.backward(d.p, ddout.p, dguv.p, N, I);

@@ -196,22 +196,45 @@ TEST(Kernels, MatmulBf16InputEqualsF32InputOfTheSameValues) {
   }
 }
 
-// Under bf16 compute a dense layer keeps gate/up and the SwiGLU output in bf16: the GEMM's bf16 output is
-// its f32 output rounded (nearest even), and SwiGLU's bf16 forms equal its f32 forms on the same values,
-// bit for bit, in every implementation, so the model computes what it computed on f32 buffers of bf16
-// values.
-TEST(Kernels, Bf16MlpFormsEqualTheF32FormsOfTheSameValues) {
+// Under bf16 compute the tensors read only by GEMMs and SwiGLU are kept in bf16 (norm outputs, gate/up, the
+// SwiGLU output): a GEMM's or RMSNorm's bf16 output is its f32 output rounded (nearest even), and the
+// bf16-input forms equal the f32 forms on the same values, bit for bit, in every implementation, so the
+// model computes what it computed on f32 buffers of bf16 values.
+TEST(Kernels, Bf16ActivationFormsEqualTheF32FormsOfTheSameValues) {
+  auto rounded_bits = [](const std::vector<float>& x) {
+    std::vector<uint16_t> r(x.size());
+    for (size_t i = 0; i < x.size(); ++i) r[i] = f32_to_bf16(x[i]);
+    return r;
+  };
   for (auto [N, C, OC] : {std::tuple<int64_t, int64_t, int64_t>{7, 13, 11}, {33, 64, 48}}) {
     auto x = randn(N * C, 21), w = randn(OC * C, 22);
+    const std::vector<uint16_t> x16 = rounded_bits(x);
+    std::vector<float> xv(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xv[i] = bf16_to_f32(x16[i]);
     for (auto& name : impls<MatmulBf16Kernels>()) {
       const auto& k = variant<MatmulBf16Kernels>(name);
-      ASSERT_TRUE(k.forward_bf16_output) << name;
-      std::vector<float> out(N * OC);
-      std::vector<uint16_t> want(N * OC), out16(N * OC, 0xffff);
+      ASSERT_TRUE(k.forward_bf16_output && k.forward_bf16_io) << name;
+      std::vector<float> out(N * OC), outv(N * OC);
+      std::vector<uint16_t> out16(N * OC, 0xffff), io16(N * OC, 0xffff);
       k.forward(out.data(), x.data(), w.data(), N, C, OC);
-      for (int64_t i = 0; i < N * OC; ++i) want[i] = f32_to_bf16(out[i]);
       k.forward_bf16_output(out16.data(), x.data(), w.data(), N, C, OC);
-      EXPECT_EQ(out16, want) << name << " " << N << "x" << C << "x" << OC;
+      EXPECT_EQ(out16, rounded_bits(out)) << name << " " << N << "x" << C << "x" << OC;
+      k.forward(outv.data(), xv.data(), w.data(), N, C, OC);
+      k.forward_bf16_io(io16.data(), x16.data(), w.data(), N, C, OC);
+      EXPECT_EQ(io16, rounded_bits(outv)) << name << " " << N << "x" << C << "x" << OC;
+    }
+  }
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{9, 37}, {4, 256}}) {
+    auto x = randn(N * C, 25), w = randn(C, 26);
+    for (auto& name : impls<RmsNormKernels>()) {
+      const auto& k = variant<RmsNormKernels>(name);
+      ASSERT_TRUE(k.forward_bf16_output) << name;
+      std::vector<float> out(N * C), rstd(N), rstd16(N, -1.0f);
+      std::vector<uint16_t> out16(N * C, 0xffff);
+      k.forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6f);
+      k.forward_bf16_output(out16.data(), rstd16.data(), x.data(), w.data(), N, C, 1e-6f);
+      EXPECT_EQ(out16, rounded_bits(out)) << name << " " << N << "x" << C;
+      EXPECT_EQ(rstd16, rstd) << name;
     }
   }
   for (auto [N, I] : {std::pair<int64_t, int64_t>{10, 37}, {5, 64}}) {

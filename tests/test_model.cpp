@@ -483,6 +483,42 @@ TEST(Qwen3Model, ActivationCheckpointingIsExactAndSavesMemory) {
   }
 }
 
+// Under bf16 compute the tensors read only by GEMMs and SwiGLU are kept in bf16 (norm outputs, v, the
+// attention output, gate/up, the SwiGLU output): the same values as the f32 buffers of bf16 values they
+// replace, so the loss and every gradient are bit-identical, with and without checkpointing, dense and
+// sparse, and the activations take less memory.
+TEST(Qwen3Model, Bf16ActivationsChangeNoValueAndSaveMemory) {
+  for (const char* dir_name : {"qwen3/tied_gqa2", "qwen3_moe/e8k2_norm"}) {
+    const std::string dir = testing::source_path(std::string("tests/golden/") + dir_name);
+    Qwen3Model model(Qwen3Config::from_hf_file(dir + "/config.json"));
+    model.load_hf(dir);
+    model.set_bf16_compute(true);
+    TokenBatch batch = read_token_batch_json(dir + "/input.json");
+    for (auto [every, ops] : std::vector<std::pair<int64_t, bool>>{{0, false}, {1, false}, {0, true}}) {
+      model.set_activation_checkpoint_every(every);
+      model.set_activation_recompute_ops(ops);
+      auto run = [&](bool bf16_acts, int64_t* act_bytes) {
+        model.set_bf16_activations(bf16_acts);
+        model.zero_grad();
+        ForwardResult r = model.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T);
+        model.backward();
+        *act_bytes = model.activation_bytes();
+        std::vector<Tensor> grads;
+        for (auto& g : model.flat_grads()) grads.push_back(g.clone());
+        return std::make_pair(r.loss, grads);
+      };
+      int64_t bytes_f32 = 0, bytes_bf16 = 0;
+      auto [loss_f32, grads_f32] = run(false, &bytes_f32);
+      auto [loss_bf16, grads_bf16] = run(true, &bytes_bf16);
+      EXPECT_EQ(loss_bf16, loss_f32) << dir_name << " every " << every << " ops " << ops;
+      for (size_t i = 0; i < grads_f32.size(); ++i)
+        EXPECT_EQ(testing::rel_error(grads_bf16[i], grads_f32[i]), 0.0)
+            << dir_name << " every " << every << " ops " << ops << " group " << i;
+      EXPECT_LT(bytes_bf16, bytes_f32) << dir_name << " every " << every << " ops " << ops;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace titan
 

@@ -135,12 +135,14 @@ const MatmulBf16Kernels* timed(const MatmulBf16Kernels* k) {
                                  TITAN_TIMED(0, MatmulBf16Kernels, backward, kGemm),
                                  TITAN_TIMED(0, MatmulBf16Kernels, forward_bf16_input, kGemm),
                                  TITAN_TIMED(0, MatmulBf16Kernels, backward_bf16_input, kGemm),
-                                 TITAN_TIMED(0, MatmulBf16Kernels, forward_bf16_output, kGemm)},
+                                 TITAN_TIMED(0, MatmulBf16Kernels, forward_bf16_output, kGemm),
+                                 TITAN_TIMED(0, MatmulBf16Kernels, forward_bf16_io, kGemm)},
                0);
 }
 const RmsNormKernels* timed(const RmsNormKernels* k) {
   return store(RmsNormKernels{TITAN_TIMED(0, RmsNormKernels, forward, kPointwise),
-                              TITAN_TIMED(0, RmsNormKernels, backward, kPointwise)},
+                              TITAN_TIMED(0, RmsNormKernels, backward, kPointwise),
+                              TITAN_TIMED(0, RmsNormKernels, forward_bf16_output, kPointwise)},
                0);
 }
 const RopeKernels* timed(const RopeKernels* k) {

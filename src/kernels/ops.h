@@ -38,6 +38,9 @@ struct MatmulBf16Kernels {
   // bf16 (a dense layer's gate/up): the nearest bf16 (ties to even) of forward's f32 result.
   void (*forward_bf16_output)(uint16_t* out16, const float* inp, const float* weight, int64_t N, int64_t C,
                               int64_t OC);
+  // Both: bf16 input and bf16 output (a dense layer's gate/up from its bf16 norm output).
+  void (*forward_bf16_io)(uint16_t* out16, const uint16_t* inp16, const float* weight, int64_t N, int64_t C,
+                          int64_t OC);
 };
 
 // bf16 images of f32 weight ranges, kept up to date by their owner (a model under bf16 compute makes them
@@ -56,6 +59,10 @@ struct RmsNormKernels {
                   float eps);
   void (*backward)(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                    const float* rstd, int64_t N, int64_t C);
+  // forward with the output written as bf16 (bf16 compute keeps a norm read only by GEMMs so): out16 = the
+  // nearest bf16 of forward's out; rstd as forward's.
+  void (*forward_bf16_output)(uint16_t* out16, float* rstd, const float* inp, const float* weight, int64_t N,
+                              int64_t C, float eps);
 };
 
 // Rotate-half RoPE (NeoX layout, HF `rotate_half`) at position t = row % T.

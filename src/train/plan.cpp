@@ -124,7 +124,11 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   // The MLP's gate/up and act: f32, or under bf16 compute bf16 (half a float each) in dense models.
   const bool mlp16 = p.bf16_mlp = bf16_compute && !c.is_moe();
   const int64_t mlp_acts = mlp16 ? (N * 3 * I + 1) / 2 : N * 3 * I, act = mlp16 ? (N * I + 1) / 2 : N * I;
-  const int64_t per_layer = Nl * H * 4 + Nl * 2 + attn_qkv +
+  // The norm outputs ln1, ln2 (GEMM inputs only): bf16 under bf16 compute without sequence parallel (whose
+  // all-gathers move them as f32); ln2 only in dense models (a sparse layer's router and experts read f32).
+  const bool ln16 = p.bf16_norms = bf16_compute && !sp;
+  const int64_t ln1 = ln16 ? (Nl * H + 1) / 2 : Nl * H, ln2 = ln16 && mlp16 ? (Nl * H + 1) / 2 : Nl * H;
+  const int64_t per_layer = Nl * H * 2 + ln1 + ln2 + Nl * 2 + attn_qkv +
                             N * (lc.num_attention_heads + lc.num_key_value_heads) +
                             N * lc.num_attention_heads + mlp_acts;
   const int64_t every = checkpointing.every;
@@ -133,11 +137,12 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
                           (sp ? Nl * H + 2 * N * H : 0) +
                           (pp > 1 ? 2 * Nl * H : 0) +           // the stage's received input and sent output
                           (cp > 1 ? 4 * N * lc.kv_dim() : 0) +  // the ring's K/V chunks (double-buffered)
-                          // bf16 attention: the f32 q/k/v being converted, and datt/dq/dk/dv in bf16
-                          (attn16 ? N * (2 * lc.q_dim() + 3 * lc.kv_dim()) : 0);
+                          // bf16 attention: the f32 q/k being converted (v's GEMM writes bf16), and
+                          // datt/dq/dk/dv in bf16
+                          (attn16 ? N * (2 * lc.q_dim() + 2 * lc.kv_dim()) : 0);
   // Selective 'op': the saved layers keep ln1, ln2, q/k after norm + RoPE (f32 attention: the bf16 copies
   // are GEMM-like saves) and act in one shared block.
-  const int64_t pointwise = 2 * Nl * H + N * (attn16 ? 0 : lc.q_dim() + lc.kv_dim()) + act;
+  const int64_t pointwise = ln1 + ln2 + N * (attn16 ? 0 : lc.q_dim() + lc.kv_dim()) + act;
   const int64_t logits = std::min<int64_t>(N * lc.vocab_size, Qwen3Model::kHeadChunkBytes / 4);
   // Collectives on (N, H) f32 per forward, in units of (tp - 1) / tp of the buffer sent per rank (a ring
   // all-gather or reduce-scatter; an all-reduce is two). Without sequence parallel: an all-reduce after
@@ -219,6 +224,14 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   return p;
 }
 
+std::string RunPlan::bf16_activations() const {
+  std::string parts;
+  for (auto [on, what] :
+       {std::pair{bf16_attention, "attention"}, {bf16_mlp, "MLP"}, {bf16_norms, "norm outputs"}})
+    if (on) parts += (parts.empty() ? "" : ", ") + std::string(what);
+  return parts.empty() ? "" : " (bf16: " + parts + ")";
+}
+
 std::string RunPlan::describe() const {
   std::ostringstream os;
   os << "parameters: " << human(params) << " (" << human(non_embedding_params) << " non-embedding)\n"
@@ -242,11 +255,7 @@ std::string RunPlan::describe() const {
      << ", gradient accumulation " << grad_accum << " steps, " << global_batch * seq_len << " tokens/step\n"
      << "memory per rank: parameters " << gib(param_bytes) << ", gradients " << gib(grad_bytes)
      << ", optimizer " << gib(optimizer_bytes) << ", activations " << gib(activation_bytes)
-     << (bf16_attention && bf16_mlp ? " (attention's and MLP's tensors bf16)"
-         : bf16_attention           ? " (attention's tensors bf16)"
-         : bf16_mlp                 ? " (MLP's tensors bf16)"
-                                    : "")
-     << ", total " << gib(total_bytes());
+     << bf16_activations() << ", total " << gib(total_bytes());
   if (pipeline.degree > 1) {
     const int64_t p = pipeline.degree, m = pipeline.microbatches, v = pipeline.stages_per_rank();
     char bubble[64];

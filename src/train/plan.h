@@ -27,6 +27,7 @@ struct RunPlan {
   int64_t context_parallel = 1;  // ranks a sequence is split over (two mirrored chunks each)
   bool bf16_attention = false;   // q/k/v and the attention output saved as bf16 (bf16 compute, no CP)
   bool bf16_mlp = false;         // gate/up and the SwiGLU output saved as bf16 (bf16 compute, dense)
+  bool bf16_norms = false;       // ln1 (and ln2 where bf16_mlp) saved as bf16 (bf16 compute, no SP)
   double pp_comm_bytes = 0;      // per rank and step: activations and their gradients sent between stages
   double cp_comm_bytes = 0;      // per rank and step: K/V chunks (and dK/dV) passed around the ring
   int64_t shard_params = 0;      // parameters this rank owns (its shard of its tensor-parallel slice)
@@ -43,6 +44,8 @@ struct RunPlan {
   std::vector<PipelineRank> per_stage_rank;  // one entry per pipeline rank
   int64_t total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + activation_bytes; }
   std::string describe() const;  // multi-line human-readable summary
+  // " (bf16: attention, MLP, norm outputs)": the saved tensors bf16 compute keeps in bf16 ("" for none).
+  std::string bf16_activations() const;
 };
 
 // Which activations a step keeps (torchtitan's activation_checkpoint): every = 0 none, 1 every layer, N every

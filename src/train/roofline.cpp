@@ -158,9 +158,10 @@ GpuStepPrediction predict_gpu_step(const Qwen3Config& c, const RunPlan& plan, Ch
   p.step_seconds = std::max(p.gpu_seconds, p.host_seconds);
   p.tokens_per_s = tokens / tp / p.step_seconds;  // tokens per GPU
   p.mfu = plan.flops_per_token * p.tokens_per_s / (gpu.bf16_tflops * 1e12);
-  // The run plan's memory with the activations in the step's dtype and, under bf16, the bf16 weight copy.
+  // The run plan's memory (its activations as the model allocates them: under bf16 compute the tensors the
+  // step keeps in bf16 are counted so there, the rest f32) and, under bf16, the bf16 weight copy.
   p.memory_bytes = (double)(plan.param_bytes + plan.grad_bytes + plan.optimizer_bytes) +
-                   (bf16 ? 2.0 * shard_params : 0.0) + plan.activation_bytes * act / 4.0;
+                   (bf16 ? 2.0 * shard_params : 0.0) + (double)plan.activation_bytes;
   return p;
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -28,8 +29,10 @@ void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp
                 accumulate_dw ? 1.0f : 0.0f, dw, C);
 }
 
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
-                     float eps) {
+// out: f32, or bf16 bits (each value the nearest bf16 of the f32 one).
+template <class Out>
+void rmsnorm_forward_t(Out* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
+                       float eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* x = inp + n * C;
@@ -38,9 +41,14 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, 
     for (int64_t c = 0; c < C; ++c) ss += x[c] * x[c];
     const float r = 1.0f / std::sqrt(ss / (float)C + eps);
     rstd[n] = r;
-    float* y = out + n * C;
+    Out* y = out + n * C;
+    if constexpr (std::is_same_v<Out, float>) {
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) y[c] = w[c] * (x[c] * r);
+      for (int64_t c = 0; c < C; ++c) y[c] = w[c] * (x[c] * r);
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) y[c] = f32_to_bf16(w[c] * (x[c] * r));
+    }
   }
 }
 
@@ -365,7 +373,7 @@ double sum_squares(const float* x, int64_t n) {
 }
 
 const MatmulKernels kMatmul{matmul_forward, matmul_backward};
-const RmsNormKernels kRmsNorm{rmsnorm_forward, rmsnorm_backward};
+const RmsNormKernels kRmsNorm{rmsnorm_forward_t<float>, rmsnorm_backward, rmsnorm_forward_t<uint16_t>};
 const RopeKernels kRope{rope_forward, rope_backward};
 int64_t attention_probs_floats(int64_t B, int64_t T, int64_t nH) {
   return B * nH * T * T;

@@ -49,6 +49,13 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, 
   }
 }
 
+void rmsnorm_forward_bf16_output(uint16_t* out16, float* rstd, const float* inp, const float* w, int64_t N,
+                                 int64_t C, float eps) {
+  std::vector<float> out((size_t)(N * C));
+  rmsnorm_forward(out.data(), rstd, inp, w, N, C, eps);
+  for (int64_t i = 0; i < N * C; ++i) out16[i] = f32_to_bf16(out[i]);
+}
+
 // y = w * x * r with r = (mean(x^2) + eps)^-1/2:
 // dx = r * (dy*w) - x * r^3 / C * sum(dy*w*x);   dw += dy * x * r
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
@@ -377,7 +384,7 @@ void attention_ring_backward(float* dq, float* dk, float* dv, const float* dout,
 }
 
 const MatmulKernels kMatmul{matmul_forward, matmul_backward};
-const RmsNormKernels kRmsNorm{rmsnorm_forward, rmsnorm_backward};
+const RmsNormKernels kRmsNorm{rmsnorm_forward, rmsnorm_backward, rmsnorm_forward_bf16_output};
 const RopeKernels kRope{rope_forward, rope_backward};
 int64_t attention_probs_floats(int64_t B, int64_t T, int64_t nH) {
   return B * nH * T * T;

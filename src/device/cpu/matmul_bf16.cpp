@@ -90,19 +90,23 @@ void ref_backward_bf16_input(float* dinp, float* dw, const float* dout, const ui
   ref_backward(dinp, dw, dout, dw ? widened(inp16, N * C) : nullptr, weight, N, C, OC, accumulate_dw);
 }
 
-// forward_bf16_output of every CPU engine: the engine's own forward into a buffer reused across calls,
-// then the nearest bf16 of each value (so it equals forward rounded, bit for bit).
-template <auto Forward>
-void forward_bf16_output(uint16_t* out16, const float* inp, const float* w, int64_t N, int64_t C,
-                         int64_t OC) {
+// forward_bf16_output / forward_bf16_io of every CPU engine: the engine's own forward (f32 or bf16 input)
+// into a buffer reused across calls, then the nearest bf16 of each value (so it equals forward rounded,
+// bit for bit).
+template <auto Forward, class In>
+void forward_bf16_output(uint16_t* out16, const In* inp, const float* w, int64_t N, int64_t C, int64_t OC) {
   static std::vector<float> buf;
   if ((int64_t)buf.size() < N * OC) buf.resize(N * OC);
   Forward(buf.data(), inp, w, N, C, OC);
   cpu::bf16_narrowed(out16, buf.data(), N * OC);
 }
 
-const MatmulBf16Kernels kRef{ref_forward, ref_backward, ref_forward_bf16_input, ref_backward_bf16_input,
-                             forward_bf16_output<ref_forward>};
+const MatmulBf16Kernels kRef{ref_forward,
+                             ref_backward,
+                             ref_forward_bf16_input,
+                             ref_backward_bf16_input,
+                             forward_bf16_output<ref_forward, float>,
+                             forward_bf16_output<ref_forward_bf16_input, uint16_t>};
 TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CPU, "reference", kRef, 0);
 
 // bf16-rounded copies of the operands in f32, reused across calls (one per operand slot).
@@ -139,8 +143,12 @@ void sgemm_backward_bf16_input(float* dinp, float* dw, const float* dout, const 
   if (dw) f32_engine().backward(nullptr, dw, g, widened(inp16, N * C), nullptr, N, C, OC, accumulate_dw);
 }
 
-const MatmulBf16Kernels kSgemm{sgemm_forward, sgemm_backward, sgemm_forward_bf16_input,
-                               sgemm_backward_bf16_input, forward_bf16_output<sgemm_forward>};
+const MatmulBf16Kernels kSgemm{sgemm_forward,
+                               sgemm_backward,
+                               sgemm_forward_bf16_input,
+                               sgemm_backward_bf16_input,
+                               forward_bf16_output<sgemm_forward, float>,
+                               forward_bf16_output<sgemm_forward_bf16_input, uint16_t>};
 TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CPU, "sgemm", kSgemm, 5);
 
 #ifdef TITAN_HAVE_DNNL
@@ -255,8 +263,12 @@ void dnnl_backward(float* dinp, float* dw, const float* dout, const float* inp, 
 
 // (forward_bf16_output through the f32 output: oneDNN's bf16 destination would be one pass less, but the
 // primitive for it may block the sum differently, and the output must equal forward's rounded)
-const MatmulBf16Kernels kDnnl{dnnl_forward, dnnl_backward, dnnl_forward_bf16_input, dnnl_backward_bf16_input,
-                              forward_bf16_output<dnnl_forward>};
+const MatmulBf16Kernels kDnnl{dnnl_forward,
+                              dnnl_backward,
+                              dnnl_forward_bf16_input,
+                              dnnl_backward_bf16_input,
+                              forward_bf16_output<dnnl_forward, float>,
+                              forward_bf16_output<dnnl_forward_bf16_input, uint16_t>};
 TITAN_REGISTER_KERNEL_ISA(MatmulBf16Kernels, CPU, "onednn", kDnnl, 10, CpuIsa::kAvx512Bf16);
 #endif
 

@@ -63,6 +63,19 @@ __device__ inline uint16_t f32_to_bf16_bits(float f) {
 __device__ inline float bf16_bits_to_f32(uint16_t h) {
   return __uint_as_float(static_cast<uint32_t>(h) << 16);
 }
+// An element of an f32 or bf16 tensor as f32, and a value stored into one (bf16: nearest even).
+__device__ inline float load_value(const float* p, int64_t i) {
+  return p[i];
+}
+__device__ inline float load_value(const uint16_t* p, int64_t i) {
+  return bf16_bits_to_f32(p[i]);
+}
+__device__ inline void store_value(float* p, int64_t i, float v) {
+  p[i] = v;
+}
+__device__ inline void store_value(uint16_t* p, int64_t i, float v) {
+  p[i] = f32_to_bf16_bits(v);
+}
 
 // Launches `kernel` on the device's stream and reports a bad launch (configuration, resources) here:
 //   launch(rmsnorm_forward_kernel, grid, threads, dynamic_smem_bytes, out, rstd, inp, w, C, eps);

@@ -19,7 +19,9 @@ int row_threads(int64_t C) {
 
 // ---- RMSNorm -------------------------------------------------------------------------------------------
 // grid N, block row_threads(C): one block per row.
-__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w, int64_t C,
+// out: f32, or bf16 bits (bf16 compute).
+template <class Out>
+__global__ void rmsnorm_forward_kernel(Out* out, float* rstd, const float* inp, const float* w, int64_t C,
                                        float eps) {
   __shared__ float red[32];
   const float* x = inp + blockIdx.x * C;
@@ -28,8 +30,8 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp
   ss = block_sum(ss, red);
   const float r = 1.0f / sqrtf(ss / C + eps);
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-  float* y = out + blockIdx.x * C;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) y[c] = w[c] * (x[c] * r);
+  Out* y = out + blockIdx.x * C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) store_value(y, c, w[c] * (x[c] * r));
 }
 
 // dx += r dy w - x r^3 / C sum(dy w x)
@@ -65,10 +67,11 @@ __global__ void rmsnorm_backward_dw_kernel(float* dw, const float* dout, const f
   }
 }
 
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
+template <class Out>
+void rmsnorm_forward(Out* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
                      float eps) {
   if (N == 0) return;
-  launch(rmsnorm_forward_kernel, N, row_threads(C), 0, out, rstd, inp, w, C, eps);
+  launch(rmsnorm_forward_kernel<Out>, N, row_threads(C), 0, out, rstd, inp, w, C, eps);
 }
 
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
@@ -134,18 +137,6 @@ void rope_qk_backward(float* dq, float* dk, const float* dq_rot, const float* dk
 
 // ---- SwiGLU --------------------------------------------------------------------------------------------
 // gate/up read as f32 or bf16 bits (bf16 compute), the forward's output written as either.
-__device__ inline float load_value(const float* p, int64_t i) {
-  return p[i];
-}
-__device__ inline float load_value(const uint16_t* p, int64_t i) {
-  return bf16_bits_to_f32(p[i]);
-}
-__device__ inline void store_value(float* p, int64_t i, float v) {
-  p[i] = v;
-}
-__device__ inline void store_value(uint16_t* p, int64_t i, float v) {
-  p[i] = f32_to_bf16_bits(v);
-}
 
 template <class In, class Out>
 __global__ void swiglu_forward_kernel(Out* out, const In* gu, int64_t N, int64_t I) {
@@ -350,7 +341,7 @@ double sum_squares(const float* x, int64_t n) {
   return host;
 }
 
-const RmsNormKernels kRmsNorm{rmsnorm_forward, rmsnorm_backward};
+const RmsNormKernels kRmsNorm{rmsnorm_forward<float>, rmsnorm_backward, rmsnorm_forward<uint16_t>};
 const RopeKernels kRope{rope_forward, rope_backward};
 const RopeQKKernels kRopeQK{rope_qk_forward, rope_qk_backward};
 const SwigluKernels kSwiglu{swiglu_forward_t<float, float>, swiglu_backward_t<float>,

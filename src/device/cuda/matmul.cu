@@ -172,11 +172,17 @@ void matmul_bf16_forward(float* out, const float* inp, const float* w, int64_t N
   Bf16Operand bi(inp, N * C), bw(w, OC * C);
   matmul_forward_t(out, bi.p, bw.p, N, C, OC, CUDA_R_16BF);
 }
-// The output written as bf16 by cuBLASLt's epilogue (no f32 output, no conversion pass).
+// The output written as bf16 by cuBLASLt's epilogue (no f32 output, no conversion pass); the input as f32
+// (converted) or bf16 bits (as they are).
 void matmul_bf16_forward_bf16_output(uint16_t* out16, const float* inp, const float* w, int64_t N, int64_t C,
                                      int64_t OC) {
   Bf16Operand bi(inp, N * C), bw(w, OC * C);
   gemm(true, false, OC, N, C, bw.p, C, bi.p, C, out16, OC, 0.0f, CUDA_R_16BF, 1.0f, CUDA_R_16BF);
+}
+void matmul_bf16_forward_bf16_io(uint16_t* out16, const uint16_t* inp16, const float* w, int64_t N, int64_t C,
+                                 int64_t OC) {
+  Bf16Operand bw(w, OC * C);
+  gemm(true, false, OC, N, C, bw.p, C, inp16, C, out16, OC, 0.0f, CUDA_R_16BF, 1.0f, CUDA_R_16BF);
 }
 // bi: the input's bf16 values, read only for dw (null when dw is).
 void matmul_bf16_backward_bf16(float* dinp, float* dw, const float* dout, const __nv_bfloat16* bi,
@@ -231,8 +237,12 @@ void gemm_rowmajor(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
 const MatmulKernels kMatmul{matmul_forward, matmul_backward};
 const GemmKernels kGemm{gemm_rowmajor};
 TITAN_REGISTER_KERNEL(GemmKernels, CUDA, "cublaslt", kGemm, 10);
-const MatmulBf16Kernels kMatmulBf16{matmul_bf16_forward, matmul_bf16_backward, matmul_bf16_forward_bf16_input,
-                                    matmul_bf16_backward_bf16_input, matmul_bf16_forward_bf16_output};
+const MatmulBf16Kernels kMatmulBf16{matmul_bf16_forward,
+                                    matmul_bf16_backward,
+                                    matmul_bf16_forward_bf16_input,
+                                    matmul_bf16_backward_bf16_input,
+                                    matmul_bf16_forward_bf16_output,
+                                    matmul_bf16_forward_bf16_io};
 TITAN_REGISTER_KERNEL(MatmulKernels, CUDA, "cublaslt", kMatmul, 10);
 TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CUDA, "cublaslt", kMatmulBf16, 10);
 

@@ -111,11 +111,14 @@ struct Thunk<K, Member, R (*)(A...)> {
 #define TITAN_GUARD(K, m) &Thunk<K, &K::m, decltype(K::m)>::call
 
 const MatmulKernels kMatmul{TITAN_GUARD(MatmulKernels, forward), TITAN_GUARD(MatmulKernels, backward)};
-const MatmulBf16Kernels kMatmulBf16{
-    TITAN_GUARD(MatmulBf16Kernels, forward), TITAN_GUARD(MatmulBf16Kernels, backward),
-    TITAN_GUARD(MatmulBf16Kernels, forward_bf16_input), TITAN_GUARD(MatmulBf16Kernels, backward_bf16_input),
-    TITAN_GUARD(MatmulBf16Kernels, forward_bf16_output)};
-const RmsNormKernels kRmsNorm{TITAN_GUARD(RmsNormKernels, forward), TITAN_GUARD(RmsNormKernels, backward)};
+const MatmulBf16Kernels kMatmulBf16{TITAN_GUARD(MatmulBf16Kernels, forward),
+                                    TITAN_GUARD(MatmulBf16Kernels, backward),
+                                    TITAN_GUARD(MatmulBf16Kernels, forward_bf16_input),
+                                    TITAN_GUARD(MatmulBf16Kernels, backward_bf16_input),
+                                    TITAN_GUARD(MatmulBf16Kernels, forward_bf16_output),
+                                    TITAN_GUARD(MatmulBf16Kernels, forward_bf16_io)};
+const RmsNormKernels kRmsNorm{TITAN_GUARD(RmsNormKernels, forward), TITAN_GUARD(RmsNormKernels, backward),
+                              TITAN_GUARD(RmsNormKernels, forward_bf16_output)};
 const RopeKernels kRope{TITAN_GUARD(RopeKernels, forward), TITAN_GUARD(RopeKernels, backward)};
 const RopeQKKernels kRopeQK{TITAN_GUARD(RopeQKKernels, forward), TITAN_GUARD(RopeQKKernels, backward)};
 const AttentionKernels kAttention{TITAN_GUARD(AttentionKernels, forward),

@@ -161,6 +161,13 @@ class Qwen3Model {
   // bf16 compute emulation: parameters and every op output rounded to bfloat16 (accumulation in f32),
   // as a bf16 model in PyTorch computes. Gradients and the optimizer stay f32.
   void set_bf16_compute(bool on);
+  // Under bf16 compute, keep the tensors read only by GEMMs and SwiGLU (norm outputs, v, the attention
+  // output, gate/up, the SwiGLU output) as bf16 (default; see wants_act16) or, off, as f32 buffers holding
+  // the same bf16 values (the layout before bf16 activations: identical results, twice their memory).
+  void set_bf16_activations(bool on) {
+    if (on != bf16_acts_) B_ = T_ = 0;  // re-plan the activations at the next forward
+    bf16_acts_ = on;
+  }
   // Benchmarks: every op this model runs reports to the current OpTiming (kernels/op_timing.h) from now on
   // (its op tables swapped for timed copies; results unchanged). Once per program.
   void time_ops();
@@ -264,7 +271,14 @@ class Qwen3Model {
   }
   // Decoder layer l from layer_acts_[l].resid_in into out (N,H), saving its activations.
   void forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats);
+  // The layer GEMMs (out = inp W^T and its backward) on the f32 buffer of each operand where it is non-null,
+  // else on its bf16 one (bf16 activations).
+  void linear_forward(float* out, uint16_t* out16, const float* inp, const uint16_t* inp16, const float* w,
+                      int64_t N, int64_t C, int64_t OC);
+  void linear_backward(float* dinp, float* dw, const float* dout, const float* inp, const uint16_t* inp16,
+                       const float* w, int64_t N, int64_t C, int64_t OC, bool accumulate_dw);
   // The pointwise parts of forward_layer, shared with recompute_layer_ops (the op-selective backward).
+  void input_norm(int64_t l);
   void qk_norm_rope(int64_t l);
   // Packed rows: checks position_ids (B_,T_) and makes the per-token RoPE tables and attention doc_start.
   void set_packing(const int32_t* position_ids);
@@ -353,17 +367,16 @@ class Qwen3Model {
   // bf16 attention: under bf16 compute, where the device has attention_bf16 and without context parallel
   // (the ring blocks are f32). Fixed by plan_activations (the layers' buffers depend on it).
   bool wants_attn16() const { return bf16_ && attention_bf16_ && !cp_; }
-  // ... and o_proj reads the bf16 attention output itself (matmul_bf16's bf16-input GEMMs), so no f32 copy
-  // of it exists: where the bf16 GEMM engine runs and no LoRA adapter (whose o_proj reads f32) is attached.
-  bool wants_o16() const {
-    return wants_attn16() && matmul_ == &matmul_bf16_ && matmul16_.forward_bf16_input && !lora_;
-  }
-  // Dense layers keep gate/up and the SwiGLU output in bf16 (matmul_bf16's bf16-output and bf16-input
-  // GEMMs, swiglu's bf16 forms): under bf16 compute where the bf16 GEMM engine runs and no LoRA adapter
-  // (whose gate/up/down read and write f32) is attached.
-  bool wants_mlp16() const {
-    return bf16_ && matmul_ == &matmul_bf16_ && matmul16_.forward_bf16_output && swiglu_->forward_bf16 &&
-           !lora_;
+  // bf16 activations: tensors read only by GEMMs (and SwiGLU) are kept as bf16 and handed to matmul_bf16's
+  // bf16-input/-output GEMMs as they are: under bf16 compute, where the bf16 GEMM engine runs and no LoRA
+  // adapter (whose projections read and write f32) is attached. Then o_proj reads the bf16 attention
+  // output and the v GEMM writes v's bf16 copy (with bf16 attention: o16_), dense layers keep gate/up and
+  // the SwiGLU output in bf16 (mlp16_), and without sequence parallel (whose all-gathers move f32 norm
+  // outputs) the norms before q/k/v and gate/up write bf16 (ln16_; ln2 in dense layers only: a sparse
+  // layer's router and experts read f32).
+  bool wants_act16() const {
+    return bf16_ && bf16_acts_ && matmul_ == &matmul_bf16_ && matmul16_.forward_bf16_io &&
+           swiglu_->forward_bf16 && rmsnorm_->forward_bf16_output && !lora_;
   }
   // Where the i-th of datt | dq | dk | dv of N rows starts in attn16_grads_ (bf16 elements; 16-byte aligned).
   int64_t attn16_grad_offset(int i, int64_t N) const {
@@ -402,8 +415,10 @@ class Qwen3Model {
   const AttentionBf16Kernels* attention_bf16_ = nullptr;  // null where the device has none
   std::string attention_bf16_name_, attention_f32_name_;
   bool attn16_ = false;     // this plan's layers run attention_bf16
-  bool o16_ = false;        // ... and their o_proj reads att16 (a.att is null)
-  bool mlp16_ = false;      // this plan's dense layers keep gu16 and act16 (wants_mlp16)
+  bool o16_ = false;        // ... and their o_proj reads att16 (a.att is null), v is written as v16 only
+  bool mlp16_ = false;      // this plan's dense layers keep gu16 and act16 (wants_act16)
+  bool bf16_acts_ = true;   // set_bf16_activations
+  bool ln16_ = false;       // ... and its layers ln1_16 (every layer) and ln2_16 (dense layers)
   bool ops_timed_ = false;  // time_ops() swapped the op tables
   Tensor attn_scratch_;     // attn16_: qr | kr | v (f32) of the layer being run
   Tensor attn16_grads_;     // attn16_: datt | dq | dk | dv (bf16) of the layer's backward

@@ -121,8 +121,10 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   if (B == B_ && T == T_) return;
   cp_tables_ready_ = false;
   attn16_ = wants_attn16();
-  o16_ = wants_o16();
-  mlp16_ = wants_mlp16();
+  const bool act16 = wants_act16();
+  o16_ = attn16_ && act16;
+  mlp16_ = act16;
+  ln16_ = act16 && !sp_;
   const auto& c = config_;
   const int64_t N = B * T, H = c.hidden_size, I = c.intermediate_size, nH = c.num_attention_heads,
                 nKV = c.num_key_value_heads, L = c.num_hidden_layers;
@@ -138,13 +140,15 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     const double n = double(B) * double(T), saved = c.num_attention_heads * n * (double(T) + 1);
     // (bf16 attention: q/k/v f32 become scratch, their bf16 copies and the output's are kept, q/k/v
     // and output as bf16 take half a float each)
+    // (bf16 norm outputs: ln1 and ln2 half a float each)
+    const double norms = (ln16_ ? 3.0 : 4.0) * H;
     const double attn_d =
-        attn16_ ? n * (4.0 * H + 2 + (o16_ ? 2.0 : 3.0) * c.q_dim() + 2.0 * c.kv_dim() + nH + nKV + nH)
-                : n * (4.0 * H + 2 + 3.0 * c.q_dim() + 3.0 * c.kv_dim() + nH + nKV) + saved;
+        attn16_ ? n * (norms + 2 + (o16_ ? 2.0 : 3.0) * c.q_dim() + 2.0 * c.kv_dim() + nH + nKV + nH)
+                : n * (norms + 2 + 3.0 * c.q_dim() + 3.0 * c.kv_dim() + nH + nKV) + saved;
     // (bf16 MLP: a dense layer's gate/up and act take half a float each)
     const double mlp_d = E > 0 ? n * (E + k + 3.0 * k * Im) : n * (mlp16_ ? 1.5 : 3.0) * I;
     // Op-selective layers keep ln1, ln2, qr, kr (and a dense layer's act) in one shared block instead.
-    const double pointwise = n * (2.0 * H + (attn16_ ? 0 : c.q_dim() + c.kv_dim())),
+    const double pointwise = n * ((ln16_ ? 1.0 : 2.0) * H + (attn16_ ? 0 : c.q_dim() + c.kv_dim())),
                  act = n * I * (mlp16_ ? 0.5 : 1.0);
     int64_t checkpointed = 0, op_layers = 0, op_dense = 0, held = 0;
     for (int64_t l = 0; l < L; ++l) {
@@ -168,9 +172,9 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   acts_.clear();
   layer_acts_.assign(L, {});
   if (attn16_) {
-    // qr | kr | v in f32 for the layer being run (converted to its bf16 copies), and the backward's
-    // datt | dq | dk | dv in bf16.
-    attn_scratch_ = Tensor::empty({N * (c.q_dim() + 2 * c.kv_dim())}, DType::F32, device_);
+    // qr | kr | v in f32 for the layer being run (converted to its bf16 copies; v only where its GEMM does
+    // not write v16 itself), and the backward's datt | dq | dk | dv in bf16.
+    attn_scratch_ = Tensor::empty({N * (c.q_dim() + (o16_ ? 1 : 2) * c.kv_dim())}, DType::F32, device_);
     attn16_grads_ = Tensor::empty({attn16_grad_offset(3, N) + N * c.kv_dim()}, DType::BF16, device_);
   } else {
     attn_scratch_ = attn16_grads_ = Tensor();
@@ -183,13 +187,17 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   // bf16 attention: q_raw, k_raw, att (f32; none under o16_), q16 | k16 | v16 | att16 (bf16, in halves of
   // floats, each 16-byte aligned as cuDNN wants its tensors: up to 3 floats of padding before each), the
   // logsumexp.
-  const int64_t attn = attn16_ ? N * H + Nl * H * 3 + Nl * 2 + N * c.q_dim() * (o16_ ? 2 : 3) +
-                                     N * c.kv_dim() * 2 + 4 * 4 + N * (nH + nKV) + attn_saved_floats(B, T, nH)
-                               : N * H + Nl * H * 3 + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 +
-                                     N * (nH + nKV) + attn_saved_floats(B, T, nH);
-  // A dense layer's gate/up and act: f32, or bf16 (in halves of floats, each 16-byte aligned: up to 3
-  // floats of padding before each).
+  // n bf16 values in halves of floats, 16-byte aligned (up to 3 floats of padding before them).
   auto bf16_floats = [](int64_t n) { return (n + 1) / 2 + 3; };
+  // resid_in, ln1, resid_mid, ln2; under ln16_ ln1 bf16 and ln2 bf16 (a sparse layer's ln2 stays f32: the
+  // block is sized for it where the model has sparse layers).
+  const int64_t norms =
+      ln16_ ? 2 * Nl * H + bf16_floats(N * H) + (E > 0 ? N * H : bf16_floats(N * H)) : N * H + Nl * H * 3;
+  const int64_t attn = attn16_ ? norms + Nl * 2 + N * c.q_dim() * (o16_ ? 2 : 3) + N * c.kv_dim() * 2 +
+                                     4 * 4 + N * (nH + nKV) + attn_saved_floats(B, T, nH)
+                               : norms + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) +
+                                     attn_saved_floats(B, T, nH);
+  // A dense layer's gate/up and act: f32, or bf16.
   const int64_t dense_mlp = mlp16_ ? bf16_floats(N * 2 * I) + bf16_floats(N * I) : N * 3 * I,
                 dense_act = mlp16_ ? bf16_floats(N * I) : N * I;
   // Checkpointing: a checkpointed layer keeps only its input; the rest is one block shared by those layers
@@ -214,8 +222,9 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   // Op-selective layers: their pointwise outputs (ln1, qr, kr, ln2, a dense layer's act) live in one block
   // shared by those layers, recomputed before each layer's backward.
   auto pointwise_floats = [&](int64_t l) {
-    return (Nl + ln2_rows(l)) * H + (attn16_ ? 0 : N * (c.q_dim() + c.kv_dim())) +
-           (c.is_moe_layer(l) ? 0 : dense_act);
+    const int64_t lns = !ln16_ ? (Nl + ln2_rows(l)) * H
+                               : bf16_floats(N * H) + (c.is_moe_layer(l) ? N * H : bf16_floats(N * H));
+    return lns + (attn16_ ? 0 : N * (c.q_dim() + c.kv_dim())) + (c.is_moe_layer(l) ? 0 : dense_act);
   };
   float* ops_shared = nullptr;
   int64_t ops_max = 0;
@@ -262,7 +271,11 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
       acts_.push_back(Tensor::empty({Nl * H}, DType::F32, device_));  // the layer's own saved input
       a.resid_in = acts_.back().f32();
     }
-    a.ln1 = take_pointwise(Nl * H);
+    a.ln1 = nullptr, a.ln1_16 = nullptr;
+    if (ln16_)
+      a.ln1_16 = take_pointwise_bf16(Nl * H);
+    else
+      a.ln1 = take_pointwise(Nl * H);
     a.rstd1 = take(Nl);
     a.q_raw = take(N * c.q_dim());
     a.k_raw = take(N * c.kv_dim());
@@ -272,7 +285,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     if (attn16_) {
       a.qr = attn_scratch_.f32();
       a.kr = a.qr + N * c.q_dim();
-      a.v = a.kr + N * c.kv_dim();
+      a.v = o16_ ? nullptr : a.kr + N * c.kv_dim();
       a.q16 = take_bf16(N * c.q_dim());
       a.k16 = take_bf16(N * c.kv_dim());
       a.v16 = take_bf16(N * c.kv_dim());
@@ -285,7 +298,11 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     a.attn_saved = take(attn_saved_floats(B, T, nH));
     a.att = o16_ ? nullptr : take(N * c.q_dim());
     a.resid_mid = take(Nl * H);
-    a.ln2 = take_pointwise(ln2_rows(l) * H);
+    a.ln2 = nullptr, a.ln2_16 = nullptr;
+    if (ln16_ && !moe)
+      a.ln2_16 = take_pointwise_bf16(N * H);
+    else
+      a.ln2 = take_pointwise(ln2_rows(l) * H);
     a.rstd2 = take(Nl);
     a.gu = a.act = nullptr;
     a.gu16 = a.act16 = nullptr;

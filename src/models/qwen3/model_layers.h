@@ -45,9 +45,10 @@ struct LayerActs {
   float* rstd2;                       // (N)
   float* gu;                          // (N,2I)    dense layers
   float* act;                         // (N,I)     dense layers
-  // bf16 MLP (dense layers under bf16 compute with the bf16 GEMM engine): gate/up and the activation as
-  // bf16, in place of gu and act (which are then null).
-  uint16_t *gu16, *act16;  // (N,2I), (N,I)
+  // bf16 activations (Qwen3Model::wants_act16): gate/up and the SwiGLU output of a dense layer, the norm
+  // outputs before q/k/v and gate/up, as bf16 in place of gu, act, ln1, ln2 (which are then null).
+  uint16_t *gu16, *act16;     // (N,2I), (N,I)
+  uint16_t *ln1_16, *ln2_16;  // (N,H), (N,H)
   // MoE layers
   float* router_probs;    // (N,E) router softmax
   float* topk_w;          // (N,k) routing weights

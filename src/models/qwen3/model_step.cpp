@@ -196,6 +196,35 @@ void Qwen3Model::run_layers(const StageRange& range, const ForwardOptions& opts)
   }
 }
 
+// The layer GEMMs on the step's buffers: each of the input and the output is the f32 one where that is
+// non-null, else the bf16 one (bf16 activations: matmul_bf16's bf16-input/-output GEMMs, the same values).
+void Qwen3Model::linear_forward(float* out, uint16_t* out16, const float* inp, const uint16_t* inp16,
+                                const float* w, int64_t N, int64_t C, int64_t OC) {
+  if (out && inp) return matmul_->forward(out, inp, w, N, C, OC);
+  if (out) return matmul16_.forward_bf16_input(out, inp16, w, N, C, OC);
+  if (inp) return matmul16_.forward_bf16_output(out16, inp, w, N, C, OC);
+  matmul16_.forward_bf16_io(out16, inp16, w, N, C, OC);
+}
+
+void Qwen3Model::linear_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                                 const uint16_t* inp16, const float* w, int64_t N, int64_t C, int64_t OC,
+                                 bool accumulate_dw) {
+  if (inp || !inp16) return matmul_->backward(dinp, dw, dout, inp, w, N, C, OC, accumulate_dw);
+  matmul16_.backward_bf16_input(dinp, dw, dout, inp16, w, N, C, OC, accumulate_dw);
+}
+
+// ln1 of layer l: its rows of RMSNorm(resid_in) into ln1, or ln1_16 (bf16 activations), and rstd1.
+void Qwen3Model::input_norm(int64_t l) {
+  LayerActs& a = layer_acts_[l];
+  const LayerView w = layer_view(l);
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (a.ln1_16)
+    rmsnorm_->forward_bf16_output(a.ln1_16, a.rstd1, a.resid_in, w.input_norm, local_rows(),
+                                  config_.hidden_size, eps);
+  else
+    rmsnorm_->forward(a.ln1, a.rstd1, a.resid_in, w.input_norm, local_rows(), config_.hidden_size, eps);
+}
+
 void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats) {
   const auto& c = config_;
   const int64_t B = B_, T = T_, N = B * T, Nl = local_rows(), H = c.hidden_size, I = c.intermediate_size,
@@ -205,17 +234,19 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   LayerView w = layer_view(l);
   // Under sequence parallel resid_in, resid_mid and out hold this rank's Nl rows; the GEMMs see all N.
   float* partial = sp_ ? sp_full_.f32() : nullptr;  // a row-parallel GEMM's (N,H) output before the sum
-  rmsnorm_->forward(a.ln1, a.rstd1, a.resid_in, w.input_norm, Nl, H, static_cast<float>(c.rms_norm_eps));
-  const float* ln1 = gathered_ln(a.ln1);
-  matmul_->forward(a.q_raw, ln1, w.wq, N, H, c.q_dim());
-  matmul_->forward(a.k_raw, ln1, w.wk, N, H, c.kv_dim());
-  matmul_->forward(a.v, ln1, w.wv, N, H, c.kv_dim());
+  input_norm(l);
+  // (bf16 activations: ln1 is ln1_16, v is written as v16 only; linear_forward takes whichever is there)
+  const float* ln1 = a.ln1 ? gathered_ln(a.ln1) : nullptr;
+  linear_forward(a.q_raw, nullptr, ln1, a.ln1_16, w.wq, N, H, c.q_dim());
+  linear_forward(a.k_raw, nullptr, ln1, a.ln1_16, w.wk, N, H, c.kv_dim());
+  linear_forward(a.v, a.v16, ln1, a.ln1_16, w.wv, N, H, c.kv_dim());
   if (lora_) {
     lora_->forward(l, LoraProj::Q, ln1, N, a.q_raw, c.q_dim());
     lora_->forward(l, LoraProj::K, ln1, N, a.k_raw, c.kv_dim());
     lora_->forward(l, LoraProj::V, ln1, N, a.v, c.kv_dim());
   }
-  bf16(a.ln1, Nl * H), bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim());
+  if (a.ln1) bf16(a.ln1, Nl * H);
+  bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim());
   qk_norm_rope(l);
   if (attn16_) {  // (v rounded by its bf16 copy, att exact from att16)
     attention_bf16_forward(l);
@@ -229,10 +260,7 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   }
   // resid_mid = resid_in + att @ wo^T (row-parallel o_proj: the ranks' partial outputs summed)
   float* o = sp_ ? partial : a.resid_mid;
-  if (o16_)
-    matmul16_.forward_bf16_input(o, a.att16, w.wo, N, c.q_dim(), H);
-  else
-    matmul_->forward(o, a.att, w.wo, N, c.q_dim(), H);
+  linear_forward(o, nullptr, a.att, a.att16, w.wo, N, c.q_dim(), H);  // (att16 under o16_)
   if (lora_) lora_->forward(l, LoraProj::O, a.att, N, o, H);
   sum_row_parallel(o, a.resid_mid);
   float* rm = a.resid_mid;
@@ -250,24 +278,23 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
     moe_forward_layer(l, mlp_out, count_tokens, accumulate_stats);
     if (sp_) dev_->copy(out, mlp_out + tp_->rank() * Nl * H, Nl * H * sizeof(float));
   } else {
-    const float* ln2 = gathered_ln(a.ln2);
-    if (mlp16_) {  // gate/up and the activation in bf16 (the values the rounding below would give)
-      matmul16_.forward_bf16_output(a.gu16, ln2, w.wgu, N, H, 2 * I);
-      bf16(a.ln2, Nl * H);
+    // (bf16 activations: ln2, gate/up and act as bf16, the values the rounding below gives the f32 ones)
+    const float* ln2 = a.ln2 ? gathered_ln(a.ln2) : nullptr;
+    linear_forward(a.gu, a.gu16, ln2, a.ln2_16, w.wgu, N, H, 2 * I);
+    if (lora_) {  // gate rows [0,I), up rows [I,2I) of the fused output
+      lora_->forward(l, LoraProj::Gate, ln2, N, a.gu, 2 * I);
+      lora_->forward(l, LoraProj::Up, ln2, N, a.gu + I, 2 * I);
+    }
+    if (a.ln2) bf16(a.ln2, Nl * H);
+    if (mlp16_) {
       swiglu_->forward_bf16(a.act16, a.gu16, N, I);
-      matmul16_.forward_bf16_input(mlp_out, a.act16, w.wdown, N, I, H);
     } else {
-      matmul_->forward(a.gu, ln2, w.wgu, N, H, 2 * I);
-      if (lora_) {  // gate rows [0,I), up rows [I,2I) of the fused output
-        lora_->forward(l, LoraProj::Gate, ln2, N, a.gu, 2 * I);
-        lora_->forward(l, LoraProj::Up, ln2, N, a.gu + I, 2 * I);
-      }
-      bf16(a.ln2, Nl * H), bf16(a.gu, N * 2 * I);
+      bf16(a.gu, N * 2 * I);
       swiglu_->forward(a.act, a.gu, N, I);
       bf16(a.act, N * I);
-      matmul_->forward(mlp_out, a.act, w.wdown, N, I, H);
-      if (lora_) lora_->forward(l, LoraProj::Down, a.act, N, mlp_out, H);
     }
+    linear_forward(mlp_out, nullptr, a.act, a.act16, w.wdown, N, I, H);
+    if (lora_) lora_->forward(l, LoraProj::Down, a.act, N, mlp_out, H);
     sum_row_parallel(mlp_out, out);  // row-parallel down_proj
   }
   elementwise_->add(out, rm, Nl * H);
@@ -308,7 +335,7 @@ void Qwen3Model::attention_bf16_forward(int64_t l) {
   LayerActs& a = layer_acts_[l];
   for (const uint16_t* p : {a.q16, a.k16, a.v16, a.att16})  // (cuDNN reads its tensors 16 bytes at a time)
     TITAN_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, "bf16 attention: a buffer off 16-byte alignment");
-  elementwise_->to_bf16(a.v16, a.v, N * c.kv_dim());
+  if (a.v) elementwise_->to_bf16(a.v16, a.v, N * c.kv_dim());  // (else the v GEMM wrote v16: o16_)
   const AttentionBf16Shape s{
       B_,         T_,       c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.q_dim(), c.kv_dim(),
       c.kv_dim(), c.q_dim()};
@@ -344,11 +371,11 @@ void Qwen3Model::recompute_layer_ops(int64_t l) {
   LayerActs& a = layer_acts_[l];
   LayerView w = layer_view(l);
   const int64_t Nl = local_rows();
-  rmsnorm_->forward(a.ln1, a.rstd1, a.resid_in, w.input_norm, Nl, H, static_cast<float>(c.rms_norm_eps));
-  round_bf16_if(a.ln1, Nl * H);
+  input_norm(l);
+  if (a.ln1) round_bf16_if(a.ln1, Nl * H);
   qk_norm_rope(l);
   norm_for_mlp(l);
-  round_bf16_if(a.ln2, (sp_ && (!w.router || moe_local_) ? Nl : N) * H);
+  if (a.ln2) round_bf16_if(a.ln2, (sp_ && (!w.router || moe_local_) ? Nl : N) * H);
   if (!w.router && mlp16_) {
     swiglu_->forward_bf16(a.act16, a.gu16, N, I);
   } else if (!w.router) {
@@ -427,10 +454,7 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
       float* dact = dact_.f32();
       float* dgu = dgu_.f32();
       zero(dact, N * I);
-      if (mlp16_)
-        matmul16_.backward_bf16_input(dact, g.wdown, dout, a.act16, w.wdown, N, I, H, acc_dw);
-      else
-        matmul_->backward(dact, g.wdown, dout, a.act, w.wdown, N, I, H, acc_dw);
+      linear_backward(dact, g.wdown, dout, a.act, a.act16, w.wdown, N, I, H, acc_dw);
       if (lora_) lora_->backward(l, LoraProj::Down, a.act, dout, H, dact, N);
       zero(dgu, N * 2 * I);
       if (mlp16_)
@@ -438,8 +462,8 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
       else
         swiglu_->backward(dgu, dact, a.gu, N, I);
       zero(dln, N * H);
-      const float* ln2 = gathered_ln(a.ln2);
-      matmul_->backward(dln, g.wgu, dgu, ln2, w.wgu, N, H, 2 * I, acc_dw);
+      const float* ln2 = a.ln2 ? gathered_ln(a.ln2) : nullptr;
+      linear_backward(dln, g.wgu, dgu, ln2, a.ln2_16, w.wgu, N, H, 2 * I, acc_dw);
       if (lora_) {
         lora_->backward(l, LoraProj::Gate, ln2, dgu, 2 * I, dln, N);
         lora_->backward(l, LoraProj::Up, ln2, dgu + I, 2 * I, dln, N);
@@ -451,10 +475,7 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
     float* datt = datt_.f32();
     zero(datt, N * c.q_dim());
     const float* dout = full_rows(dresid);
-    if (o16_)
-      matmul16_.backward_bf16_input(datt, g.wo, dout, a.att16, w.wo, N, c.q_dim(), H, acc_dw);
-    else
-      matmul_->backward(datt, g.wo, dout, a.att, w.wo, N, c.q_dim(), H, acc_dw);
+    linear_backward(datt, g.wo, dout, a.att, a.att16, w.wo, N, c.q_dim(), H, acc_dw);
     if (lora_) lora_->backward(l, LoraProj::O, a.att, dout, H, datt, N);
     float *dqr = dqr_.f32(), *dkr = dkr_.f32(), *dq = dq_.f32(), *dk = dk_.f32(), *dv = dv_.f32();
     if (attn16_) {
@@ -483,10 +504,10 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
     rmsnorm_->backward(dqr, g.q_norm, dq, a.q_raw, w.q_norm, a.q_rstd, N * nH, hd);
     rmsnorm_->backward(dkr, g.k_norm, dk, a.k_raw, w.k_norm, a.k_rstd, N * nKV, hd);
     zero(dln, N * H);
-    const float* ln1 = gathered_ln(a.ln1);
-    matmul_->backward(dln, g.wq, dqr, ln1, w.wq, N, H, c.q_dim(), acc_dw);
-    matmul_->backward(dln, g.wk, dkr, ln1, w.wk, N, H, c.kv_dim(), acc_dw);
-    matmul_->backward(dln, g.wv, dv, ln1, w.wv, N, H, c.kv_dim(), acc_dw);
+    const float* ln1 = a.ln1 ? gathered_ln(a.ln1) : nullptr;
+    linear_backward(dln, g.wq, dqr, ln1, a.ln1_16, w.wq, N, H, c.q_dim(), acc_dw);
+    linear_backward(dln, g.wk, dkr, ln1, a.ln1_16, w.wk, N, H, c.kv_dim(), acc_dw);
+    linear_backward(dln, g.wv, dv, ln1, a.ln1_16, w.wv, N, H, c.kv_dim(), acc_dw);
     if (lora_) {
       lora_->backward(l, LoraProj::Q, ln1, dqr, c.q_dim(), dln, N);
       lora_->backward(l, LoraProj::K, ln1, dkr, c.kv_dim(), dln, N);
