@@ -3,7 +3,7 @@
 //   bench_train_step [--flavor 0.6B | --preset 1.7B] [--hidden 1024 --layers 4 --heads 16 --kv-heads 8
 //                     --head-dim 128 --intermediate 3072 --vocab 151936 --tied 1 --experts 0 --top-k 0
 //                     --moe-intermediate 0] [--seq 512 --batch 1 --steps 5 --warmup 1 --ac 0 --bf16 0
-//                     --op-times 0]
+//                     --bf16-activations 1 --op-times 0]
 //                    [--device cpu|cuda[:i]] [--peak-tflops 989.4] [--init hf|tiled]
 //                    [--serve 1]
 // --ac: 0 none, 1 every layer ("full"), N every N-th layer, op (selective by op: pointwise ops recomputed).
@@ -13,11 +13,11 @@
 // seq defaults to 2048 and the peak for MFU to 989.4 TFLOP/s (H100/H200 dense bf16). --op-times 1 adds the
 // device time of each op class (GEMMs, attention forward / backward, pointwise ops, embedding + loss; CUDA
 // events around every op, kernels/op_timing.h; the host clock on the CPU) as "op_ms", to set beside
-// `titan plan --gpu`'s prediction (the marks cost a little: time the step itself without them). Each phase ends with
-// a device synchronization, so step and phase times are the GPU's. MFU = flops_per_token * tokens/s / peak
-// with flops_per_token = Qwen3Config::training_flops_per_token(seq) (torchtitan's 6N + 12*L*heads*hd*seq,
-// N = GEMM weights incl. lm_head); 0 when no peak is given (CPU default). AdamW and the gradient norm are
-// titan's (optim/optimizer.h): their state and ops are on the parameters' device.
+// `titan plan --gpu`'s prediction (the marks cost a little: time the step itself without them). Each phase
+// ends with a device synchronization, so step and phase times are the GPU's. MFU = flops_per_token * tokens/s
+// / peak with flops_per_token = Qwen3Config::training_flops_per_token(seq) (torchtitan's 6N +
+// 12*L*heads*hd*seq, N = GEMM weights incl. lm_head); 0 when no peak is given (CPU default). AdamW and the
+// gradient norm are titan's (optim/optimizer.h): their state and ops are on the parameters' device.
 // --serve 1: after the warm-up print {"ready":true}, then run one measured step per "step" line read from
 // stdin and print the summary at "quit" (bench/compare_pytorch.py interleaves frameworks step by step).
 // The summary carries the process's peak resident set (VmHWM).
@@ -105,7 +105,7 @@ int main(int argc, char** argv) try {
   titan::Qwen3Config c = titan::Qwen3Config::flavor(preset.empty() ? flavor : preset);
   if (preset.empty() && flavor == "0.6B") c.num_hidden_layers = 4;
   int64_t seq = on_gpu ? 2048 : 512, batch = 1, steps = 5, warmup = 1, ac = 0, serve = 0, bf16 = 0,
-          op_times = 0, head_chunk = 0;
+          bf16_acts = 1, op_times = 0, head_chunk = 0;
   bool ac_ops = false;
   double peak_tflops = on_gpu ? 989.4 : 0.0;
   std::string init = on_gpu ? "tiled" : "hf";
@@ -159,6 +159,8 @@ int main(int argc, char** argv) try {
       op_times = v;  // 1: device time per op class (kernels/op_timing.h) in every step's line and the summary
     else if (k == "--bf16")
       bf16 = v;  // 1: training.mixed_precision_param = "bfloat16"
+    else if (k == "--bf16-activations")
+      bf16_acts = v;  // 0: bf16 compute's GEMM-only tensors as f32 buffers (Qwen3Model::set_bf16_activations)
     else if (k == "--head-chunk")
       head_chunk = v;  // rows of the lm_head + cross-entropy chunk (0 = automatic)
     else if (k == "--serve")
@@ -185,6 +187,7 @@ int main(int argc, char** argv) try {
   model.set_activation_recompute_ops(ac_ops);
   model.set_head_chunk_rows(head_chunk);
   if (bf16) model.set_bf16_compute(true);
+  model.set_bf16_activations(bf16_acts != 0);
   std::optional<titan::OpTiming> timing;
   if (op_times) {
     timing.emplace(device.type);

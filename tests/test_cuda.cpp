@@ -482,6 +482,18 @@ TEST(Cuda, Bf16ActivationFormsEqualTheF32FormsOfTheSameValues) {
   for (int64_t i = 0; i < N * C; ++i) nwant[i] = f32_to_bf16(nf[i]);
   EXPECT_EQ(nout16.read(), nwant);
   EXPECT_EQ(rstd16.read(), rstd.read());
+  // bf16 input: forward and backward equal the f32 forms on the same values
+  auto ndout = randn(N * C, 38);
+  DevF nin_v(xv), ndy(ndout), fo(N * C), fo16(N * C), fr(N), fr16(N), fd(N * C, 0.5f), fd16(N * C, 0.5f),
+      fdw(C, 0.25f), fdw16(C, 0.25f);
+  cuda_op<RmsNormKernels>().forward(fo.p, fr.p, nin_v.p, dnw.p, N, C, 1e-6f);
+  cuda_op<RmsNormKernels>().forward_bf16_input(fo16.p, fr16.p, dx16.p, dnw.p, N, C, 1e-6f);
+  cuda_op<RmsNormKernels>().backward(fd.p, fdw.p, ndy.p, nin_v.p, dnw.p, fr.p, N, C);
+  cuda_op<RmsNormKernels>().backward_bf16_input(fd16.p, fdw16.p, ndy.p, dx16.p, dnw.p, fr.p, N, C);
+  EXPECT_EQ(fo16.read(), fo.read());
+  EXPECT_EQ(fr16.read(), fr.read());
+  EXPECT_EQ(fd16.read(), fd.read());
+  EXPECT_EQ(fdw16.read(), fdw.read());
 
   auto gu = randn(N * 2 * I, 35), dout = randn(N * I, 36);
   std::vector<uint16_t> gu16(gu.size());

@@ -228,13 +228,31 @@ TEST(Kernels, Bf16ActivationFormsEqualTheF32FormsOfTheSameValues) {
     auto x = randn(N * C, 25), w = randn(C, 26);
     for (auto& name : impls<RmsNormKernels>()) {
       const auto& k = variant<RmsNormKernels>(name);
-      ASSERT_TRUE(k.forward_bf16_output) << name;
+      ASSERT_TRUE(k.forward_bf16_output && k.forward_bf16_input && k.backward_bf16_input) << name;
       std::vector<float> out(N * C), rstd(N), rstd16(N, -1.0f);
       std::vector<uint16_t> out16(N * C, 0xffff);
       k.forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6f);
       k.forward_bf16_output(out16.data(), rstd16.data(), x.data(), w.data(), N, C, 1e-6f);
       EXPECT_EQ(out16, rounded_bits(out)) << name << " " << N << "x" << C;
       EXPECT_EQ(rstd16, rstd) << name;
+      // bf16 input (rows of an odd width start off any vector alignment)
+      const std::vector<uint16_t> x16 = rounded_bits(x);
+      std::vector<float> xv(x.size());
+      for (size_t i = 0; i < x.size(); ++i) xv[i] = bf16_to_f32(x16[i]);
+      auto dout = randn(N * C, 27);
+      for (bool with_dw : {false, true}) {
+        std::vector<float> o(N * C), o16in(N * C), r(N), r16(N), d(N * C, 0.5f), d16(N * C, 0.5f),
+            dw(C, 0.25f), dw16(C, 0.25f);
+        k.forward(o.data(), r.data(), xv.data(), w.data(), N, C, 1e-6f);
+        k.forward_bf16_input(o16in.data(), r16.data(), x16.data(), w.data(), N, C, 1e-6f);
+        EXPECT_EQ(o16in, o) << name << " " << N << "x" << C;
+        EXPECT_EQ(r16, r) << name;
+        k.backward(d.data(), with_dw ? dw.data() : nullptr, dout.data(), xv.data(), w.data(), r.data(), N, C);
+        k.backward_bf16_input(d16.data(), with_dw ? dw16.data() : nullptr, dout.data(), x16.data(), w.data(),
+                              r.data(), N, C);
+        EXPECT_EQ(d16, d) << name << " " << N << "x" << C;
+        EXPECT_EQ(dw16, dw) << name << " " << N << "x" << C;
+      }
     }
   }
   for (auto [N, I] : {std::pair<int64_t, int64_t>{10, 37}, {5, 64}}) {

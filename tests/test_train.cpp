@@ -611,9 +611,9 @@ TEST(Trainer, PlanCountsEachActivationCheckpointingMode) {
 TEST(Trainer, PlanCountsBf16ActivationsAsTheModelAllocatesIt) {
   // Under bf16 compute a layer saves bf16 q/k/v and attention output instead of f32 q/k/v after RoPE and the
   // f32 output (o_proj reads the bf16 one; q/k/v become scratch shared by the layers, with the backward's
-  // bf16 gradients), a dense layer bf16 gate/up and SwiGLU output, and bf16 norm outputs (ln1, ln2): the
-  // plan's saved bytes per layer move as the model's own allocation does (up to the alignment reserve of
-  // the eight bf16 buffers).
+  // bf16 gradients), bf16 q/k before their norms, a dense layer bf16 gate/up and SwiGLU output, and bf16
+  // norm outputs (ln1, ln2): the plan's saved bytes per layer move as the model's own allocation does (up to
+  // the alignment reserve of the ten bf16 buffers).
   Qwen3Config c = Qwen3Config::flavor("debug");
   c.num_hidden_layers = 2;
   const int64_t B = 2, T = 32, N = B * T, L = c.num_hidden_layers;
@@ -630,23 +630,24 @@ TEST(Trainer, PlanCountsBf16ActivationsAsTheModelAllocatesIt) {
     return make_plan(c, cp, 1, 1, B, B, T, CheckpointPolicy{}, 1, 1, false, {}, cp, bf16);
   };
   const RunPlan f32 = plan(false), bf16 = plan(true);
-  EXPECT_FALSE(f32.bf16_attention || f32.bf16_mlp || f32.bf16_norms);
-  EXPECT_TRUE(bf16.bf16_attention && bf16.bf16_mlp && bf16.bf16_norms);
+  EXPECT_FALSE(f32.bf16_attention || f32.bf16_qk || f32.bf16_mlp || f32.bf16_norms);
+  EXPECT_TRUE(bf16.bf16_attention && bf16.bf16_qk && bf16.bf16_mlp && bf16.bf16_norms);
   // (f32 q/k + bf16 dq/dk/dv/datt; the v GEMM writes bf16 directly)
   const int64_t scratch = 4 * N * (2 * c.q_dim() + 2 * c.kv_dim());
   const int64_t plan_delta = f32.activation_bytes - bf16.activation_bytes + scratch;
-  // (attention: q/k/v after RoPE and the output; MLP: half of gate/up and act; half of ln1 and ln2)
-  const int64_t H = c.hidden_size, I = c.intermediate_size;
-  EXPECT_EQ(plan_delta, 4 * L * N * (c.q_dim() + c.kv_dim()) + 4 * L * N * 3 * I / 2 + 4 * L * N * H);
-  // (the model reserves up to 3 floats of alignment before each of the eight bf16 buffers of a layer)
-  EXPECT_LE(std::abs(plan_delta - model_delta), 4 * L * 8 * 4) << plan_delta << " vs " << model_delta;
-  EXPECT_NE(bf16.describe().find("(bf16: attention, MLP, norm outputs)"), std::string::npos);
+  // (attention: q/k/v after RoPE and the output; half of q/k before their norms; MLP: half of gate/up and
+  // act; half of ln1 and ln2)
+  const int64_t H = c.hidden_size, I = c.intermediate_size, qk = c.q_dim() + c.kv_dim();
+  EXPECT_EQ(plan_delta, 4 * L * N * qk + 4 * L * N * qk / 2 + 4 * L * N * 3 * I / 2 + 4 * L * N * H);
+  // (the model reserves up to 3 floats of alignment before each of the ten bf16 buffers of a layer)
+  EXPECT_LE(std::abs(plan_delta - model_delta), 4 * L * 10 * 4) << plan_delta << " vs " << model_delta;
+  EXPECT_NE(bf16.describe().find("(bf16: attention, q/k projections, MLP, norm outputs)"), std::string::npos);
   // Context parallel keeps the ring's blocks f32: there bf16 compute changes the MLP's and norms' tensors.
   EXPECT_FALSE(plan(true, 2).bf16_attention);
-  EXPECT_TRUE(plan(true, 2).bf16_mlp && plan(true, 2).bf16_norms);
-  EXPECT_NE(plan(true, 2).describe().find("(bf16: MLP, norm outputs)"), std::string::npos);
+  EXPECT_TRUE(plan(true, 2).bf16_qk && plan(true, 2).bf16_mlp && plan(true, 2).bf16_norms);
+  EXPECT_NE(plan(true, 2).describe().find("(bf16: q/k projections, MLP, norm outputs)"), std::string::npos);
   EXPECT_EQ(plan(false, 2).activation_bytes - plan(true, 2).activation_bytes,
-            4 * L * (N / 2) * (3 * I / 2 + H));
+            4 * L * (N / 2) * (qk / 2 + 3 * I / 2 + H));
 }
 
 // Pipeline stages as torchtitan splits them (the embedding and the head weigh one layer each), the

@@ -142,7 +142,9 @@ const MatmulBf16Kernels* timed(const MatmulBf16Kernels* k) {
 const RmsNormKernels* timed(const RmsNormKernels* k) {
   return store(RmsNormKernels{TITAN_TIMED(0, RmsNormKernels, forward, kPointwise),
                               TITAN_TIMED(0, RmsNormKernels, backward, kPointwise),
-                              TITAN_TIMED(0, RmsNormKernels, forward_bf16_output, kPointwise)},
+                              TITAN_TIMED(0, RmsNormKernels, forward_bf16_output, kPointwise),
+                              TITAN_TIMED(0, RmsNormKernels, forward_bf16_input, kPointwise),
+                              TITAN_TIMED(0, RmsNormKernels, backward_bf16_input, kPointwise)},
                0);
 }
 const RopeKernels* timed(const RopeKernels* k) {

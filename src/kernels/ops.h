@@ -63,6 +63,12 @@ struct RmsNormKernels {
   // nearest bf16 of forward's out; rstd as forward's.
   void (*forward_bf16_output)(uint16_t* out16, float* rstd, const float* inp, const float* weight, int64_t N,
                               int64_t C, float eps);
+  // forward and backward with the input held as bf16 (inp16: N x C bit patterns; q/k before their norms):
+  // equal to forward/backward on the f32 values of those bits.
+  void (*forward_bf16_input)(float* out, float* rstd, const uint16_t* inp16, const float* weight, int64_t N,
+                             int64_t C, float eps);
+  void (*backward_bf16_input)(float* dinp, float* dweight, const float* dout, const uint16_t* inp16,
+                              const float* weight, const float* rstd, int64_t N, int64_t C);
 };
 
 // Rotate-half RoPE (NeoX layout, HF `rotate_half`) at position t = row % T.

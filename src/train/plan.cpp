@@ -119,8 +119,11 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   // each) are saved instead, and o_proj reads the bf16 output (no f32 copy; a LoRA adapter on o_proj keeps
   // one, N x q_dim floats more per layer).
   const bool attn16 = p.bf16_attention = bf16_compute && cp == 1;
+  // q and k before their norms (q_raw, k_raw): bf16 under bf16 compute too (half a float each).
+  const bool qk16 = p.bf16_qk = bf16_compute;
+  const int64_t qk_raw = qk16 ? (N * (lc.q_dim() + lc.kv_dim()) + 1) / 2 : N * (lc.q_dim() + lc.kv_dim());
   const int64_t attn_qkv =
-      attn16 ? N * lc.q_dim() * 2 + N * lc.kv_dim() * 2 : N * lc.q_dim() * 3 + N * lc.kv_dim() * 3;
+      qk_raw + (attn16 ? N * lc.q_dim() + N * lc.kv_dim() : N * lc.q_dim() * 2 + N * lc.kv_dim() * 2);
   // The MLP's gate/up and act: f32, or under bf16 compute bf16 (half a float each) in dense models.
   const bool mlp16 = p.bf16_mlp = bf16_compute && !c.is_moe();
   const int64_t mlp_acts = mlp16 ? (N * 3 * I + 1) / 2 : N * 3 * I, act = mlp16 ? (N * I + 1) / 2 : N * I;
@@ -226,8 +229,10 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
 
 std::string RunPlan::bf16_activations() const {
   std::string parts;
-  for (auto [on, what] :
-       {std::pair{bf16_attention, "attention"}, {bf16_mlp, "MLP"}, {bf16_norms, "norm outputs"}})
+  for (auto [on, what] : {std::pair{bf16_attention, "attention"},
+                          {bf16_qk, "q/k projections"},
+                          {bf16_mlp, "MLP"},
+                          {bf16_norms, "norm outputs"}})
     if (on) parts += (parts.empty() ? "" : ", ") + std::string(what);
   return parts.empty() ? "" : " (bf16: " + parts + ")";
 }

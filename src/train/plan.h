@@ -26,6 +26,7 @@ struct RunPlan {
   dist::PipelineLayout pipeline;
   int64_t context_parallel = 1;  // ranks a sequence is split over (two mirrored chunks each)
   bool bf16_attention = false;   // q/k/v and the attention output saved as bf16 (bf16 compute, no CP)
+  bool bf16_qk = false;          // q and k before their norms saved as bf16 (bf16 compute)
   bool bf16_mlp = false;         // gate/up and the SwiGLU output saved as bf16 (bf16 compute, dense)
   bool bf16_norms = false;       // ln1 (and ln2 where bf16_mlp) saved as bf16 (bf16 compute, no SP)
   double pp_comm_bytes = 0;      // per rank and step: activations and their gradients sent between stages
@@ -44,7 +45,8 @@ struct RunPlan {
   std::vector<PipelineRank> per_stage_rank;  // one entry per pipeline rank
   int64_t total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + activation_bytes; }
   std::string describe() const;  // multi-line human-readable summary
-  // " (bf16: attention, MLP, norm outputs)": the saved tensors bf16 compute keeps in bf16 ("" for none).
+  // " (bf16: attention, q/k projections, MLP, norm outputs)": the saved tensors bf16 compute keeps in bf16
+  // ("" for none).
   std::string bf16_activations() const;
 };
 

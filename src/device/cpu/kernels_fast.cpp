@@ -29,31 +29,48 @@ void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp
                 accumulate_dw ? 1.0f : 0.0f, dw, C);
 }
 
-// out: f32, or bf16 bits (each value the nearest bf16 of the f32 one).
-template <class Out>
-void rmsnorm_forward_t(Out* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
+// A row of inp as f32: the row itself, or (bf16 bits) its values widened into buf.
+inline const float* row_f32(const float* inp, int64_t n, int64_t C, float*) {
+  return inp + n * C;
+}
+inline const float* row_f32(const uint16_t* inp, int64_t n, int64_t C, float* buf) {
+  const uint16_t* x = inp + n * C;
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) buf[c] = bf16_to_f32(x[c]);
+  return buf;
+}
+
+// inp: f32 or bf16 bits; out: f32, or bf16 bits (each value the nearest bf16 of the f32 one). The same
+// arithmetic on the same values whichever the types.
+template <class In, class Out>
+void rmsnorm_forward_t(Out* out, float* rstd, const In* inp, const float* w, int64_t N, int64_t C,
                        float eps) {
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* x = inp + n * C;
-    float ss = 0.0f;
+#pragma omp parallel
+  {
+    std::vector<float> buf(std::is_same_v<In, float> ? 0 : (size_t)C);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = row_f32(inp, n, C, buf.data());
+      float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
-    for (int64_t c = 0; c < C; ++c) ss += x[c] * x[c];
-    const float r = 1.0f / std::sqrt(ss / (float)C + eps);
-    rstd[n] = r;
-    Out* y = out + n * C;
-    if constexpr (std::is_same_v<Out, float>) {
+      for (int64_t c = 0; c < C; ++c) ss += x[c] * x[c];
+      const float r = 1.0f / std::sqrt(ss / (float)C + eps);
+      rstd[n] = r;
+      Out* y = out + n * C;
+      if constexpr (std::is_same_v<Out, float>) {
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) y[c] = w[c] * (x[c] * r);
-    } else {
+        for (int64_t c = 0; c < C; ++c) y[c] = w[c] * (x[c] * r);
+      } else {
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) y[c] = f32_to_bf16(w[c] * (x[c] * r));
+        for (int64_t c = 0; c < C; ++c) y[c] = f32_to_bf16(w[c] * (x[c] * r));
+      }
     }
   }
 }
 
-void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
-                      const float* rstd, int64_t N, int64_t C) {
+template <class In>
+void rmsnorm_backward_t(float* dinp, float* dw, const float* dout, const In* inp, const float* w,
+                        const float* rstd, int64_t N, int64_t C) {
   const int nt = omp_get_max_threads();
   // Per-thread partial weight gradients, reduced at the end (deterministic for a fixed thread count).
   std::vector<float> partial(dw ? (size_t)nt * C : 0, 0.0f);
@@ -61,9 +78,10 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
   {
     const int tid = omp_get_thread_num();
     float* pdw = dw ? partial.data() + (size_t)tid * C : nullptr;
+    std::vector<float> buf(std::is_same_v<In, float> ? 0 : (size_t)C);
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      const float* x = inp + n * C;
+      const float* x = row_f32(inp, n, C, buf.data());
       const float* dy = dout + n * C;
       const float r = rstd[n];
       float dot = 0.0f;
@@ -373,7 +391,9 @@ double sum_squares(const float* x, int64_t n) {
 }
 
 const MatmulKernels kMatmul{matmul_forward, matmul_backward};
-const RmsNormKernels kRmsNorm{rmsnorm_forward_t<float>, rmsnorm_backward, rmsnorm_forward_t<uint16_t>};
+const RmsNormKernels kRmsNorm{rmsnorm_forward_t<float, float>, rmsnorm_backward_t<float>,
+                              rmsnorm_forward_t<float, uint16_t>, rmsnorm_forward_t<uint16_t, float>,
+                              rmsnorm_backward_t<uint16_t>};
 const RopeKernels kRope{rope_forward, rope_backward};
 int64_t attention_probs_floats(int64_t B, int64_t T, int64_t nH) {
   return B * nH * T * T;

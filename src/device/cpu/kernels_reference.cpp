@@ -37,6 +37,13 @@ void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp
       }
 }
 
+// The f32 values of n bf16 bit patterns (the bf16 forms below are the f32 forms on them).
+std::vector<float> widen(const uint16_t* x, int64_t n) {
+  std::vector<float> r((size_t)n);
+  for (int64_t i = 0; i < n; ++i) r[i] = bf16_to_f32(x[i]);
+  return r;
+}
+
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
                      float eps) {
   for (int64_t n = 0; n < N; ++n) {
@@ -70,6 +77,15 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
       if (dw) dw[c] += (float)(dy[c] * (double)x[c] * r);
     }
   }
+}
+
+void rmsnorm_forward_bf16_input(float* out, float* rstd, const uint16_t* inp16, const float* w, int64_t N,
+                                int64_t C, float eps) {
+  rmsnorm_forward(out, rstd, widen(inp16, N * C).data(), w, N, C, eps);
+}
+void rmsnorm_backward_bf16_input(float* dinp, float* dw, const float* dout, const uint16_t* inp16,
+                                 const float* w, const float* rstd, int64_t N, int64_t C) {
+  rmsnorm_backward(dinp, dw, dout, widen(inp16, N * C).data(), w, rstd, N, C);
 }
 
 void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int64_t N, int64_t T,
@@ -198,12 +214,6 @@ void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, 
 }
 
 // The bf16 forms: the f32 forms on the widened values.
-std::vector<float> widen(const uint16_t* x, int64_t n) {
-  std::vector<float> r((size_t)n);
-  for (int64_t i = 0; i < n; ++i) r[i] = bf16_to_f32(x[i]);
-  return r;
-}
-
 void swiglu_forward_bf16(uint16_t* out16, const uint16_t* gu16, int64_t N, int64_t I) {
   std::vector<float> out((size_t)(N * I));
   swiglu_forward(out.data(), widen(gu16, N * 2 * I).data(), N, I);
@@ -384,7 +394,8 @@ void attention_ring_backward(float* dq, float* dk, float* dv, const float* dout,
 }
 
 const MatmulKernels kMatmul{matmul_forward, matmul_backward};
-const RmsNormKernels kRmsNorm{rmsnorm_forward, rmsnorm_backward, rmsnorm_forward_bf16_output};
+const RmsNormKernels kRmsNorm{rmsnorm_forward, rmsnorm_backward, rmsnorm_forward_bf16_output,
+                              rmsnorm_forward_bf16_input, rmsnorm_backward_bf16_input};
 const RopeKernels kRope{rope_forward, rope_backward};
 int64_t attention_probs_floats(int64_t B, int64_t T, int64_t nH) {
   return B * nH * T * T;

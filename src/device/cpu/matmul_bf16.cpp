@@ -101,12 +101,20 @@ void forward_bf16_output(uint16_t* out16, const In* inp, const float* w, int64_t
   cpu::bf16_narrowed(out16, buf.data(), N * OC);
 }
 
-const MatmulBf16Kernels kRef{ref_forward,
-                             ref_backward,
-                             ref_forward_bf16_input,
-                             ref_backward_bf16_input,
-                             forward_bf16_output<ref_forward, float>,
-                             forward_bf16_output<ref_forward_bf16_input, uint16_t>};
+// An engine's table from its four GEMMs (f32 and bf16 input); its bf16-output forms are its forwards
+// rounded.
+template <auto Forward, auto Backward, auto ForwardBf16Input, auto BackwardBf16Input>
+MatmulBf16Kernels engine_table() {
+  return {Forward,
+          Backward,
+          ForwardBf16Input,
+          BackwardBf16Input,
+          forward_bf16_output<Forward, float>,
+          forward_bf16_output<ForwardBf16Input, uint16_t>};
+}
+
+const MatmulBf16Kernels kRef =
+    engine_table<ref_forward, ref_backward, ref_forward_bf16_input, ref_backward_bf16_input>();
 TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CPU, "reference", kRef, 0);
 
 // bf16-rounded copies of the operands in f32, reused across calls (one per operand slot).
@@ -143,12 +151,8 @@ void sgemm_backward_bf16_input(float* dinp, float* dw, const float* dout, const 
   if (dw) f32_engine().backward(nullptr, dw, g, widened(inp16, N * C), nullptr, N, C, OC, accumulate_dw);
 }
 
-const MatmulBf16Kernels kSgemm{sgemm_forward,
-                               sgemm_backward,
-                               sgemm_forward_bf16_input,
-                               sgemm_backward_bf16_input,
-                               forward_bf16_output<sgemm_forward, float>,
-                               forward_bf16_output<sgemm_forward_bf16_input, uint16_t>};
+const MatmulBf16Kernels kSgemm =
+    engine_table<sgemm_forward, sgemm_backward, sgemm_forward_bf16_input, sgemm_backward_bf16_input>();
 TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CPU, "sgemm", kSgemm, 5);
 
 #ifdef TITAN_HAVE_DNNL
@@ -263,12 +267,8 @@ void dnnl_backward(float* dinp, float* dw, const float* dout, const float* inp, 
 
 // (forward_bf16_output through the f32 output: oneDNN's bf16 destination would be one pass less, but the
 // primitive for it may block the sum differently, and the output must equal forward's rounded)
-const MatmulBf16Kernels kDnnl{dnnl_forward,
-                              dnnl_backward,
-                              dnnl_forward_bf16_input,
-                              dnnl_backward_bf16_input,
-                              forward_bf16_output<dnnl_forward, float>,
-                              forward_bf16_output<dnnl_forward_bf16_input, uint16_t>};
+const MatmulBf16Kernels kDnnl =
+    engine_table<dnnl_forward, dnnl_backward, dnnl_forward_bf16_input, dnnl_backward_bf16_input>();
 TITAN_REGISTER_KERNEL_ISA(MatmulBf16Kernels, CPU, "onednn", kDnnl, 10, CpuIsa::kAvx512Bf16);
 #endif
 

@@ -18,46 +18,48 @@ int row_threads(int64_t C) {
 }
 
 // ---- RMSNorm -------------------------------------------------------------------------------------------
-// grid N, block row_threads(C): one block per row.
-// out: f32, or bf16 bits (bf16 compute).
-template <class Out>
-__global__ void rmsnorm_forward_kernel(Out* out, float* rstd, const float* inp, const float* w, int64_t C,
+// grid N, block row_threads(C): one block per row. inp and out: f32, or bf16 bits (bf16 compute).
+template <class In, class Out>
+__global__ void rmsnorm_forward_kernel(Out* out, float* rstd, const In* inp, const float* w, int64_t C,
                                        float eps) {
   __shared__ float red[32];
-  const float* x = inp + blockIdx.x * C;
+  const In* x = inp + blockIdx.x * C;
   float ss = 0;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += x[c] * x[c];
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += load_value(x, c) * load_value(x, c);
   ss = block_sum(ss, red);
   const float r = 1.0f / sqrtf(ss / C + eps);
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
   Out* y = out + blockIdx.x * C;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) store_value(y, c, w[c] * (x[c] * r));
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) store_value(y, c, w[c] * (load_value(x, c) * r));
 }
 
 // dx += r dy w - x r^3 / C sum(dy w x)
-__global__ void rmsnorm_backward_dx_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+template <class In>
+__global__ void rmsnorm_backward_dx_kernel(float* dinp, const float* dout, const In* inp, const float* w,
                                            const float* rstd, int64_t C) {
   __shared__ float red[32];
-  const float* x = inp + blockIdx.x * C;
+  const In* x = inp + blockIdx.x * C;
   const float* dy = dout + blockIdx.x * C;
   float dot = 0;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dot += dy[c] * w[c] * x[c];
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dot += dy[c] * w[c] * load_value(x, c);
   dot = block_sum(dot, red);
   const float r = rstd[blockIdx.x], k = r * r * r * dot / C;
   float* dx = dinp + blockIdx.x * C;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dx[c] += r * dy[c] * w[c] - x[c] * k;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dx[c] += r * dy[c] * w[c] - load_value(x, c) * k;
 }
 
 // dw[c] += sum_n dy[n,c] x[n,c] r[n]. grid (ceil(C/32), row chunks), block (32, 8): threads of a warp read
 // consecutive columns; the 8 rows of threads reduce in shared memory, one atomic per column and chunk.
-__global__ void rmsnorm_backward_dw_kernel(float* dw, const float* dout, const float* inp, const float* rstd,
+template <class In>
+__global__ void rmsnorm_backward_dw_kernel(float* dw, const float* dout, const In* inp, const float* rstd,
                                            int64_t N, int64_t C, int64_t rows_per_chunk) {
   __shared__ float part[8][33];
   const int64_t c = blockIdx.x * 32 + threadIdx.x;
   const int64_t n0 = blockIdx.y * rows_per_chunk, n1 = min(N, n0 + rows_per_chunk);
   float acc = 0;
   if (c < C)
-    for (int64_t n = n0 + threadIdx.y; n < n1; n += 8) acc += dout[n * C + c] * inp[n * C + c] * rstd[n];
+    for (int64_t n = n0 + threadIdx.y; n < n1; n += 8)
+      acc += dout[n * C + c] * load_value(inp, n * C + c) * rstd[n];
   part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {
@@ -67,21 +69,21 @@ __global__ void rmsnorm_backward_dw_kernel(float* dw, const float* dout, const f
   }
 }
 
-template <class Out>
-void rmsnorm_forward(Out* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
-                     float eps) {
+template <class In, class Out>
+void rmsnorm_forward(Out* out, float* rstd, const In* inp, const float* w, int64_t N, int64_t C, float eps) {
   if (N == 0) return;
-  launch(rmsnorm_forward_kernel<Out>, N, row_threads(C), 0, out, rstd, inp, w, C, eps);
+  launch(rmsnorm_forward_kernel<In, Out>, N, row_threads(C), 0, out, rstd, inp, w, C, eps);
 }
 
-void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+template <class In>
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const In* inp, const float* w,
                       const float* rstd, int64_t N, int64_t C) {
   if (N == 0) return;
-  launch(rmsnorm_backward_dx_kernel, N, row_threads(C), 0, dinp, dout, inp, w, rstd, C);
+  launch(rmsnorm_backward_dx_kernel<In>, N, row_threads(C), 0, dinp, dout, inp, w, rstd, C);
   if (!dw) return;
   const int64_t chunks = std::min<int64_t>((N + 63) / 64, 256), rows = (N + chunks - 1) / chunks;
   dim3 grid((C + 31) / 32, chunks), block(32, 8);
-  launch(rmsnorm_backward_dw_kernel, grid, block, 0, dw, dout, inp, rstd, N, C, rows);
+  launch(rmsnorm_backward_dw_kernel<In>, grid, block, 0, dw, dout, inp, rstd, N, C, rows);
 }
 
 // ---- RoPE ----------------------------------------------------------------------------------------------
@@ -341,7 +343,9 @@ double sum_squares(const float* x, int64_t n) {
   return host;
 }
 
-const RmsNormKernels kRmsNorm{rmsnorm_forward<float>, rmsnorm_backward, rmsnorm_forward<uint16_t>};
+const RmsNormKernels kRmsNorm{rmsnorm_forward<float, float>, rmsnorm_backward<float>,
+                              rmsnorm_forward<float, uint16_t>, rmsnorm_forward<uint16_t, float>,
+                              rmsnorm_backward<uint16_t>};
 const RopeKernels kRope{rope_forward, rope_backward};
 const RopeQKKernels kRopeQK{rope_qk_forward, rope_qk_backward};
 const SwigluKernels kSwiglu{swiglu_forward_t<float, float>, swiglu_backward_t<float>,

@@ -118,7 +118,9 @@ const MatmulBf16Kernels kMatmulBf16{TITAN_GUARD(MatmulBf16Kernels, forward),
                                     TITAN_GUARD(MatmulBf16Kernels, forward_bf16_output),
                                     TITAN_GUARD(MatmulBf16Kernels, forward_bf16_io)};
 const RmsNormKernels kRmsNorm{TITAN_GUARD(RmsNormKernels, forward), TITAN_GUARD(RmsNormKernels, backward),
-                              TITAN_GUARD(RmsNormKernels, forward_bf16_output)};
+                              TITAN_GUARD(RmsNormKernels, forward_bf16_output),
+                              TITAN_GUARD(RmsNormKernels, forward_bf16_input),
+                              TITAN_GUARD(RmsNormKernels, backward_bf16_input)};
 const RopeKernels kRope{TITAN_GUARD(RopeKernels, forward), TITAN_GUARD(RopeKernels, backward)};
 const RopeQKKernels kRopeQK{TITAN_GUARD(RopeQKKernels, forward), TITAN_GUARD(RopeQKKernels, backward)};
 const AttentionKernels kAttention{TITAN_GUARD(AttentionKernels, forward),

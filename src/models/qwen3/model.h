@@ -371,12 +371,13 @@ class Qwen3Model {
   // bf16-input/-output GEMMs as they are: under bf16 compute, where the bf16 GEMM engine runs and no LoRA
   // adapter (whose projections read and write f32) is attached. Then o_proj reads the bf16 attention
   // output and the v GEMM writes v's bf16 copy (with bf16 attention: o16_), dense layers keep gate/up and
-  // the SwiGLU output in bf16 (mlp16_), and without sequence parallel (whose all-gathers move f32 norm
-  // outputs) the norms before q/k/v and gate/up write bf16 (ln16_; ln2 in dense layers only: a sparse
-  // layer's router and experts read f32).
+  // the SwiGLU output in bf16 (mlp16_), the q/k GEMMs write bf16 read by the q/k norms' bf16-input forms,
+  // and without sequence parallel (whose all-gathers move f32 norm outputs) the norms before q/k/v and
+  // gate/up write bf16 (ln16_; ln2 in dense layers only: a sparse layer's router and experts read f32).
   bool wants_act16() const {
     return bf16_ && bf16_acts_ && matmul_ == &matmul_bf16_ && matmul16_.forward_bf16_io &&
-           swiglu_->forward_bf16 && rmsnorm_->forward_bf16_output && !lora_;
+           swiglu_->forward_bf16 && rmsnorm_->forward_bf16_output && rmsnorm_->forward_bf16_input &&
+           rmsnorm_->backward_bf16_input && !lora_;
   }
   // Where the i-th of datt | dq | dk | dv of N rows starts in attn16_grads_ (bf16 elements; 16-byte aligned).
   int64_t attn16_grad_offset(int i, int64_t N) const {

@@ -140,12 +140,11 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     const double n = double(B) * double(T), saved = c.num_attention_heads * n * (double(T) + 1);
     // (bf16 attention: q/k/v f32 become scratch, their bf16 copies and the output's are kept, q/k/v
     // and output as bf16 take half a float each)
-    // (bf16 norm outputs: ln1 and ln2 half a float each)
-    const double norms = (ln16_ ? 3.0 : 4.0) * H;
+    // (bf16 norm outputs: ln1 and ln2 half a float each; bf16 q/k before their norms likewise)
+    const double norms = (ln16_ ? 3.0 : 4.0) * H, raw = (mlp16_ ? 0.5 : 1.0) * (c.q_dim() + c.kv_dim());
     const double attn_d =
-        attn16_ ? n * (norms + 2 + (o16_ ? 2.0 : 3.0) * c.q_dim() + 2.0 * c.kv_dim() + nH + nKV + nH)
-                : n * (norms + 2 + 3.0 * c.q_dim() + 3.0 * c.kv_dim() + nH + nKV) + saved;
-    // (bf16 MLP: a dense layer's gate/up and act take half a float each)
+        attn16_ ? n * (norms + 2 + raw + (o16_ ? 1.0 : 2.0) * c.q_dim() + c.kv_dim() + nH + nKV + nH)
+                : n * (norms + 2 + raw + 2.0 * c.q_dim() + 2.0 * c.kv_dim() + nH + nKV) + saved;
     const double mlp_d = E > 0 ? n * (E + k + 3.0 * k * Im) : n * (mlp16_ ? 1.5 : 3.0) * I;
     // Op-selective layers keep ln1, ln2, qr, kr (and a dense layer's act) in one shared block instead.
     const double pointwise = n * ((ln16_ ? 1.0 : 2.0) * H + (attn16_ ? 0 : c.q_dim() + c.kv_dim())),
@@ -193,10 +192,15 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   // block is sized for it where the model has sparse layers).
   const int64_t norms =
       ln16_ ? 2 * Nl * H + bf16_floats(N * H) + (E > 0 ? N * H : bf16_floats(N * H)) : N * H + Nl * H * 3;
-  const int64_t attn = attn16_ ? norms + Nl * 2 + N * c.q_dim() * (o16_ ? 2 : 3) + N * c.kv_dim() * 2 +
+  // q_raw, k_raw: f32, or bf16 (bf16 activations: qk16).
+  const bool qk16 = mlp16_;
+  const int64_t raw =
+      qk16 ? bf16_floats(N * c.q_dim()) + bf16_floats(N * c.kv_dim()) : N * (c.q_dim() + c.kv_dim());
+  // bf16 attention: att (none under o16_), q16 | k16 | v16 | att16; else att, qr, kr, v.
+  const int64_t attn = attn16_ ? norms + Nl * 2 + raw + N * c.q_dim() * (o16_ ? 1 : 2) + N * c.kv_dim() +
                                      4 * 4 + N * (nH + nKV) + attn_saved_floats(B, T, nH)
-                               : norms + Nl * 2 + N * c.q_dim() * 3 + N * c.kv_dim() * 3 + N * (nH + nKV) +
-                                     attn_saved_floats(B, T, nH);
+                               : norms + Nl * 2 + raw + N * c.q_dim() * 2 + N * c.kv_dim() * 2 +
+                                     N * (nH + nKV) + attn_saved_floats(B, T, nH);
   // A dense layer's gate/up and act: f32, or bf16.
   const int64_t dense_mlp = mlp16_ ? bf16_floats(N * 2 * I) + bf16_floats(N * I) : N * 3 * I,
                 dense_act = mlp16_ ? bf16_floats(N * I) : N * I;
@@ -277,8 +281,14 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     else
       a.ln1 = take_pointwise(Nl * H);
     a.rstd1 = take(Nl);
-    a.q_raw = take(N * c.q_dim());
-    a.k_raw = take(N * c.kv_dim());
+    a.q_raw = a.k_raw = nullptr, a.q_raw16 = a.k_raw16 = nullptr;
+    if (qk16) {
+      a.q_raw16 = take_bf16(N * c.q_dim());
+      a.k_raw16 = take_bf16(N * c.kv_dim());
+    } else {
+      a.q_raw = take(N * c.q_dim());
+      a.k_raw = take(N * c.kv_dim());
+    }
     a.q_rstd = take(N * nH);
     a.k_rstd = take(N * nKV);
     a.q16 = a.k16 = a.v16 = a.att16 = nullptr;

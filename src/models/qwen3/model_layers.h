@@ -46,9 +46,11 @@ struct LayerActs {
   float* gu;                          // (N,2I)    dense layers
   float* act;                         // (N,I)     dense layers
   // bf16 activations (Qwen3Model::wants_act16): gate/up and the SwiGLU output of a dense layer, the norm
-  // outputs before q/k/v and gate/up, as bf16 in place of gu, act, ln1, ln2 (which are then null).
-  uint16_t *gu16, *act16;     // (N,2I), (N,I)
-  uint16_t *ln1_16, *ln2_16;  // (N,H), (N,H)
+  // outputs before q/k/v and gate/up, q and k before their norms, as bf16 in place of gu, act, ln1, ln2,
+  // q_raw, k_raw (which are then null).
+  uint16_t *gu16, *act16;       // (N,2I), (N,I)
+  uint16_t *ln1_16, *ln2_16;    // (N,H), (N,H)
+  uint16_t *q_raw16, *k_raw16;  // (N,nH*hd), (N,nKV*hd): q, k before their norms
   // MoE layers
   float* router_probs;    // (N,E) router softmax
   float* topk_w;          // (N,k) routing weights

@@ -237,8 +237,8 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
   input_norm(l);
   // (bf16 activations: ln1 is ln1_16, v is written as v16 only; linear_forward takes whichever is there)
   const float* ln1 = a.ln1 ? gathered_ln(a.ln1) : nullptr;
-  linear_forward(a.q_raw, nullptr, ln1, a.ln1_16, w.wq, N, H, c.q_dim());
-  linear_forward(a.k_raw, nullptr, ln1, a.ln1_16, w.wk, N, H, c.kv_dim());
+  linear_forward(a.q_raw, a.q_raw16, ln1, a.ln1_16, w.wq, N, H, c.q_dim());
+  linear_forward(a.k_raw, a.k_raw16, ln1, a.ln1_16, w.wk, N, H, c.kv_dim());
   linear_forward(a.v, a.v16, ln1, a.ln1_16, w.wv, N, H, c.kv_dim());
   if (lora_) {
     lora_->forward(l, LoraProj::Q, ln1, N, a.q_raw, c.q_dim());
@@ -246,7 +246,7 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
     lora_->forward(l, LoraProj::V, ln1, N, a.v, c.kv_dim());
   }
   if (a.ln1) bf16(a.ln1, Nl * H);
-  bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim());
+  if (a.q_raw) bf16(a.q_raw, N * c.q_dim()), bf16(a.k_raw, N * c.kv_dim());
   qk_norm_rope(l);
   if (attn16_) {  // (v rounded by its bf16 copy, att exact from att16)
     attention_bf16_forward(l);
@@ -310,8 +310,13 @@ void Qwen3Model::qk_norm_rope(int64_t l) {
   const float eps = static_cast<float>(c.rms_norm_eps);
   LayerActs& a = layer_acts_[l];
   LayerView w = layer_view(l);
-  rmsnorm_->forward(a.qr, a.q_rstd, a.q_raw, w.q_norm, N * nH, hd, eps);
-  rmsnorm_->forward(a.kr, a.k_rstd, a.k_raw, w.k_norm, N * nKV, hd, eps);
+  if (a.q_raw16) {  // bf16 activations
+    rmsnorm_->forward_bf16_input(a.qr, a.q_rstd, a.q_raw16, w.q_norm, N * nH, hd, eps);
+    rmsnorm_->forward_bf16_input(a.kr, a.k_rstd, a.k_raw16, w.k_norm, N * nKV, hd, eps);
+  } else {
+    rmsnorm_->forward(a.qr, a.q_rstd, a.q_raw, w.q_norm, N * nH, hd, eps);
+    rmsnorm_->forward(a.kr, a.k_rstd, a.k_raw, w.k_norm, N * nKV, hd, eps);
+  }
   if (rope_qk_) {
     rope_qk_->forward(a.qr, a.kr, cos, sin, N, T, nH, nKV, hd);
   } else {
@@ -501,8 +506,13 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
     }
     zero(dqr, N * c.q_dim());
     zero(dkr, N * c.kv_dim());
-    rmsnorm_->backward(dqr, g.q_norm, dq, a.q_raw, w.q_norm, a.q_rstd, N * nH, hd);
-    rmsnorm_->backward(dkr, g.k_norm, dk, a.k_raw, w.k_norm, a.k_rstd, N * nKV, hd);
+    if (a.q_raw16) {
+      rmsnorm_->backward_bf16_input(dqr, g.q_norm, dq, a.q_raw16, w.q_norm, a.q_rstd, N * nH, hd);
+      rmsnorm_->backward_bf16_input(dkr, g.k_norm, dk, a.k_raw16, w.k_norm, a.k_rstd, N * nKV, hd);
+    } else {
+      rmsnorm_->backward(dqr, g.q_norm, dq, a.q_raw, w.q_norm, a.q_rstd, N * nH, hd);
+      rmsnorm_->backward(dkr, g.k_norm, dk, a.k_raw, w.k_norm, a.k_rstd, N * nKV, hd);
+    }
     zero(dln, N * H);
     const float* ln1 = a.ln1 ? gathered_ln(a.ln1) : nullptr;
     linear_backward(dln, g.wq, dqr, ln1, a.ln1_16, w.wq, N, H, c.q_dim(), acc_dw);
