@@ -360,8 +360,8 @@ bool Qwen3Model::frozen_scratch_grads(int g) const {
 
 void Qwen3Model::set_lora(LoraAdapters* lora) {
   lora_ = lora;
-  B_ = T_ =
-      0;  // re-plan the activations at the next forward (an adapter's o_proj, gate/up and down read f32)
+  // Re-plan the activations at the next forward (an adapter's projections read and write f32 activations).
+  B_ = T_ = 0;
   if (!lora || frozen_) return;
   frozen_ = true;
   // Base gradients are never computed from now on: drop their buffers (sparse layers keep a scratch one).

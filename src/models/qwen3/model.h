@@ -161,9 +161,10 @@ class Qwen3Model {
   // bf16 compute emulation: parameters and every op output rounded to bfloat16 (accumulation in f32),
   // as a bf16 model in PyTorch computes. Gradients and the optimizer stay f32.
   void set_bf16_compute(bool on);
-  // Under bf16 compute, keep the tensors read only by GEMMs and SwiGLU (norm outputs, v, the attention
-  // output, gate/up, the SwiGLU output) as bf16 (default; see wants_act16) or, off, as f32 buffers holding
-  // the same bf16 values (the layout before bf16 activations: identical results, twice their memory).
+  // Under bf16 compute, keep the tensors read only by GEMMs, SwiGLU and the q/k norms (norm outputs, q/k
+  // before their norms, v, the attention output, gate/up, the SwiGLU output) as bf16 (default; see
+  // wants_act16) or, off, as f32 buffers holding the same bf16 values (identical results, twice their
+  // memory: a debugging aid, and the tests' oracle).
   void set_bf16_activations(bool on) {
     if (on != bf16_acts_) B_ = T_ = 0;  // re-plan the activations at the next forward
     bf16_acts_ = on;

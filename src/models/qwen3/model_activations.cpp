@@ -183,10 +183,8 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   // ln1 and ln2 are saved as this rank's rows too (re-gathered for the backward's GEMMs), except ln2 of a
   // sparse layer run replicated on the gathered rows.
   auto ln2_rows = [&](int64_t l) { return sp_ && (!c.is_moe_layer(l) || moe_local_) ? Nl : N; };
-  // bf16 attention: q_raw, k_raw, att (f32; none under o16_), q16 | k16 | v16 | att16 (bf16, in halves of
-  // floats, each 16-byte aligned as cuDNN wants its tensors: up to 3 floats of padding before each), the
-  // logsumexp.
-  // n bf16 values in halves of floats, 16-byte aligned (up to 3 floats of padding before them).
+  // n bf16 values in halves of floats, 16-byte aligned (as cuDNN wants its tensors): up to 3 floats of
+  // padding before them.
   auto bf16_floats = [](int64_t n) { return (n + 1) / 2 + 3; };
   // resid_in, ln1, resid_mid, ln2; under ln16_ ln1 bf16 and ln2 bf16 (a sparse layer's ln2 stays f32: the
   // block is sized for it where the model has sparse layers).
@@ -196,7 +194,9 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   const bool qk16 = mlp16_;
   const int64_t raw =
       qk16 ? bf16_floats(N * c.q_dim()) + bf16_floats(N * c.kv_dim()) : N * (c.q_dim() + c.kv_dim());
-  // bf16 attention: att (none under o16_), q16 | k16 | v16 | att16; else att, qr, kr, v.
+  // The rest of the attention's tensors: under bf16 attention att (f32; none under o16_) and q16 | k16 |
+  // v16 | att16 (bf16, each 16-byte aligned), else att, qr, kr, v (f32); the norms' rstd, the q/k norms'
+  // rstd, the saved logsumexp (or probabilities).
   const int64_t attn = attn16_ ? norms + Nl * 2 + raw + N * c.q_dim() * (o16_ ? 1 : 2) + N * c.kv_dim() +
                                      4 * 4 + N * (nH + nKV) + attn_saved_floats(B, T, nH)
                                : norms + Nl * 2 + raw + N * c.q_dim() * 2 + N * c.kv_dim() * 2 +
