@@ -409,6 +409,22 @@ TEST(Qwen3Model, ShiftedLabelsEqualHfShiftInside) {
 namespace titan {
 namespace {
 
+// One forward + backward of a fixture's batch from zeroed gradients: the loss, the activation bytes the model
+// planned, and a copy of every gradient buffer.
+struct StepResult {
+  double loss;
+  int64_t act_bytes;
+  std::vector<Tensor> grads;
+};
+StepResult one_step(Qwen3Model& model, const TokenBatch& batch) {
+  model.zero_grad();
+  ForwardResult r = model.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T);
+  model.backward();
+  StepResult s{r.loss, model.activation_bytes(), {}};
+  for (auto& g : model.flat_grads()) s.grads.push_back(g.clone());
+  return s;
+}
+
 // Activation checkpointing recomputes each layer bit-identically: same loss and gradients, less memory.
 TEST(Qwen3Model, ActivationCheckpointingIsExactAndSavesMemory) {
   for (const char* dir_name : {"qwen3/tied_gqa2", "qwen3_moe/e8k2_norm"}) {
@@ -419,13 +435,9 @@ TEST(Qwen3Model, ActivationCheckpointingIsExactAndSavesMemory) {
     auto run = [&](int64_t every, int64_t* act_bytes, bool ops = false) {
       model.set_activation_checkpoint_every(every);
       model.set_activation_recompute_ops(ops);
-      model.zero_grad();
-      ForwardResult r = model.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T);
-      model.backward();
-      *act_bytes = model.activation_bytes();
-      std::vector<Tensor> grads;
-      for (auto& g : model.flat_grads()) grads.push_back(g.clone());
-      return std::make_pair(r.loss, grads);
+      StepResult s = one_step(model, batch);
+      *act_bytes = s.act_bytes;
+      return std::make_pair(s.loss, s.grads);
     };
     int64_t bytes_none = 0, bytes_full = 0, bytes_sel = 0, bytes_op = 0;
     auto [loss_none, grads_none] = run(0, &bytes_none);
@@ -497,24 +509,15 @@ TEST(Qwen3Model, Bf16ActivationsChangeNoValueAndSaveMemory) {
     for (auto [every, ops] : std::vector<std::pair<int64_t, bool>>{{0, false}, {1, false}, {0, true}}) {
       model.set_activation_checkpoint_every(every);
       model.set_activation_recompute_ops(ops);
-      auto run = [&](bool bf16_acts, int64_t* act_bytes) {
-        model.set_bf16_activations(bf16_acts);
-        model.zero_grad();
-        ForwardResult r = model.forward(batch.input_ids.data(), batch.labels.data(), batch.B, batch.T);
-        model.backward();
-        *act_bytes = model.activation_bytes();
-        std::vector<Tensor> grads;
-        for (auto& g : model.flat_grads()) grads.push_back(g.clone());
-        return std::make_pair(r.loss, grads);
-      };
-      int64_t bytes_f32 = 0, bytes_bf16 = 0;
-      auto [loss_f32, grads_f32] = run(false, &bytes_f32);
-      auto [loss_bf16, grads_bf16] = run(true, &bytes_bf16);
-      EXPECT_EQ(loss_bf16, loss_f32) << dir_name << " every " << every << " ops " << ops;
-      for (size_t i = 0; i < grads_f32.size(); ++i)
-        EXPECT_EQ(testing::rel_error(grads_bf16[i], grads_f32[i]), 0.0)
+      model.set_bf16_activations(false);
+      const StepResult f32 = one_step(model, batch);
+      model.set_bf16_activations(true);
+      const StepResult bf16 = one_step(model, batch);
+      EXPECT_EQ(bf16.loss, f32.loss) << dir_name << " every " << every << " ops " << ops;
+      for (size_t i = 0; i < f32.grads.size(); ++i)
+        EXPECT_EQ(testing::rel_error(bf16.grads[i], f32.grads[i]), 0.0)
             << dir_name << " every " << every << " ops " << ops << " group " << i;
-      EXPECT_LT(bytes_bf16, bytes_f32) << dir_name << " every " << every << " ops " << ops;
+      EXPECT_LT(bf16.act_bytes, f32.act_bytes) << dir_name << " every " << every << " ops " << ops;
     }
   }
 }
