@@ -249,21 +249,16 @@ void swiglu_forward_bf16(uint16_t* out16, const uint16_t* gu16, int64_t N, int64
   }
 }
 
-// gate/up from gu (f32) or, when that is null, from gu16 (each row widened into a buffer).
-void swiglu_backward_rows(float* dgu, const float* dout, const float* gu, const uint16_t* gu16, int64_t N,
-                          int64_t I) {
+// gate/up: f32, or bf16 bits (each row widened into a buffer, row_f32); the same arithmetic either way.
+template <class In>
+void swiglu_backward_t(float* dgu, const float* dout, const In* gu, int64_t N, int64_t I) {
 #pragma omp parallel
   {
-    std::vector<float> buf((size_t)(gu ? I : 3 * I));
+    std::vector<float> buf((size_t)(std::is_same_v<In, float> ? I : 3 * I));
     float* s = buf.data();
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      const float* g = gu ? gu + n * 2 * I : s + I;
-      if (!gu) {
-        const uint16_t* row = gu16 + n * 2 * I;
-#pragma omp simd
-        for (int64_t i = 0; i < 2 * I; ++i) s[I + i] = bf16_to_f32(row[i]);
-      }
+      const float* g = row_f32(gu, n, 2 * I, s + I);
       const float* u = g + I;
       const float* dy = dout + n * I;
       float* dg = dgu + n * 2 * I;
@@ -276,13 +271,6 @@ void swiglu_backward_rows(float* dgu, const float* dout, const float* gu, const 
       }
     }
   }
-}
-
-void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int64_t I) {
-  swiglu_backward_rows(dgu, dout, gu, nullptr, N, I);
-}
-void swiglu_backward_bf16(float* dgu, const float* dout, const uint16_t* gu16, int64_t N, int64_t I) {
-  swiglu_backward_rows(dgu, dout, nullptr, gu16, N, I);
 }
 
 void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
@@ -399,7 +387,8 @@ int64_t attention_probs_floats(int64_t B, int64_t T, int64_t nH) {
   return B * nH * T * T;
 }
 const AttentionKernels kAttention{attention_forward, attention_backward, attention_probs_floats};
-const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward, swiglu_forward_bf16, swiglu_backward_bf16};
+const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward_t<float>, swiglu_forward_bf16,
+                            swiglu_backward_t<uint16_t>};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy};
 const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{cross_entropy_shard_stats,

@@ -37,11 +37,16 @@ void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp
       }
 }
 
-// The f32 values of n bf16 bit patterns (the bf16 forms below are the f32 forms on them).
+// The f32 values of n bf16 bit patterns (the bf16 forms below are the f32 forms on them, their bf16
+// outputs narrowed).
 std::vector<float> widen(const uint16_t* x, int64_t n) {
   std::vector<float> r((size_t)n);
   for (int64_t i = 0; i < n; ++i) r[i] = bf16_to_f32(x[i]);
   return r;
+}
+// out16 = the nearest bf16 of each of n floats.
+void narrow(uint16_t* out16, const std::vector<float>& x) {
+  for (size_t i = 0; i < x.size(); ++i) out16[i] = f32_to_bf16(x[i]);
 }
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
@@ -60,7 +65,7 @@ void rmsnorm_forward_bf16_output(uint16_t* out16, float* rstd, const float* inp,
                                  int64_t C, float eps) {
   std::vector<float> out((size_t)(N * C));
   rmsnorm_forward(out.data(), rstd, inp, w, N, C, eps);
-  for (int64_t i = 0; i < N * C; ++i) out16[i] = f32_to_bf16(out[i]);
+  narrow(out16, out);
 }
 
 // y = w * x * r with r = (mean(x^2) + eps)^-1/2:
@@ -217,7 +222,7 @@ void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, 
 void swiglu_forward_bf16(uint16_t* out16, const uint16_t* gu16, int64_t N, int64_t I) {
   std::vector<float> out((size_t)(N * I));
   swiglu_forward(out.data(), widen(gu16, N * 2 * I).data(), N, I);
-  for (int64_t i = 0; i < N * I; ++i) out16[i] = f32_to_bf16(out[i]);
+  narrow(out16, out);
 }
 
 void swiglu_backward_bf16(float* dgu, const float* dout, const uint16_t* gu16, int64_t N, int64_t I) {
