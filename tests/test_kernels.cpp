@@ -90,10 +90,50 @@ TEST(KernelRegistry, ImplementationsAreChosenByTheCpuIsa) {
     }
   } else if (cpu_isa_supported(CpuIsa::kAvx512Bf16) &&
              std::find(mm.begin(), mm.end(), "onednn") != mm.end()) {
-    EXPECT_EQ(reg.default_impl("matmul_bf16", DeviceType::CPU), "onednn");
+    // Unless its bf16 dot products are slower than its f32 FMAs (AVX512_BF16 without AMX on some CPUs).
+    const bool slow = !cpu_bf16_dot_products_slow().empty();
+    EXPECT_EQ(reg.default_impl("matmul_bf16", DeviceType::CPU), slow ? "sgemm" : "onednn");
+    EXPECT_EQ(reg.default_impl("moe_experts_bf16", DeviceType::CPU), slow ? "sgemm" : "onednn");
+    EXPECT_EQ(reg.why_not_default("matmul_bf16", DeviceType::CPU, "onednn"), cpu_bf16_dot_products_slow());
+    EXPECT_TRUE(reg.runnable("matmul_bf16", DeviceType::CPU, "onednn"));  // still runs by name
   }
   EXPECT_THROW(parse_cpu_isa("avx3", "TITAN_CPU_ISA"), Error);
   EXPECT_EQ(parse_cpu_isa("avx2", "TITAN_CPU_ISA"), CpuIsa::kAvx2);
+}
+
+// A condition passes an implementation over as the default on CPUs where another one is faster; it still
+// runs when named, and where every candidate has a reason against it the priority decides.
+TEST(KernelRegistry, AnImplementationSlowOnThisCpuIsNotTheDefault) {
+  KernelRegistry reg;
+  static const int table = 0;
+  reg.add("op", DeviceType::CPU, "reference", &table, 0);
+  reg.add("op", DeviceType::CPU, "engine", &table, 10);
+  reg.add("op", DeviceType::CPU, "fallback", &table, 5);
+  EXPECT_EQ(reg.default_impl("op", DeviceType::CPU), "engine");
+  std::string (*slow)() = [] { return std::string("slow on this CPU"); };
+  std::string (*fine)() = [] { return std::string(); };
+  reg.set_default_condition("op", DeviceType::CPU, "engine", fine);
+  EXPECT_EQ(reg.default_impl("op", DeviceType::CPU), "engine");
+  reg.set_default_condition("op", DeviceType::CPU, "engine", slow);
+  EXPECT_EQ(reg.default_impl("op", DeviceType::CPU), "fallback");
+  EXPECT_EQ(reg.why_not_default("op", DeviceType::CPU, "engine"), "slow on this CPU");
+  EXPECT_EQ(reg.why_not_default("op", DeviceType::CPU, "fallback"), "");
+  EXPECT_EQ(reg.find("op", DeviceType::CPU, "engine"), &table);
+  reg.set_default_condition("op", DeviceType::CPU, "fallback", slow);
+  reg.set_default_condition("op", DeviceType::CPU, "reference", slow);
+  EXPECT_EQ(reg.default_impl("op", DeviceType::CPU), "engine");
+
+  // The measured rate behind the bf16 engines' condition: only at avx512_bf16 (AMX has its tiles, below
+  // there are no bf16 dot products), and a plausible ratio there.
+  const double r = cpu_bf16_dot_speedup();
+  if (cpu_isa() == CpuIsa::kAvx512Bf16) {
+    EXPECT_GT(r, 0.2);
+    EXPECT_LT(r, 5.0);
+    EXPECT_EQ(cpu_bf16_dot_products_slow().empty(), r >= 0.75);
+  } else {
+    EXPECT_EQ(r, 0.0);
+    EXPECT_EQ(cpu_bf16_dot_products_slow(), "");
+  }
 }
 
 TEST(Kernels, MatmulAllImplementations) {

@@ -137,6 +137,10 @@ int env_main(int, char**) {
       if (dev == titan::DeviceType::CPU)
         runs_at = std::string(" at ") + titan::cpu_isa_name(reg.running_isa(op, dev, def));
       std::printf("  %-16s default %s%s: %s\n", op.c_str(), def.c_str(), runs_at.c_str(), impls.c_str());
+      for (auto& i : reg.impls(op, dev))
+        if (reg.runnable(op, dev, i))
+          if (const std::string why = reg.why_not_default(op, dev, i); !why.empty())
+            std::printf("    (%s is not the default: %s)\n", i.c_str(), why.c_str());
     }
 #ifdef TITAN_HAVE_DNNL
     if (dev == titan::DeviceType::CPU)

@@ -29,4 +29,16 @@ bool cpu_isa_supported(CpuIsa need);
 // "avx512_bf16 (CPU has avx2)" or "avx512_bf16 (capped by TITAN_CPU_ISA=avx2)": why `need` cannot run.
 std::string cpu_isa_missing(CpuIsa need);
 
+// The rate of the CPU's bf16 dot products (vdpbf16ps) over that of its f32 FMAs (vfmadd231ps), in FLOPs
+// per second on one core, where the kernels run at avx512_bf16 (no AMX); 0 at any other level. Measured once
+// (register-only loops, the best of several short rounds: well under a millisecond). It differs between
+// CPUs that all report AVX512_BF16: a Sapphire Rapids VM without AMX runs vdpbf16ps at half the rate of
+// its two f32 FMA ports (0.5), a core with one bf16 port beside two FMA ports at par (1.0), AMD Zen 4 at
+// twice its f32 rate (2.0).
+double cpu_bf16_dot_speedup();
+// Why the bf16 GEMM engines built on bf16 dot products (oneDNN's) should not be a default here: non-empty
+// where the kernels run at avx512_bf16 and the dot products are under 0.75x the f32 FMA rate, so the f32
+// GEMM of bf16-rounded operands (the `sgemm` engines) is faster.
+std::string cpu_bf16_dot_products_slow();
+
 }  // namespace titan

@@ -93,13 +93,33 @@ std::string KernelRegistry::default_impl(std::string_view op, DeviceType device)
   auto d = o->second.find(static_cast<int>(device));
   TITAN_CHECK(d != o->second.end() && !d->second.empty(), "kernel op '", op, "' has no implementation on ",
               device_type_name(device));
+  // Ranked by (no reason against it here, priority).
   const std::string* best = nullptr;
-  int best_priority = 0;
-  for (auto& [name, e] : d->second)
-    if (runnable(op, device, name) && (!best || e.priority > best_priority))
-      best = &name, best_priority = e.priority;
+  std::pair<bool, int> best_rank;
+  for (auto& [name, e] : d->second) {
+    if (!runnable(op, device, name)) continue;
+    const std::pair<bool, int> rank{why_not_default(op, device, name).empty(), e.priority};
+    if (!best || rank > best_rank) best = &name, best_rank = rank;
+  }
   TITAN_CHECK(best, "kernel op '", op, "' has no implementation that runs on this CPU");
   return *best;
+}
+
+namespace {
+std::string condition_key(std::string_view op, DeviceType device, std::string_view impl) {
+  return str_cat(op, "/", device_type_name(device), "/", impl);
+}
+}  // namespace
+
+void KernelRegistry::set_default_condition(std::string_view op, DeviceType device, std::string_view impl,
+                                           std::string (*why_not)()) {
+  default_conditions_[condition_key(op, device, impl)] = why_not;
+}
+
+std::string KernelRegistry::why_not_default(std::string_view op, DeviceType device,
+                                            std::string_view impl) const {
+  auto it = default_conditions_.find(condition_key(op, device, impl));
+  return it == default_conditions_.end() ? "" : it->second();
 }
 
 std::vector<std::string> KernelRegistry::ops() const {

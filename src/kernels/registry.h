@@ -46,7 +46,16 @@ class KernelRegistry {
   CpuIsa running_isa(std::string_view op, DeviceType device, std::string_view impl) const;
   // Why `impl` cannot run here: "needs avx512_bf16 (this CPU: avx2)"; empty when it can.
   std::string why_not_runnable(std::string_view op, DeviceType device, std::string_view impl) const;
+  // The default: among the implementations that run here, the highest priority of those with no reason
+  // not to be a default on this CPU (set_default_condition), else the highest priority.
   std::string default_impl(std::string_view op, DeviceType device) const;
+  // An implementation that runs here but is slower than another on some CPUs (oneDNN's bf16 GEMMs where
+  // bf16 dot products are slow): `why_not` returns why it should not be the default here, or "" when it
+  // should. It is still run when asked for by name.
+  void set_default_condition(std::string_view op, DeviceType device, std::string_view impl,
+                             std::string (*why_not)());
+  // Why the runnable `impl` is passed over as the default here; empty when it is not.
+  std::string why_not_default(std::string_view op, DeviceType device, std::string_view impl) const;
   std::vector<std::string> ops() const;
   std::vector<std::string> impls(std::string_view op, DeviceType device) const;
 
@@ -54,6 +63,9 @@ class KernelRegistry {
   const KernelEntry* entry(std::string_view op, DeviceType device, std::string_view impl) const;
   // op -> device -> impl -> entry
   std::map<std::string, std::map<int, std::map<std::string, KernelEntry, std::less<>>>, std::less<>> table_;
+  // "op/device/impl" -> why_not (kept apart from table_: a condition may be set before its implementation
+  // registers, static initialisation order across files being unspecified)
+  std::map<std::string, std::string (*)(), std::less<>> default_conditions_;
 };
 
 // Typed access. K is an op's function table type with a static `kOp` name.
@@ -72,6 +84,12 @@ const K& get_kernel(DeviceType device, std::string_view impl = "") {
   }
   return *static_cast<const K*>(t);
 }
+
+struct KernelDefaultCondition {
+  KernelDefaultCondition(const char* op, DeviceType device, const char* impl, std::string (*why_not)()) {
+    KernelRegistry::global().set_default_condition(op, device, impl, why_not);
+  }
+};
 
 template <class K>
 struct KernelRegistrar {
@@ -105,6 +123,15 @@ struct KernelRegistrar {
 #else
 #define TITAN_REGISTER_KERNEL_ONCE(Type, dev, impl, table, priority, isa) \
   TITAN_REGISTER_KERNEL_ISA(Type, dev, impl, table, priority, isa)
+#endif
+// A condition for `impl` to be a default (KernelRegistry::set_default_condition), set once (not by the
+// per-ISA builds).
+#ifdef TITAN_KERNEL_ISA
+#define TITAN_KERNEL_DEFAULT_CONDITION(Type, dev, impl, why_not)
+#else
+#define TITAN_KERNEL_DEFAULT_CONDITION(Type, dev, impl, why_not)                            \
+  static ::titan::KernelDefaultCondition TITAN_KERNEL_CONCAT(titan_kernel_cond_, __LINE__)( \
+      Type::kOp, ::titan::DeviceType::dev, impl, why_not)
 #endif
 #define TITAN_REGISTER_REFERENCE_KERNEL(Type, dev, impl, table, priority) \
   TITAN_REGISTER_KERNEL_ONCE(Type, dev, impl, table, priority, ::titan::CpuIsa::kBaseline)

@@ -270,6 +270,9 @@ void dnnl_backward(float* dinp, float* dw, const float* dout, const float* inp, 
 const MatmulBf16Kernels kDnnl =
     engine_table<dnnl_forward, dnnl_backward, dnnl_forward_bf16_input, dnnl_backward_bf16_input>();
 TITAN_REGISTER_KERNEL_ISA(MatmulBf16Kernels, CPU, "onednn", kDnnl, 10, CpuIsa::kAvx512Bf16);
+// Not the default where the CPU's bf16 dot products are slower than its f32 FMAs (AVX512_BF16 without AMX
+// on some CPUs): sgemm on the rounded operands is faster there.
+TITAN_KERNEL_DEFAULT_CONDITION(MatmulBf16Kernels, CPU, "onednn", cpu_bf16_dot_products_slow);
 #endif
 
 }  // namespace

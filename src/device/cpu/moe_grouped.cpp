@@ -317,6 +317,7 @@ TITAN_REGISTER_KERNEL(MoeExpertsBf16Kernels, CPU, "sgemm", kMoeBf16Sgemm, 5);
 // oneDNN has bf16 matmul kernels from AVX512_BF16 on (AMX where present).
 const MoeExpertsBf16Kernels kMoeBf16OneDnn{{moe_forward<Bf16OneDnnGemm>, moe_backward<Bf16OneDnnGemm>}};
 TITAN_REGISTER_KERNEL_ONCE(MoeExpertsBf16Kernels, CPU, "onednn", kMoeBf16OneDnn, 10, CpuIsa::kAvx512Bf16);
+TITAN_KERNEL_DEFAULT_CONDITION(MoeExpertsBf16Kernels, CPU, "onednn", cpu_bf16_dot_products_slow);
 #endif
 
 }  // namespace
