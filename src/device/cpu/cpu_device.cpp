@@ -1,5 +1,6 @@
 // The CPU device: 64-byte aligned host memory, OpenMP threads. Its kernels register in src/kernels/.
 #include <omp.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -11,12 +12,20 @@
 namespace titan {
 namespace {
 
+// Buffers of 2 MiB and more (weights, gradients, optimizer state, activations) are 2 MiB aligned and asked
+// to be backed by transparent huge pages: where the kernel hands them out only on request
+// (/sys/kernel/mm/transparent_hugepage/enabled = madvise, a common default) the GEMMs and the optimizer's
+// streams over hundreds of MiB otherwise walk 4 KiB pages.
+constexpr size_t kHugePage = size_t(2) << 20;
+
 class CpuAllocator final : public Allocator {
  public:
   void* allocate(size_t nbytes) override {
-    size_t rounded = (nbytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    const size_t align = nbytes >= kHugePage ? kHugePage : 64;
+    size_t rounded = (nbytes + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, rounded == 0 ? 64 : rounded);
     if (!p) throw std::bad_alloc();
+    if (align == kHugePage) madvise(p, rounded, MADV_HUGEPAGE);  // advice only: no error if refused
     stats.on_alloc(nbytes);
     return p;
   }
