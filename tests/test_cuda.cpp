@@ -224,6 +224,50 @@ TEST(Cuda, RmsNormMatchesReference) {
   }
 }
 
+// Graphs (CUDA graphs; compile mode's foundation): ops captured once and launched again equal the same ops
+// run eagerly on the inputs of that moment, bit for bit (the same kernels and GEMMs); a host read inside a
+// capture is an error naming it, and the device runs eagerly afterwards.
+TEST(Cuda, CapturedOpsReplayBitForBitAndHostReadsAreRejected) {
+  SKIP_WITHOUT_GPU();
+  const int64_t N = 37, C = 72, OC = 53;
+  auto x = randn(N * C, 60), w = randn(C, 61), proj = randn(OC * C, 62);
+  DevF dx(x), dw(w), dproj(proj), y(N * C), r(N), out(N * OC), kept(N * OC);
+  const auto& norm = cuda_op<RmsNormKernels>();
+  const auto& mm = cuda_op<MatmulKernels>();
+  auto ops = [&] {
+    norm.forward(y.p, r.p, dx.p, dw.p, N, C, 1e-6f);
+    mm.forward(out.p, y.p, dproj.p, N, C, OC);
+    gpu().copy(kept.p, out.p, N * OC * sizeof(float));
+  };
+  ops();  // warm-up: what the ops make on first use (cuBLASLt's handle and workspace) exists before capture
+  void* graph = gpu().capture(ops);
+  ASSERT_NE(graph, nullptr);
+  for (int round = 0; round < 2; ++round) {
+    const auto xi = randn(N * C, 63 + round);
+    gpu().copy_from_host(dx.p, xi.data(), xi.size() * sizeof(float));
+    gpu().graph_launch(graph);
+    const std::vector<float> replayed = kept.read();
+    ops();  // the same ops, eagerly, on the same input
+    EXPECT_EQ(replayed, kept.read()) << "round " << round;
+    EXPECT_EQ(replayed, out.read());
+  }
+  gpu().graph_release(graph);
+
+  std::vector<float> host(N);
+  try {
+    gpu().capture([&] {
+      norm.forward(y.p, r.p, dx.p, dw.p, N, C, 1e-6f);
+      gpu().copy_to_host(host.data(), r.p, N * sizeof(float));  // a host read: not in a graph
+    });
+    ADD_FAILURE() << "a host read was captured";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("capturing"), std::string::npos) << e.what();
+  }
+  const auto y_eager = y.read();  // eager again
+  norm.forward(y.p, r.p, dx.p, dw.p, N, C, 1e-6f);
+  EXPECT_EQ(y.read(), y_eager);
+}
+
 TEST(Cuda, RopeAndRopeQKMatchReference) {
   SKIP_WITHOUT_GPU();
   const int64_t B = 2, T = 19, N = B * T, nH = 4, nKV = 2, hd = 24, half = hd / 2;
@@ -731,6 +775,17 @@ TEST(Cuda, NcclGroupOfOneRank) {
   sub->all_reduce(di.p, 3, dist::CommType::I64, dist::ReduceOp::Max);
   EXPECT_EQ(di.read(), ints);
   EXPECT_THROW(g->all_reduce(a.p, 2, dist::CommType::BF16, dist::ReduceOp::Sum), Error);
+  // Collectives go into a graph (a gradient reduction inside compile mode's captured step): recorded, then
+  // run by each launch on the buffers' contents of that moment.
+  DevF e(37, 0.0f);
+  void* graph = gpu().capture([&] {
+    g->all_gather(a.p, e.p, {37}, dist::CommType::F32);
+    g->all_reduce(e.p, 37, dist::CommType::F32, dist::ReduceOp::Sum);
+  });
+  EXPECT_EQ(e.read(), std::vector<float>(37, 0.0f));  // (not yet run)
+  gpu().graph_launch(graph);
+  EXPECT_EQ(e.read(), host);
+  gpu().graph_release(graph);
 }
 
 // `titan env` names the GPUs when there are any.

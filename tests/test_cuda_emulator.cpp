@@ -400,5 +400,134 @@ TEST(CudaEmulator, CublasLtMatmulAndItsChecks) {
   cublasLtDestroy(lt);
 }
 
+// ---- stream capture ------------------------------------------------------------------------------------
+// A capture records, runs nothing, and the graph runs the recorded work in order on each launch, reading
+// the buffers' contents then: a kernel, a copy, a memset and a cuBLASLt matmul whose descriptors are gone
+// by the time the graph runs. Launches by the graph are not the host's.
+TEST(CudaEmulator, StreamCaptureRecordsAndGraphLaunchReplays) {
+  const int n = 256, m = 2, k = 2;
+  DeviceBuffer<float> in(n), sums(4), a(m * k), d(m * m), zeroed(8), staged(n);
+  std::vector<float> h(n, 1.0f), ha = {1, 2, 3, 4};
+  a.set(ha);
+  cudaStream_t s = cuda_stream();
+  cublasLtHandle_t lt;
+  ASSERT_EQ(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
+
+  const auto before = cuda_sim::counters();
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  cudaStreamCaptureStatus status;
+  ASSERT_EQ(cudaStreamIsCapturing(s, &status), cudaSuccess);
+  EXPECT_EQ(status, cudaStreamCaptureStatusActive);
+  ASSERT_EQ(cudaMemcpyAsync(staged.p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+  launch(block_sum_kernel, 4, 64, 0, sums.p, static_cast<const float*>(staged.p), int64_t(n));
+  ASSERT_EQ(cudaMemsetAsync(zeroed.p, 0, 8 * sizeof(float), s), cudaSuccess);
+  {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, ld;
+    ASSERT_EQ(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, m, k, m), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, m, m), CUBLAS_STATUS_SUCCESS);
+    const float alpha = 1, beta = 0;  // (host scalars: read at capture)
+    EXPECT_EQ(
+        cublasLtMatmul(lt, op, &alpha, a.p, la, a.p, la, &beta, d.p, ld, d.p, ld, nullptr, nullptr, 0, s),
+        CUBLAS_STATUS_SUCCESS);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(op);
+  }
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_EQ(cudaStreamIsCapturing(s, &status), cudaSuccess);
+  EXPECT_EQ(status, cudaStreamCaptureStatusNone);
+  // Nothing ran: the buffers still hold the NaN of new memory.
+  for (float v : sums.host()) EXPECT_TRUE(std::isnan(v));
+  for (float v : d.host()) EXPECT_TRUE(std::isnan(v));
+  EXPECT_EQ(cuda_sim::counters().kernels_run, before.kernels_run);
+
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);       // (the instance keeps what it needs)
+  const std::vector<float> a_squared = {7, 10, 15, 22};  // column-major [1 3; 2 4]^2
+  for (float value : {1.0f, 2.5f}) {
+    std::fill(h.begin(), h.end(), value);  // read by the graph's copy when it runs
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    float total = 0;
+    for (float v : sums.host()) total += v;
+    EXPECT_EQ(total, value * n);
+    EXPECT_EQ(zeroed.host(), std::vector<float>(8, 0.0f));
+    EXPECT_EQ(d.host(), a_squared);
+  }
+  const auto after = cuda_sim::counters();
+  EXPECT_EQ(after.host_launches, before.host_launches);  // the kernel was never launched by the host
+  EXPECT_EQ(after.kernels_run, before.kernels_run + 2);  // it ran once per graph launch
+  EXPECT_EQ(after.graph_launches, before.graph_launches + 2);
+  ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  cublasLtDestroy(lt);
+}
+
+// What a real capture rejects is reported: the call fails naming itself, the capture is invalidated and
+// cudaStreamEndCapture fails naming the first offence. Stream-ordered allocation is what a graph can hold.
+TEST(CudaEmulator, WhatACaptureCannotHoldIsReported) {
+  cudaStream_t s = cuda_stream();
+  DeviceBuffer<float> a(16);
+  std::vector<float> h(16);
+  auto capture_with = [&](auto&& call, cudaError_t want, const std::string& named) {
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    EXPECT_EQ(call(), want);
+    const std::string detail = cudaGetErrorString(cudaGetLastError());
+    EXPECT_NE(detail.find(named), std::string::npos) << detail;
+    EXPECT_NE(detail.find("while a stream is capturing"), std::string::npos) << detail;
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    EXPECT_EQ(g, nullptr);
+    EXPECT_NE(std::string(cudaGetErrorString(cudaGetLastError())).find(named), std::string::npos);
+  };
+  // The host reading results inside the capture: a copy to the host and the wait for it.
+  capture_with([&] { return cudaMemcpy(h.data(), a.p, 64, cudaMemcpyDeviceToHost); },
+               cudaErrorStreamCaptureUnsupported, "cudaMemcpy (device to host");
+  capture_with(
+      [&] {
+        EXPECT_EQ(cudaMemcpyAsync(h.data(), a.p, 64, cudaMemcpyDeviceToHost, s), cudaSuccess);  // (recorded)
+        return cudaStreamSynchronize(s);
+      },
+      cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize");
+  capture_with([&] { return cudaDeviceSynchronize(); }, cudaErrorStreamCaptureUnsupported,
+               "cudaDeviceSynchronize");
+  capture_with(
+      [&] {
+        void* p = nullptr;
+        return cudaMalloc(&p, 64);
+      },
+      cudaErrorStreamCaptureUnsupported, "cudaMalloc of 64 bytes");
+  capture_with([&] { return cudaFreeAsync(a.p, s); }, cudaErrorStreamCaptureUnsupported,
+               "cudaFreeAsync of memory allocated before the capture");
+  capture_with([&] { return cudaMemsetAsync(a.p, 0, 64, nullptr); }, cudaErrorStreamCaptureUnsupported,
+               "a memset on the legacy stream");
+  ASSERT_EQ(cudaMemcpy(a.p, h.data(), 64, cudaMemcpyHostToDevice), cudaSuccess);  // eager again
+
+  // cudaMallocAsync on the capturing stream: one fixed address for every launch, owned by the graph; its
+  // cudaFreeAsync in the capture is the graph's.
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  void* scratch = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&scratch, 64, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(scratch, a.p, 64, cudaMemcpyDeviceToDevice, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(a.p + 8, scratch, 32, cudaMemcpyDeviceToDevice, s), cudaSuccess);
+  ASSERT_EQ(cudaFreeAsync(scratch, s), cudaSuccess);
+  cudaGraph_t g;
+  ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+  EXPECT_TRUE(cuda_sim::is_device_range(scratch, 64));  // alive while the graph is
+  for (int i = 0; i < 16; ++i) h[i] = float(i);
+  a.set(h);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  const std::vector<float> got = a.host();
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(got[8 + i], float(i));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(g);
+  EXPECT_FALSE(cuda_sim::is_device_range(scratch, 64));  // freed with the graph
+}
+
 }  // namespace
 }  // namespace titan::cuda

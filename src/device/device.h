@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -44,7 +45,8 @@ class Allocator {
 
 // What a device provides to the core. Versioned so an out-of-tree device can check compatibility.
 struct DeviceInterface {
-  static constexpr int kVersion = 4;  // 2: device_count, describe, synchronize; 3: zero, copy; 4: marks
+  static constexpr int kVersion = 5;  // 2: device_count, describe, synchronize; 3: zero, copy; 4: marks;
+                                      // 5: graphs
   int version = kVersion;
   const char* name = "";
   Allocator* allocator = nullptr;
@@ -73,6 +75,16 @@ struct DeviceInterface {
   void* (*mark)() = nullptr;
   double (*elapsed_ms)(void* from, void* to) = nullptr;
   void (*release_mark)(void* m) = nullptr;
+  // Accelerators: graphs (CUDA graphs). capture(work) runs work() with the device's queue recording instead
+  // of running: the ops it issues become a graph, returned, that graph_launch() runs again, in order, on
+  // the same addresses (the ops' pointers and scalar arguments are fixed; buffer contents are read when it
+  // runs). A call a graph cannot hold (a host read of device memory, a synchronisation, an allocation
+  // outside the queue's pool) throws an Error naming it, and the capture is ended; so run the work once
+  // before capturing it (what ops make on first use, a GEMM library's handle and workspace, cached
+  // attention plans, is made then). graph_release frees a graph. Null where ops run on the host.
+  void* (*capture)(const std::function<void()>& work) = nullptr;
+  void (*graph_launch)(void* graph) = nullptr;
+  void (*graph_release)(void* graph) = nullptr;
 };
 
 // Registers `iface` for `type`; called from a static initializer in the device's own file.

@@ -1,10 +1,11 @@
 // NCCL implementation of dist::ProcessGroup (see distributed/nccl.h). Buffers are device pointers; every
 // collective is enqueued on the CUDA device's stream (so it is ordered after the kernels that produced
-// its input) and waited for before returning. NCCL has equal-count reduce-scatter/all-gather only: the
-// uneven forms of the interface run as grouped per-rank reduce/broadcast calls, all-to-all as grouped
-// send/recv pairs. split() splits the bootstrap group and makes a new NCCL communicator from it. Point to
-// point: send/recv between ring neighbours on their own per-direction communicators and streams (pipeline
-// parallel), exchange() as one group on the main communicator (the context-parallel ring).
+// its input) and waited for before returning (but inside a graph capture). NCCL has equal-count
+// reduce-scatter/all-gather only: the uneven forms of the interface run as grouped per-rank reduce/broadcast
+// calls, all-to-all as grouped send/recv pairs. split() splits the bootstrap group and makes a new NCCL
+// communicator from it. Point to point: send/recv between ring neighbours on their own per-direction
+// communicators and streams (pipeline parallel), exchange() as one group on the main communicator (the
+// context-parallel ring).
 #include <nccl.h>
 
 #include <algorithm>
@@ -236,7 +237,14 @@ class NcclProcessGroup final : public ProcessGroup {
 
  private:
   static cudaStream_t stream() { return cuda::cuda_stream(); }
-  static void wait() { TITAN_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+  // The host waits for a collective, except while the stream is captured into a graph (compile mode): the
+  // graph's order then makes the collective's results ready for the ops after it, and a wait cannot be
+  // captured.
+  static void wait() {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    TITAN_CUDA_CHECK(cudaStreamIsCapturing(stream(), &capture));
+    if (capture == cudaStreamCaptureStatusNone) TITAN_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
   static void check_reducible(CommType t) {
     TITAN_CHECK(t != CommType::BF16 && t != CommType::U8, "NCCL group: reductions take F32/F64/I32/I64, not ",
                 comm_type_name(t));

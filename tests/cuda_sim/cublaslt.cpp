@@ -64,6 +64,10 @@ bool in_device(const void* p, const Layout& l) {
   return titan::cuda_sim::is_device_range(p, n * element_bytes(l.type));
 }
 
+void run_matmul(const Layout& la, const Layout& lb, const Layout& lc, const Layout& ld, bool ta, bool tb,
+                uint64_t m, uint64_t n, uint64_t k, float a, const void* A, const void* B, float b,
+                const void* C, void* D);
+
 }  // namespace
 
 extern "C" {
@@ -151,7 +155,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                               cublasLtMatrixLayout_t b_layout, const void* beta, const void* C,
                               cublasLtMatrixLayout_t c_layout, void* D, cublasLtMatrixLayout_t d_layout,
                               const cublasLtMatmulAlgo_t*, void* workspace, size_t workspace_bytes,
-                              cudaStream_t) {
+                              cudaStream_t stream) {
   if (!handle || !desc || !a_layout || !b_layout || !c_layout || !d_layout || !alpha || !beta)
     return reject(CUBLAS_STATUS_INVALID_VALUE, "null handle, descriptor, alpha or beta");
   const Desc& op = *reinterpret_cast<const Desc*>(desc);
@@ -181,6 +185,23 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   if (C != D && (lc.ld != ld.ld)) return reject(CUBLAS_STATUS_NOT_SUPPORTED, "C != D with different layouts");
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  // The product, by value (under stream capture it runs when the graph is launched; the descriptors and
+  // the host alpha/beta are taken now, as cuBLASLt's captured kernels take them).
+  auto product = [la, lb, lc, ld, ta, tb, m, n, k, a, b, A, B, C, D] {
+    run_matmul(la, lb, lc, ld, ta, tb, m, n, k, a, A, B, b, C, D);
+  };
+  if (titan::cuda_sim::record_if_capturing(stream, product)) return CUBLAS_STATUS_SUCCESS;
+  product();
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"
+
+namespace {
+
+void run_matmul(const Layout& la, const Layout& lb, const Layout& lc, const Layout& ld, bool ta, bool tb,
+                uint64_t m, uint64_t n, uint64_t k, float a, const void* A, const void* B, float b,
+                const void* C, void* D) {
   if (ld.type == CUDA_R_16BF) {
     // bf16 D: the f32 result (C widened when beta reads it), rounded to the nearest bf16 (ties to even).
     std::vector<float> acc = b != 0.0f ? to_f32(C, lc) : std::vector<float>(m * n, 0.0f);
@@ -194,7 +215,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     auto* d16 = static_cast<uint16_t*>(D);
     for (uint64_t j = 0; j < n; ++j)
       for (uint64_t i = 0; i < m; ++i) d16[j * ld.ld + i] = titan::f32_to_bf16(acc[j * m + i]);
-    return CUBLAS_STATUS_SUCCESS;
+    return;
   }
   auto* d = static_cast<float*>(D);
   if (C != D && b != 0.0f)
@@ -203,12 +224,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   if (k == 0) {
     for (uint64_t j = 0; j < n; ++j)
       for (uint64_t i = 0; i < m; ++i) d[j * ld.ld + i] = b == 0.0f ? 0.0f : b * d[j * ld.ld + i];
-    return CUBLAS_STATUS_SUCCESS;
+    return;
   }
   const std::vector<float> fa = to_f32(A, la), fb = to_f32(B, lb);
   cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n),
               int(k), a, fa.data(), int(la.rows), fb.data(), int(lb.rows), b, d, int(ld.ld));
-  return CUBLAS_STATUS_SUCCESS;
 }
 
-}  // extern "C"
+}  // namespace

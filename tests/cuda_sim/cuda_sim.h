@@ -83,9 +83,31 @@ std::vector<PointerArg> pointer_args(const std::tuple<P...>& params) {
 }
 
 // Runs body() once per thread of every block (runtime.cpp). Throws titan::Error on a bad configuration,
-// a deadlock or a misused intrinsic.
-void launch(const void* kernel, const Grid& grid, dim3 block, size_t dynamic_smem,
-            const std::vector<PointerArg>& pointers, const std::function<void()>& body);
+// a deadlock or a misused intrinsic. On a stream under capture the launch is checked and recorded (body
+// is kept: it must hold the kernel's arguments by value) and runs when the graph is launched.
+void launch(const void* kernel, const Grid& grid, dim3 block, size_t dynamic_smem, cudaStream_t stream,
+            const std::vector<PointerArg>& pointers, std::function<void()> body);
+
+// Stream capture (cudaStreamBeginCapture .. cudaStreamEndCapture, global mode): work issued to the
+// capturing stream (launches, cudaMemcpyAsync, cudaMemsetAsync, cuBLASLt matmuls, NCCL calls) is recorded
+// into its graph instead of run, and cudaGraphLaunch runs the recorded work in order. cudaMallocAsync on
+// it allocates once, at a fixed address the graph owns (as a graph's allocation node). What a real capture
+// rejects is reported (the capture is invalidated, cudaStreamEndCapture fails naming the first offence):
+// a synchronisation (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize/Query of work in
+// the capture), a synchronous copy or memset (cudaMemcpy, cudaMemset: a host read of the device's results),
+// cudaMalloc/cudaFree. One stream captures at a time.
+// record_if_capturing keeps `work` and returns true when `stream` is capturing (the caller then returns
+// without running it); `what` names the call for errors.
+bool record_if_capturing(cudaStream_t stream, std::function<void()> work);
+// The same for calls that take no stream (NCCL's group calls): recorded while any capture is active.
+bool record_if_capture_active(std::function<void()> work);
+
+// Counters of the emulated device since the process started: kernels launched by the host (outside a
+// capture), kernels run (eagerly or by a graph), graphs launched.
+struct Counters {
+  uint64_t host_launches = 0, kernels_run = 0, graph_launches = 0;
+};
+Counters counters();
 
 // True if [p, p + n) lies inside one live device allocation (a zero-length range may end one).
 bool is_device_range(const void* p, size_t n);

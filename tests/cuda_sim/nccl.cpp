@@ -334,6 +334,14 @@ void post_broadcast(ncclComm* c, const void* send, void* recv, size_t count, ncc
 
 }  // namespace
 
+// Under stream capture a call is checked now and recorded; the graph's launch issues it again, with the same
+// arguments (its errors are then the launch's).
+static bool replay_later(cudaStream_t stream, std::function<ncclResult_t()> call) {
+  return titan::cuda_sim::record_if_capturing(stream, [call] {
+    if (call() != ncclSuccess) titan::fail("CUDA emulator: NCCL: a captured call failed when its graph ran");
+  });
+}
+
 extern "C" {
 
 const char* ncclGetErrorString(ncclResult_t r) {
@@ -422,11 +430,16 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 }
 
 ncclResult_t ncclGroupStart() {
+  if (titan::cuda_sim::record_if_capture_active([] { ncclGroupStart(); })) return ncclSuccess;
   if (group_depth++ == 0) group = new Pending;
   return ncclSuccess;
 }
 
 ncclResult_t ncclGroupEnd() {
+  if (titan::cuda_sim::record_if_capture_active([] {
+        if (ncclGroupEnd() != ncclSuccess) titan::fail("CUDA emulator: NCCL: a captured group failed");
+      }))
+    return ncclSuccess;
   if (group_depth == 0) return reject(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   if (--group_depth > 0) return ncclSuccess;
   Pending* q = group;
@@ -437,39 +450,47 @@ ncclResult_t ncclGroupEnd() {
 }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
-                           ncclComm_t c, cudaStream_t) {
+                           ncclComm_t c, cudaStream_t stream) {
   TITAN_NCCL_TRY(check_comm(c, "ncclAllReduce"));
   TITAN_NCCL_TRY(check_op(t, op, "ncclAllReduce"));
   TITAN_NCCL_TRY(check_buffer(send, count, t, "ncclAllReduce", "send buffer"));
   TITAN_NCCL_TRY(check_buffer(recv, count, t, "ncclAllReduce", "receive buffer"));
+  if (replay_later(stream, [=] { return ncclAllReduce(send, recv, count, t, op, c, stream); }))
+    return ncclSuccess;
   return run([&](Pending& q) { post_reduce(c, send, recv, count, t, op, kAllRanks, q); });
 }
 
 ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
-                        int root, ncclComm_t c, cudaStream_t) {
+                        int root, ncclComm_t c, cudaStream_t stream) {
   TITAN_NCCL_TRY(check_comm(c, "ncclReduce"));
   TITAN_NCCL_TRY(check_root(c, root, "ncclReduce"));
   TITAN_NCCL_TRY(check_op(t, op, "ncclReduce"));
   TITAN_NCCL_TRY(check_buffer(send, count, t, "ncclReduce", "send buffer"));
   if (c->rank == root) TITAN_NCCL_TRY(check_buffer(recv, count, t, "ncclReduce", "receive buffer"));
+  if (replay_later(stream, [=] { return ncclReduce(send, recv, count, t, op, root, c, stream); }))
+    return ncclSuccess;
   return run([&](Pending& q) { post_reduce(c, send, recv, count, t, op, root, q); });
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root,
-                           ncclComm_t c, cudaStream_t) {
+                           ncclComm_t c, cudaStream_t stream) {
   TITAN_NCCL_TRY(check_comm(c, "ncclBroadcast"));
   TITAN_NCCL_TRY(check_root(c, root, "ncclBroadcast"));
   if (c->rank == root) TITAN_NCCL_TRY(check_buffer(send, count, t, "ncclBroadcast", "send buffer"));
   TITAN_NCCL_TRY(check_buffer(recv, count, t, "ncclBroadcast", "receive buffer"));
+  if (replay_later(stream, [=] { return ncclBroadcast(send, recv, count, t, root, c, stream); }))
+    return ncclSuccess;
   return run([&](Pending& q) { post_broadcast(c, send, recv, count, t, root, q); });
 }
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t t,
-                               ncclRedOp_t op, ncclComm_t c, cudaStream_t) {
+                               ncclRedOp_t op, ncclComm_t c, cudaStream_t stream) {
   TITAN_NCCL_TRY(check_comm(c, "ncclReduceScatter"));
   TITAN_NCCL_TRY(check_op(t, op, "ncclReduceScatter"));
   TITAN_NCCL_TRY(check_buffer(send, recv_count * c->size, t, "ncclReduceScatter", "send buffer"));
   TITAN_NCCL_TRY(check_buffer(recv, recv_count, t, "ncclReduceScatter", "receive buffer"));
+  if (replay_later(stream, [=] { return ncclReduceScatter(send, recv, recv_count, t, op, c, stream); }))
+    return ncclSuccess;
   const size_t bytes = recv_count * type_bytes(t);
   return run([&](Pending& q) {
     for (int r = 0; r < c->size; ++r)
@@ -478,10 +499,12 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, 
 }
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t t, ncclComm_t c,
-                           cudaStream_t) {
+                           cudaStream_t stream) {
   TITAN_NCCL_TRY(check_comm(c, "ncclAllGather"));
   TITAN_NCCL_TRY(check_buffer(send, send_count, t, "ncclAllGather", "send buffer"));
   TITAN_NCCL_TRY(check_buffer(recv, send_count * c->size, t, "ncclAllGather", "receive buffer"));
+  if (replay_later(stream, [=] { return ncclAllGather(send, recv, send_count, t, c, stream); }))
+    return ncclSuccess;
   const size_t bytes = send_count * type_bytes(t);
   return run([&](Pending& q) {
     for (int r = 0; r < c->size; ++r)
@@ -494,6 +517,7 @@ ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer
   TITAN_NCCL_TRY(check_comm(c, "ncclSend"));
   TITAN_NCCL_TRY(check_root(c, peer, "ncclSend"));
   TITAN_NCCL_TRY(check_buffer(send, count, t, "ncclSend", "send buffer"));
+  if (replay_later(stream, [=] { return ncclSend(send, count, t, peer, c, stream); })) return ncclSuccess;
   const size_t bytes = count * type_bytes(t);
   if (peer == c->rank) {  // kept until the matching ncclRecv of this rank
     const char* p = static_cast<const char*>(send);
@@ -515,10 +539,12 @@ ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer
   return run([&](Pending& q) { post_synchronous_send(c, send, bytes, peer, q); });
 }
 
-ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t) {
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, ncclComm_t c,
+                      cudaStream_t stream) {
   TITAN_NCCL_TRY(check_comm(c, "ncclRecv"));
   TITAN_NCCL_TRY(check_root(c, peer, "ncclRecv"));
   TITAN_NCCL_TRY(check_buffer(recv, count, t, "ncclRecv", "receive buffer"));
+  if (replay_later(stream, [=] { return ncclRecv(recv, count, t, peer, c, stream); })) return ncclSuccess;
   const size_t bytes = count * type_bytes(t);
   if (peer == c->rank) {
     return run([&](Pending& q) {

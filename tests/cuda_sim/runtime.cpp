@@ -6,15 +6,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/context/fiber.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "cuda_sim.h"
@@ -432,8 +436,34 @@ uint64_t warp_exchange(Exchange kind, unsigned mask, uint64_t bits, int arg, int
   return f.out;
 }
 
-void launch(const void* kernel, const Grid& grid, dim3 block, size_t dynamic_smem,
-            const std::vector<PointerArg>& pointers, const std::function<void()>& body) {
+namespace {
+std::atomic<uint64_t> host_launches{0}, kernels_run{0}, graph_launches{0};
+
+void run_launch(const void* kernel, const Grid& grid, dim3 block, size_t dynamic_smem,
+                const std::vector<PointerArg>& pointers, const std::function<void()>& body, bool check_only);
+
+}  // namespace
+
+Counters counters() {
+  return {host_launches.load(), kernels_run.load(), graph_launches.load()};
+}
+
+void launch(const void* kernel, const Grid& grid, dim3 block, size_t dynamic_smem, cudaStream_t stream,
+            const std::vector<PointerArg>& pointers, std::function<void()> body) {
+  if (record_if_capturing(stream, [kernel, grid, block, dynamic_smem, pointers, body] {
+        run_launch(kernel, grid, block, dynamic_smem, pointers, body, false);
+      })) {
+    run_launch(kernel, grid, block, dynamic_smem, pointers, body, true);  // errors at the launch site now
+    return;
+  }
+  ++host_launches;
+  run_launch(kernel, grid, block, dynamic_smem, pointers, body, false);
+}
+
+namespace {
+
+void run_launch(const void* kernel, const Grid& grid, dim3 block, size_t dynamic_smem,
+                const std::vector<PointerArg>& pointers, const std::function<void()>& body, bool check_only) {
   const std::string site = where_str(grid.where);
   const dim3 g = grid.dim;
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
@@ -458,6 +488,8 @@ void launch(const void* kernel, const Grid& grid, dim3 block, size_t dynamic_sme
     if (a.p && !is_device(a.p, 0))
       fail("CUDA emulator: argument ", a.index + 1, " of the kernel launched at ", site, " (", a.p,
            ") is not device memory");
+  if (check_only) return;
+  ++kernels_run;
 
   std::lock_guard<std::mutex> lock(launch_mutex);
   static Launch L;
@@ -482,6 +514,7 @@ void launch(const void* kernel, const Grid& grid, dim3 block, size_t dynamic_sme
       }
 }
 
+}  // namespace
 }  // namespace titan::cuda_sim
 
 // ---- the CUDA runtime functions the CUDA device calls --------------------------------------------------
@@ -582,6 +615,7 @@ struct SimStream {
 struct SimEvent {
   SimStream* stream = nullptr;
   uint64_t at = 0;
+  bool in_capture = false;  // last recorded inside a stream capture (a node of its graph)
   // When it was recorded: the emulator runs a launch before returning, so the work queued before the event
   // is done by then (held sends aside), and the host clock between two records stands for device time.
   std::chrono::steady_clock::time_point when;
@@ -601,7 +635,102 @@ void titan::cuda_sim::defer_on_stream(cudaStream_t stream, Deferred work) {
   ++s.issued;
 }
 
+// ---- stream capture ----------------------------------------------------------------------------------
+namespace {
+struct GraphData {
+  std::vector<std::function<void()>> nodes;  // in issue order
+  std::vector<void*> owned;                  // cudaMallocAsync'd inside the capture: fixed addresses
+  ~GraphData() {
+    for (void* p : owned) sim_free(p);
+  }
+};
+using GraphRef = std::shared_ptr<GraphData>;  // a cudaGraph_t or cudaGraphExec_t points at one
+struct Capture {
+  cudaStream_t stream = nullptr;
+  GraphRef graph;       // null: no capture
+  std::string offence;  // the first call the capture could not take (it is invalidated)
+};
+Capture& capture() {
+  static Capture c;
+  return c;
+}
+bool capturing(cudaStream_t s) {
+  return capture().graph && capture().stream == s;
+}
+// A call that a capture in global mode rejects: invalidates the capture and fails naming the call.
+cudaError_t rejected_in_capture(const std::string& call, const char* why) {
+  const std::string what = titan::str_cat(call, " while a stream is capturing (", why, ")");
+  if (capture().offence.empty()) capture().offence = what;
+  return failed(cudaErrorStreamCaptureUnsupported, what);
+}
+constexpr const char* kHostSync =
+    "the host would wait for, or read, work that has not run: it runs when the graph is launched";
+}  // namespace
+
+bool titan::cuda_sim::record_if_capturing(cudaStream_t stream, std::function<void()> work) {
+  if (!capturing(stream)) return false;
+  capture().graph->nodes.push_back(std::move(work));
+  return true;
+}
+bool titan::cuda_sim::record_if_capture_active(std::function<void()> work) {
+  return capture().graph && record_if_capturing(capture().stream, std::move(work));
+}
+
 extern "C" {
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  if (!stream)
+    return failed(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture of the legacy default stream");
+  if (capture().graph)
+    return failed(cudaErrorIllegalState,
+                  "cudaStreamBeginCapture while a stream is capturing (the emulator "
+                  "captures one stream at a time)");
+  capture() = {stream, std::make_shared<GraphData>(), ""};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  if (!capturing(stream))
+    return failed(cudaErrorIllegalState, "cudaStreamEndCapture on a stream that is not capturing");
+  Capture c = std::move(capture());
+  capture() = {};
+  *graph = nullptr;
+  if (!c.offence.empty())
+    return failed(cudaErrorStreamCaptureInvalidated, "the stream capture was invalidated by " + c.offence);
+  *graph = reinterpret_cast<cudaGraph_t>(new GraphRef(std::move(c.graph)));
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  *status = !capturing(stream)          ? cudaStreamCaptureStatusNone
+            : capture().offence.empty() ? cudaStreamCaptureStatusActive
+                                        : cudaStreamCaptureStatusInvalidated;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (!graph) return failed(cudaErrorInvalidValue, "cudaGraphInstantiate of a null graph");
+  *exec = reinterpret_cast<cudaGraphExec_t>(new GraphRef(*reinterpret_cast<GraphRef*>(graph)));
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (!exec) return failed(cudaErrorInvalidValue, "cudaGraphLaunch of a null graph");
+  GraphRef g = *reinterpret_cast<GraphRef*>(exec);
+  auto run = [g] {
+    ++titan::cuda_sim::graph_launches;
+    for (auto& node : g->nodes) node();
+  };
+  if (titan::cuda_sim::record_if_capturing(stream, run)) return cudaSuccess;
+  if (capture().graph && !stream)
+    return rejected_in_capture("cudaGraphLaunch on the legacy stream", kHostSync);
+  run();
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete reinterpret_cast<GraphRef*>(exec);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete reinterpret_cast<GraphRef*>(graph);
+  return cudaSuccess;
+}
 
 cudaError_t cudaGetDeviceCount(int* count) {
   *count = sim_device_count();
@@ -663,6 +792,12 @@ const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorInvalidConfiguration";
     case cudaErrorNoDevice:
       return "cudaErrorNoDevice";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorIllegalState:
+      return "cudaErrorIllegalState";
     default:
       return "cudaError";
   }
@@ -682,6 +817,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (capture().graph && (capturing(stream) || !stream))
+    return rejected_in_capture("cudaStreamSynchronize", kHostSync);
   SimStream& s = sim_stream(stream);
   s.finish_until(s.issued);
   return cudaSuccess;
@@ -696,6 +833,13 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   SimEvent* e = reinterpret_cast<SimEvent*>(event);
+  e->in_capture = capturing(stream);
+  if (titan::cuda_sim::record_if_capturing(stream, [e, stream] {
+        e->stream = &sim_stream(stream);
+        e->at = e->stream->issued;
+        e->when = std::chrono::steady_clock::now();
+      }))
+    return cudaSuccess;
   e->stream = &sim_stream(stream);
   e->at = e->stream->issued;
   e->when = std::chrono::steady_clock::now();
@@ -709,17 +853,20 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   SimEvent* e = reinterpret_cast<SimEvent*>(event);
+  if (capture().graph && e->in_capture) return rejected_in_capture("cudaEventSynchronize", kHostSync);
   if (e->stream) e->stream->finish_until(e->at);
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   SimEvent* e = reinterpret_cast<SimEvent*>(event);
+  if (capture().graph && e->in_capture) return rejected_in_capture("cudaEventQuery", kHostSync);
   return !e->stream || e->stream->test_until(e->at) ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned int) {
   return cudaEventSynchronize(event);
 }
 cudaError_t cudaDeviceSynchronize(void) {
+  if (capture().graph) return rejected_in_capture("cudaDeviceSynchronize", kHostSync);
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int) {
@@ -738,20 +885,39 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   return cudaSuccess;
 }
 
+constexpr const char* kNotStreamOrdered =
+    "it synchronizes the device; inside a graph, memory comes from cudaMallocAsync on the capturing stream";
 cudaError_t cudaMalloc(void** p, size_t n) {
+  if (capture().graph)
+    return rejected_in_capture(titan::str_cat("cudaMalloc of ", n, " bytes"), kNotStreamOrdered);
   return sim_malloc(p, n);
 }
-cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t) {
-  return sim_malloc(p, n);
+// Inside a capture: allocated now, at an address the graph keeps for every launch, freed with the graph
+// (a graph's allocation node); its cudaFreeAsync in the capture is then the graph's to do.
+cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t stream) {
+  if (capture().graph && !stream)
+    return rejected_in_capture("cudaMallocAsync on the legacy stream", kNotStreamOrdered);
+  const cudaError_t e = sim_malloc(p, n);
+  if (e == cudaSuccess && capturing(stream)) capture().graph->owned.push_back(*p);
+  return e;
 }
 cudaError_t cudaFree(void* p) {
+  if (capture().graph) return rejected_in_capture("cudaFree", kNotStreamOrdered);
   return sim_free(p);
 }
-cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
+cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
+  if (capturing(stream)) {
+    auto& owned = capture().graph->owned;
+    if (std::find(owned.begin(), owned.end(), p) != owned.end()) return cudaSuccess;
+    return rejected_in_capture("cudaFreeAsync of memory allocated before the capture",
+                               "a graph launched twice would free it twice");
+  }
+  if (capture().graph && !stream)
+    return rejected_in_capture("cudaFreeAsync on the legacy stream", kNotStreamOrdered);
   return sim_free(p);
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const bool dst_dev = is_device(dst, n), src_dev = is_device(src, n);
   const bool ok = kind == cudaMemcpyHostToDevice     ? dst_dev && !is_device(src, 0)
@@ -763,21 +929,33 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
                   titan::str_cat("cudaMemcpyAsync ", kind_name(kind), " of ", n, " bytes from ", src,
                                  src_dev ? " (device)" : " (not a device range)", " to ", dst,
                                  dst_dev ? " (device)" : " (not a device range)"));
+  if (titan::cuda_sim::record_if_capturing(stream, [dst, src, n] { std::memmove(dst, src, n); }))
+    return cudaSuccess;
+  if (capture().graph && !stream)
+    return rejected_in_capture(titan::str_cat("a copy (", kind_name(kind), ") on the legacy stream"),
+                               kHostSync);
   std::memmove(dst, src, n);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  if (capture().graph)
+    return rejected_in_capture(titan::str_cat("cudaMemcpy (", kind_name(kind), ", ", n, " bytes)"),
+                               kHostSync);
   return cudaMemcpyAsync(dst, src, n, kind, nullptr);
 }
-cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (!is_device(p, n))
     return failed(cudaErrorInvalidValue,
                   titan::str_cat("cudaMemsetAsync of ", n, " bytes at ", p, ": not a device range"));
+  if (titan::cuda_sim::record_if_capturing(stream, [p, value, n] { std::memset(p, value, n); }))
+    return cudaSuccess;
+  if (capture().graph && !stream) return rejected_in_capture("a memset on the legacy stream", kHostSync);
   std::memset(p, value, n);
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int value, size_t n) {
+  if (capture().graph) return rejected_in_capture(titan::str_cat("cudaMemset (", n, " bytes)"), kHostSync);
   return cudaMemsetAsync(p, value, n, nullptr);
 }
 

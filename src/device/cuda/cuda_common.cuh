@@ -85,8 +85,10 @@ __device__ inline void store_value(uint16_t* p, int64_t i, float v) {
 template <class... P, class... A>
 void launch(void (*kernel)(P...), ::titan::cuda_sim::Grid grid, dim3 block, size_t smem, A... args) {
   const std::tuple<P...> params(static_cast<P>(args)...);
-  ::titan::cuda_sim::launch(reinterpret_cast<const void*>(kernel), grid, block, smem,
-                            ::titan::cuda_sim::pointer_args(params), [&] { std::apply(kernel, params); });
+  // (the arguments by value: a launch under stream capture runs later, when its graph is launched)
+  ::titan::cuda_sim::launch(reinterpret_cast<const void*>(kernel), grid, block, smem, cuda_stream(),
+                            ::titan::cuda_sim::pointer_args(params),
+                            [kernel, params] { std::apply(kernel, params); });
 }
 #else
 template <class... P, class... A>

@@ -137,6 +137,37 @@ void release_mark(void* m) {
   TITAN_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(m)));
 }
 
+// Stream capture in global mode: any call elsewhere in the process that a graph cannot hold fails too.
+void* capture(const std::function<void()>& work) {
+  cudaStream_t s = cuda_stream();
+  TITAN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  cudaGraph_t graph = nullptr;
+  try {
+    work();
+  } catch (...) {
+    cudaStreamEndCapture(s, &graph);  // (invalidated: no graph; the stream runs eagerly again)
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();  // (the capture's errors are reported by the exception, not by the next launch)
+    throw;
+  }
+  if (const cudaError_t e = cudaStreamEndCapture(s, &graph); e != cudaSuccess) {
+    const std::string why = cudaGetErrorString(e);
+    cudaGetLastError();
+    fail("CUDA graph capture failed: ", why);
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  TITAN_CUDA_CHECK(e);
+  return exec;
+}
+void graph_launch(void* graph) {
+  TITAN_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), cuda_stream()));
+}
+void graph_release(void* graph) {
+  TITAN_CUDA_CHECK(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph)));
+}
+
 // One line per GPU: index, name, memory, compute capability, multiprocessors; plus driver/runtime.
 std::string describe() {
   const int n = gpu_count();
@@ -174,6 +205,9 @@ struct CudaDeviceRegistration {
     iface.mark = mark;
     iface.elapsed_ms = elapsed_ms;
     iface.release_mark = release_mark;
+    iface.capture = capture;
+    iface.graph_launch = graph_launch;
+    iface.graph_release = graph_release;
     register_device(DeviceType::CUDA, &iface);
   }
 };
