@@ -663,6 +663,12 @@ TEST(Cuda, CrossEntropyMatchesReference) {
       const double l = cuda_op<CrossEntropyKernels>().forward_backward(g.p, dt.p, N, V, 0.125f, grad);
       EXPECT_NEAR(l, l_r, 1e-9 * std::abs(l_r)) << "N=" << N << " V=" << V;
       EXPECT_LE(rel(g.read(), g_r), kTol) << "N=" << N << " V=" << V << " grad=" << grad;
+      // The loss added to a device scalar instead: exactly the returned sum, the same gradient.
+      DevF g2(logits);
+      Dev<double> sum(std::vector<double>{0.5});
+      cuda_op<CrossEntropyKernels>().forward_backward_device(sum.p, g2.p, dt.p, N, V, 0.125f, grad);
+      EXPECT_EQ(sum.read()[0], 0.5 + l) << "N=" << N << " V=" << V;
+      EXPECT_EQ(g2.read(), g.read());
     }
   }
 }
@@ -1172,6 +1178,61 @@ TEST(Cuda, TimedOpsReportEveryClassAndChangeNothing) {
   }
   EXPECT_GT(ms[static_cast<int>(OpClass::kGemm)], 0.0);
   EXPECT_THROW(m.time_ops(), Error);  // (once)
+}
+
+// Compile mode's step on the device: the batch staged outside the graph, then zero_grad, the forward with
+// the loss kept on the device and the backward, captured into a graph after an eager warm-up step and
+// launched once per batch: the loss and every gradient equal the eager step's on that batch, bit for bit
+// (the gradients poisoned with NaN before each launch, so the graph wrote all of them).
+TEST(Cuda, CapturedTrainingStepEqualsTheEagerStep) {
+  SKIP_WITHOUT_GPU();
+  Qwen3Model m(tiny_qwen3(false), {}, nullptr, true, Device{DeviceType::CUDA, 0});
+  m.init_weights(3);
+  const int64_t B = 2, T = 9, V = m.config().vocab_size;
+  // Two batches with the same ignored positions (the mean's 1 / valid targets is a constant of the graph).
+  auto batch = [&](int salt) {
+    std::vector<int32_t> ids(B * T), labels(B * T);
+    for (int64_t n = 0; n < B * T; ++n) {
+      ids[n] = int32_t((n * 37 + 5 + salt) % V);
+      labels[n] = n % 4 == 2 ? -100 : int32_t((n * 53 + 11 + 3 * salt) % V);
+    }
+    return std::pair{ids, labels};
+  };
+  std::vector<int32_t> ids, labels;
+  ForwardOptions opts;
+  opts.loss_on_device = true;
+  opts.inputs_staged = true;
+  auto step = [&] {
+    m.zero_grad();
+    EXPECT_TRUE(std::isnan(m.forward(ids.data(), labels.data(), B, T, opts).loss_sum));
+    m.backward();
+  };
+  std::tie(ids, labels) = batch(0);
+  m.stage_inputs(ids.data(), labels.data(), B, T, opts);
+  step();  // warm-up, eagerly
+  void* graph = gpu().capture(step);
+  for (int salt : {1, 0, 2}) {
+    std::tie(ids, labels) = batch(salt);
+    m.zero_grad();
+    const ForwardResult eager = m.forward(ids.data(), labels.data(), B, T);
+    m.backward();
+    std::vector<std::vector<float>> grads;
+    for (auto& g : m.flat_grads()) {
+      grads.push_back(host_floats(g));
+      const std::vector<float> nan(g.numel(), std::nanf(""));
+      g.copy_from_host(nan.data());
+    }
+    m.stage_inputs(ids.data(), labels.data(), B, T, opts);
+    gpu().graph_launch(graph);
+    EXPECT_EQ(m.device_loss_sum(), eager.loss_sum) << "batch " << salt;
+    for (size_t i = 0; i < grads.size(); ++i)
+      EXPECT_EQ(host_floats(m.flat_grads()[i]), grads[i]) << "group " << i << ", batch " << salt;
+  }
+  gpu().graph_release(graph);
+  // The MoE aux loss is combined on the host: such a forward cannot keep its loss on the device.
+  Qwen3Model moe(tiny_qwen3(true), {}, nullptr, true, Device{DeviceType::CUDA, 0});
+  moe.init_weights(3);
+  EXPECT_THROW(moe.forward(ids.data(), labels.data(), B, T, opts), Error);
 }
 
 TEST(Cuda, Qwen3ModelMatchesCpu) {

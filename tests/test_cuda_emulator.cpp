@@ -407,6 +407,7 @@ TEST(CudaEmulator, CublasLtMatmulAndItsChecks) {
 TEST(CudaEmulator, StreamCaptureRecordsAndGraphLaunchReplays) {
   const int n = 256, m = 2, k = 2;
   DeviceBuffer<float> in(n), sums(4), a(m * k), d(m * m), zeroed(8), staged(n);
+  in.set(std::vector<float>(n, 1.0f));
   std::vector<float> h(n, 1.0f), ha = {1, 2, 3, 4};
   a.set(ha);
   cudaStream_t s = cuda_stream();
@@ -418,7 +419,7 @@ TEST(CudaEmulator, StreamCaptureRecordsAndGraphLaunchReplays) {
   cudaStreamCaptureStatus status;
   ASSERT_EQ(cudaStreamIsCapturing(s, &status), cudaSuccess);
   EXPECT_EQ(status, cudaStreamCaptureStatusActive);
-  ASSERT_EQ(cudaMemcpyAsync(staged.p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(staged.p, in.p, n * sizeof(float), cudaMemcpyDeviceToDevice, s), cudaSuccess);
   launch(block_sum_kernel, 4, 64, 0, sums.p, static_cast<const float*>(staged.p), int64_t(n));
   ASSERT_EQ(cudaMemsetAsync(zeroed.p, 0, 8 * sizeof(float), s), cudaSuccess);
   {
@@ -449,7 +450,8 @@ TEST(CudaEmulator, StreamCaptureRecordsAndGraphLaunchReplays) {
   ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);       // (the instance keeps what it needs)
   const std::vector<float> a_squared = {7, 10, 15, 22};  // column-major [1 3; 2 4]^2
   for (float value : {1.0f, 2.5f}) {
-    std::fill(h.begin(), h.end(), value);  // read by the graph's copy when it runs
+    std::fill(h.begin(), h.end(), value);
+    in.set(h);  // (outside the graph) read by the graph's copy when it runs
     ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     float total = 0;
@@ -486,12 +488,12 @@ TEST(CudaEmulator, WhatACaptureCannotHoldIsReported) {
   // The host reading results inside the capture: a copy to the host and the wait for it.
   capture_with([&] { return cudaMemcpy(h.data(), a.p, 64, cudaMemcpyDeviceToHost); },
                cudaErrorStreamCaptureUnsupported, "cudaMemcpy (device to host");
-  capture_with(
-      [&] {
-        EXPECT_EQ(cudaMemcpyAsync(h.data(), a.p, 64, cudaMemcpyDeviceToHost, s), cudaSuccess);  // (recorded)
-        return cudaStreamSynchronize(s);
-      },
-      cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize");
+  capture_with([&] { return cudaMemcpyAsync(h.data(), a.p, 64, cudaMemcpyDeviceToHost, s); },
+               cudaErrorStreamCaptureUnsupported, "a copy (device to host, 64 bytes) of host memory");
+  capture_with([&] { return cudaMemcpyAsync(a.p, h.data(), 64, cudaMemcpyHostToDevice, s); },
+               cudaErrorStreamCaptureUnsupported, "a copy (host to device, 64 bytes) of host memory");
+  capture_with([&] { return cudaStreamSynchronize(s); }, cudaErrorStreamCaptureUnsupported,
+               "cudaStreamSynchronize");
   capture_with([&] { return cudaDeviceSynchronize(); }, cudaErrorStreamCaptureUnsupported,
                "cudaDeviceSynchronize");
   capture_with(

@@ -633,6 +633,13 @@ TEST(Kernels, SwigluEmbeddingCrossEntropyAdamWAllImplementations) {
         variant<CrossEntropyKernels>(name).forward_backward(g.data(), targets.data(), N, V, 0.125f, true);
     EXPECT_NEAR(l, l_r, 1e-5 * std::abs(l_r)) << name;
     EXPECT_LE(rel(g, g_r), kTol) << name;
+    // The device-scalar form adds exactly the returned sum and leaves the same gradient.
+    auto g2 = logits;
+    double sum = 0.5;
+    variant<CrossEntropyKernels>(name).forward_backward_device(&sum, g2.data(), targets.data(), N, V, 0.125f,
+                                                               true);
+    EXPECT_EQ(sum, 0.5 + l) << name;
+    EXPECT_EQ(g2, g) << name;
   }
   // AdamW: every implementation against the reference; the fused clip scale (grad_scale) against a
   // step on gradients scaled beforehand, and a scale of 1 leaves the gradients as they are.

@@ -181,7 +181,9 @@ const EmbeddingKernels* timed(const EmbeddingKernels* k) {
                0);
 }
 const CrossEntropyKernels* timed(const CrossEntropyKernels* k) {
-  return store(CrossEntropyKernels{TITAN_TIMED(0, CrossEntropyKernels, forward_backward, kHead)}, 0);
+  return store(CrossEntropyKernels{TITAN_TIMED(0, CrossEntropyKernels, forward_backward, kHead),
+                                   TITAN_TIMED(0, CrossEntropyKernels, forward_backward_device, kHead)},
+               0);
 }
 const ElementwiseKernels* timed(const ElementwiseKernels* k) {
   return store(ElementwiseKernels{TITAN_TIMED(0, ElementwiseKernels, add, kPointwise),

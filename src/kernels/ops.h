@@ -186,7 +186,19 @@ struct CrossEntropyKernels {
   static constexpr const char* kOp = "cross_entropy";
   double (*forward_backward)(float* logits, const int32_t* targets, int64_t N, int64_t V, float grad_scale,
                              bool compute_grad);
+  // The same with the sum of losses added to *loss_sum (one double in the op's device memory) instead of
+  // returned: nothing waits for the device, so a graph can hold it (compile mode). *loss_sum ends equal to
+  // its old value plus forward_backward's result, bit for bit.
+  void (*forward_backward_device)(double* loss_sum, float* logits, const int32_t* targets, int64_t N,
+                                  int64_t V, float grad_scale, bool compute_grad);
 };
+
+// forward_backward_device for devices whose memory is the host's: the returned sum, added.
+template <double (*F)(float*, const int32_t*, int64_t, int64_t, float, bool)>
+void add_loss_sum(double* loss_sum, float* logits, const int32_t* targets, int64_t N, int64_t V,
+                  float grad_scale, bool compute_grad) {
+  *loss_sum += F(logits, targets, N, V, grad_scale, compute_grad);
+}
 
 // Cross-entropy with the vocabulary split over ranks (loss parallel): logits (N,V) are the columns
 // [v0, v0 + V) of the full vocabulary's, targets are full-vocabulary ids (< 0: ignored).

@@ -95,7 +95,8 @@ void launch(const void* kernel, const Grid& grid, dim3 block, size_t dynamic_sme
 // rejects is reported (the capture is invalidated, cudaStreamEndCapture fails naming the first offence):
 // a synchronisation (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize/Query of work in
 // the capture), a synchronous copy or memset (cudaMemcpy, cudaMemset: a host read of the device's results),
-// cudaMalloc/cudaFree. One stream captures at a time.
+// a copy between host and device memory (titan's host memory is pageable: such a copy happens when it is
+// issued, not when the graph runs), cudaMalloc/cudaFree. One stream captures at a time.
 // record_if_capturing keeps `work` and returns true when `stream` is capturing (the caller then returns
 // without running it); `what` names the call for errors.
 bool record_if_capturing(cudaStream_t stream, std::function<void()> work);

@@ -929,6 +929,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
                   titan::str_cat("cudaMemcpyAsync ", kind_name(kind), " of ", n, " bytes from ", src,
                                  src_dev ? " (device)" : " (not a device range)", " to ", dst,
                                  dst_dev ? " (device)" : " (not a device range)"));
+  if (capturing(stream) && kind != cudaMemcpyDeviceToDevice)
+    return rejected_in_capture(titan::str_cat("a copy (", kind_name(kind), ", ", n, " bytes) of host memory"),
+                               "a copy of pageable host memory happens when it is issued, not when the graph "
+                               "runs: stage inputs on the device before the graph, read results after it");
   if (titan::cuda_sim::record_if_capturing(stream, [dst, src, n] { std::memmove(dst, src, n); }))
     return cudaSuccess;
   if (capture().graph && !stream)

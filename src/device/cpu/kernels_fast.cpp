@@ -390,7 +390,7 @@ const AttentionKernels kAttention{attention_forward, attention_backward, attenti
 const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward_t<float>, swiglu_forward_bf16,
                             swiglu_backward_t<uint16_t>};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
-const CrossEntropyKernels kCrossEntropy{cross_entropy};
+const CrossEntropyKernels kCrossEntropy{cross_entropy, add_loss_sum<cross_entropy>};
 const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{cross_entropy_shard_stats,
                                                                   cross_entropy_shard_grad};
 const AdamWKernels kAdamW{adamw_step};

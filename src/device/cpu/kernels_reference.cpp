@@ -410,7 +410,7 @@ const AttentionRingKernels kAttentionRing{attention_ring_forward, attention_ring
                                           attention_ring_backward};
 const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward, swiglu_forward_bf16, swiglu_backward_bf16};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
-const CrossEntropyKernels kCrossEntropy{cross_entropy};
+const CrossEntropyKernels kCrossEntropy{cross_entropy, add_loss_sum<cross_entropy>};
 const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{cross_entropy_shard_stats,
                                                                   cross_entropy_shard_grad};
 const AdamWKernels kAdamW{adamw_step};

@@ -249,6 +249,22 @@ double cross_entropy(float* logits, const int32_t* targets, int64_t N, int64_t V
   return total;
 }
 
+// *loss_sum += the rows' losses summed in row order (one thread: the order, and so the bits, of
+// cross_entropy's host sum).
+__global__ void add_row_losses_kernel(double* loss_sum, const double* rows, int64_t N) {
+  double total = 0;
+  for (int64_t n = 0; n < N; ++n) total += rows[n];
+  *loss_sum += total;
+}
+
+void cross_entropy_device(double* loss_sum, float* logits, const int32_t* targets, int64_t N, int64_t V,
+                          float grad_scale, bool compute_grad) {
+  if (N == 0) return;
+  Scratch<double> loss(N);
+  launch(cross_entropy_kernel, N, 512, 0, loss.p, logits, targets, V, grad_scale, compute_grad);
+  launch(add_row_losses_kernel, 1, 1, 0, loss_sum, static_cast<const double*>(loss.p), N);
+}
+
 // Loss parallel (ops.h VocabParallelCrossEntropyKernels): grid N, block 512 per row of the shard.
 __global__ void cross_entropy_shard_stats_kernel(float* stats, const float* logits, const int32_t* targets,
                                                  int64_t V, int64_t v0) {
@@ -351,7 +367,7 @@ const RopeQKKernels kRopeQK{rope_qk_forward, rope_qk_backward};
 const SwigluKernels kSwiglu{swiglu_forward_t<float, float>, swiglu_backward_t<float>,
                             swiglu_forward_t<uint16_t, uint16_t>, swiglu_backward_t<uint16_t>};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
-const CrossEntropyKernels kCrossEntropy{cross_entropy};
+const CrossEntropyKernels kCrossEntropy{cross_entropy, cross_entropy_device};
 const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{cross_entropy_shard_stats,
                                                                   cross_entropy_shard_grad};
 const AdamWKernels kAdamW{adamw_step};

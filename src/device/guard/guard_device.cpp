@@ -134,7 +134,8 @@ const SwigluKernels kSwiglu{TITAN_GUARD(SwigluKernels, forward), TITAN_GUARD(Swi
                             TITAN_GUARD(SwigluKernels, backward_bf16)};
 const EmbeddingKernels kEmbedding{TITAN_GUARD(EmbeddingKernels, forward),
                                   TITAN_GUARD(EmbeddingKernels, backward)};
-const CrossEntropyKernels kCrossEntropy{TITAN_GUARD(CrossEntropyKernels, forward_backward)};
+const CrossEntropyKernels kCrossEntropy{TITAN_GUARD(CrossEntropyKernels, forward_backward),
+                                        TITAN_GUARD(CrossEntropyKernels, forward_backward_device)};
 const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{
     TITAN_GUARD(VocabParallelCrossEntropyKernels, shard_stats),
     TITAN_GUARD(VocabParallelCrossEntropyKernels, shard_grad)};

@@ -126,6 +126,11 @@ class Qwen3Model {
   // the one holding the head (the loss and num_valid are that stage's; the others return zeros).
   ForwardResult forward(const int32_t* ids, const int32_t* labels, int64_t B, int64_t T,
                         const ForwardOptions& opts = {});
+  // Uploads a forward's ids and targets (what forward would copy from these host arrays) ahead of a
+  // forward with opts.inputs_staged: in compile mode before the graph's launch, which cannot hold copies of
+  // host memory.
+  void stage_inputs(const int32_t* ids, const int32_t* labels, int64_t B, int64_t T,
+                    const ForwardOptions& opts = {});
   // Accumulates parameter gradients of the last forward (which must have had compute_grad).
   void backward() { backward(nullptr, nullptr, 0.0f); }
   // Pipeline parallel: the backward of the last forward's stage. A stage without the head takes
@@ -158,6 +163,8 @@ class Qwen3Model {
   void zero_grad();
   // Logits (B,T,V) of the last forward with keep_logits.
   const Tensor& logits() const { return logits_copy_; }
+  // The CE loss sum of the last forward with loss_on_device (a host read: waits for the device).
+  double device_loss_sum() const;
   // bf16 compute emulation: parameters and every op output rounded to bfloat16 (accumulation in f32),
   // as a bf16 model in PyTorch computes. Gradients and the optimizer stay f32.
   void set_bf16_compute(bool on);
@@ -467,6 +474,9 @@ class Qwen3Model {
   // Aux-loss statistics accumulated over the sparse layers of a forward, on the device (f64): routed slots
   // per expert (E), then the router probabilities summed per expert (E); aux_host_ is their host copy.
   Tensor aux_stats_;
+  Tensor loss_sum_;  // (1, f64) the CE loss sum of a forward with loss_on_device
+  void upload_ids(const int32_t* ids, int64_t N);
+  int64_t prepare_targets(const int32_t* labels, int64_t B, int64_t T, const ForwardOptions& opts);
   std::vector<double> aux_host_;
   std::vector<float> aux_dprob_;  // (E) d aux / d probs[n,e] (same for every row)
   Tensor aux_scaled_;             // (E) aux_scale_ * aux_dprob_ (backward, on the device)

@@ -49,6 +49,15 @@ struct ForwardOptions {
   int stage = 0;
   const float* stage_input = nullptr;
   const double* aux_stats_in = nullptr;
+  // The loss stays on the device: nothing in the forward waits for it (a graph can hold the forward:
+  // compile mode). The result's loss, loss_sum and ce_loss are then NaN; Qwen3Model::device_loss_sum()
+  // reads the sum once the device is done. Dense models, one vocabulary shard (the MoE aux loss and loss
+  // parallel combine their statistics on the host).
+  bool loss_on_device = false;
+  // The ids and targets are on the device already (Qwen3Model::stage_inputs with the same arrays): no copy
+  // of host memory in the forward, so a graph can hold it. The forward still reads the arrays on the host
+  // (to check them and count the valid targets).
+  bool inputs_staged = false;
 };
 
 struct ForwardResult {

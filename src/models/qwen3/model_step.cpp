@@ -26,6 +26,10 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     for (int64_t n = 0; n < N; ++n)
       TITAN_CHECK(ids[n] >= 0 && ids[n] < Vf, "input_ids[", n / T, "][", n % T, "] = ", ids[n],
                   " is outside the vocabulary [0, ", Vf, ")");
+  TITAN_CHECK(
+      !opts.loss_on_device || (!vocab_parallel() && total_moe_layers_ == 0),
+      "forward: loss_on_device takes a dense model with the whole vocabulary on each rank (the MoE aux "
+      "loss and loss parallel combine their statistics on the host)");
   TITAN_CHECK(!(opts.keep_logits && vocab_parallel()),
               "forward: keep_logits under vocab parallel (each rank ",
               "holds a slice of the vocabulary's logits)");
@@ -42,14 +46,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   // groups are converted when gathered.
   if (bf16_ && matmul_ == &matmul_bf16_ && !streamer_)
     for (int g = c.tie_word_embeddings ? 0 : 1; g < num_groups(); ++g) make_bf16_image(g);
-  if (!embed) {
-  } else if (vocab_parallel()) {  // the embedding rows held here: local ids, -1 for the other ranks' tokens
-    host_ids_.resize(N);
-    for (int64_t n = 0; n < N; ++n) host_ids_[n] = ids[n] >= v0 && ids[n] < v0 + V ? ids[n] - v0 : -1;
-    ids_.copy_from_host(host_ids_.data());
-  } else {
-    ids_.copy_from_host(ids);
-  }
+  if (embed && !opts.inputs_staged) upload_ids(ids, N);
   ForwardResult r;
   if (total_moe_layers_ > 0) aux_stats_.zero_();
   // The stage's input: the embedding (vocab parallel: each token's row from the rank holding it, summed over
@@ -79,20 +76,9 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     grad_ready_ = opts.compute_grad;
     return r;
   }
-  // HF ForCausalLMLoss: labels padded with -100 on the right and shifted left by one.
-  int32_t* tgt = host_targets_.data();
-  int64_t num_valid = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t src = opts.labels_shifted ? t : t + 1;
-      int32_t y = src < T ? labels[b * T + src] : -100;
-      TITAN_CHECK(y == -100 || (y >= 0 && y < Vf), "labels[", b, "][", src, "] = ", y,
-                  " is neither -100 nor inside the vocabulary");
-      tgt[b * T + t] = y < 0 ? -1 : y;
-      num_valid += y >= 0;
-    }
-  targets_.copy_from_host(tgt);
-  tgt = targets_.data<int32_t>();
+  const int64_t num_valid = prepare_targets(labels, B, T, opts);
+  if (!opts.inputs_staged) targets_.copy_from_host(host_targets_.data());
+  const int32_t* tgt = targets_.data<int32_t>();
 
   stage_input();
   auto bf16 = [this](float* x, int64_t n) { round_bf16_if(x, n); };
@@ -128,6 +114,11 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   // gradient overwrites it (its zeros are not read back), the rest add to it.
   bool accumulate_dlm_head = !(head_grad_zeroed_ && !streamer_);
   r.loss_sum = 0;
+  double* loss_dev = nullptr;
+  if (opts.loss_on_device) {
+    loss_dev = ensure(loss_sum_, 1, DType::F64).data<double>();
+    dev_->zero(loss_dev, sizeof(double));
+  }
   for (int64_t r0 = 0; r0 < N; r0 += head_rows_) {
     const int64_t rows = std::min(head_rows_, N - r0);
     float* lg = logits_.f32();
@@ -137,6 +128,8 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     if (opts.keep_logits) dev_->copy(logits_copy_.f32() + r0 * V, lg, rows * V * sizeof(float));
     if (vocab_parallel())
       r.loss_sum += vocab_parallel_cross_entropy(lg, r0, rows, scale, opts.compute_grad);
+    else if (loss_dev)
+      cross_entropy_->forward_backward_device(loss_dev, lg, tgt + r0, rows, V, scale, opts.compute_grad);
     else
       r.loss_sum += cross_entropy_->forward_backward(lg, tgt + r0, rows, V, scale, opts.compute_grad);
     if (opts.compute_grad) {
@@ -153,6 +146,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   }
   release_params(group_head);
   if (c.tie_word_embeddings) release_params(0);
+  if (loss_dev) r.loss_sum = std::nan("");  // (device_loss_sum() reads it)
   r.ce_loss = num_valid > 0 ? r.loss_sum / (double)num_valid : std::nan("");
   r.loss = r.ce_loss;
   aux_scale_ = 0.0f;
@@ -713,6 +707,54 @@ void Qwen3Model::zero_accumulated_grads() {
       for (float* norm : {v.q_norm, v.k_norm}) zero(norm, c.head_dim);
     }
   }
+}
+
+// The embedding's ids on the device (vocab parallel: the rows held here, local ids, -1 for the other ranks'
+// tokens).
+void Qwen3Model::upload_ids(const int32_t* ids, int64_t N) {
+  if (vocab_parallel()) {
+    const int64_t V = config_.vocab_size, v0 = vocab_start();  // (the rows held here)
+    host_ids_.resize(N);
+    for (int64_t n = 0; n < N; ++n) host_ids_[n] = ids[n] >= v0 && ids[n] < v0 + V ? ids[n] - v0 : -1;
+    ids_.copy_from_host(host_ids_.data());
+  } else {
+    ids_.copy_from_host(ids);
+  }
+}
+
+// HF ForCausalLMLoss: labels padded with -100 on the right and shifted left by one (unless already shifted),
+// into host_targets_ (-1: ignored); returns the number of valid targets.
+int64_t Qwen3Model::prepare_targets(const int32_t* labels, int64_t B, int64_t T, const ForwardOptions& opts) {
+  const int64_t Vf = full_vocab_size();
+  int32_t* tgt = host_targets_.data();
+  int64_t num_valid = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t src = opts.labels_shifted ? t : t + 1;
+      int32_t y = src < T ? labels[b * T + src] : -100;
+      TITAN_CHECK(y == -100 || (y >= 0 && y < Vf), "labels[", b, "][", src, "] = ", y,
+                  " is neither -100 nor inside the vocabulary");
+      tgt[b * T + t] = y < 0 ? -1 : y;
+      num_valid += y >= 0;
+    }
+  return num_valid;
+}
+
+void Qwen3Model::stage_inputs(const int32_t* ids, const int32_t* labels, int64_t B, int64_t T,
+                              const ForwardOptions& opts) {
+  plan_activations(B, T);
+  if (stage_has_embedding(opts.stage)) upload_ids(ids, B * T);
+  if (stage_has_head(opts.stage)) {
+    prepare_targets(labels, B, T, opts);
+    targets_.copy_from_host(host_targets_.data());
+  }
+}
+
+double Qwen3Model::device_loss_sum() const {
+  TITAN_CHECK(loss_sum_.defined(), "device_loss_sum: no forward with loss_on_device has run");
+  double v = 0;
+  loss_sum_.copy_to_host(&v);
+  return v;
 }
 
 }  // namespace titan
