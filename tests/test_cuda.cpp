@@ -24,6 +24,7 @@
 #include "kernels/registry.h"
 #include "models/qwen3/config.h"
 #include "models/qwen3/model.h"
+#include "optim/optimizer.h"
 #include "support/attention_bf16_case.h"
 #include "support/moe_case.h"
 #include "support/testing.h"
@@ -716,7 +717,27 @@ TEST(Cuda, AdamWAndSumSquaresMatchReference) {
   auto x = randn(1000003, 82);
   DevF dx(x);
   const double want = cpu_ref<SumSquaresKernels>().sum_squares(x.data(), x.size());
-  EXPECT_NEAR(cuda_op<SumSquaresKernels>().sum_squares(dx.p, x.size()), want, 1e-9 * want);
+  const double got = cuda_op<SumSquaresKernels>().sum_squares(dx.p, x.size());
+  EXPECT_NEAR(got, want, 1e-9 * want);
+  // The device-scalar forms (compile mode): the sum added on the device, the step's scalars and clip read
+  // from device memory; the same bits as the host forms.
+  Dev<double> acc(std::vector<double>{0.5});
+  cuda_op<SumSquaresKernels>().sum_squares_device(acc.p, dx.p, x.size());
+  const double sum = acc.read()[0];
+  EXPECT_NEAR(sum, 0.5 + want, 1e-9 * want);
+  DevF p2(p0), m2(n), v2(n), p3(p0), m3(n), v3(n);
+  for (int s = 1; s <= 3; ++s) {
+    const AdamWStepScalars st = adamw_step_scalars(1e-2f, 0.9f, 0.95f, 0.1f, s);
+    Dev<int64_t> dst(std::vector<int64_t>(sizeof(st) / sizeof(int64_t)));
+    gpu().copy_from_host(dst.p, &st, sizeof(st));
+    cuda_op<AdamWKernels>().step_device(p2.p, g.p, m2.p, v2.p, n, 0.9f, 0.95f, 1e-8f, 0.1f,
+                                        reinterpret_cast<const AdamWStepScalars*>(dst.p), acc.p, 30.0f);
+    cuda_op<AdamWKernels>().step(p3.p, g.p, m3.p, v3.p, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, s,
+                                 clip_scale(sum, 30.0f));
+  }
+  EXPECT_LT(clip_scale(sum, 30.0f), 1.0f);
+  EXPECT_EQ(p2.read(), p3.read());
+  EXPECT_EQ(v2.read(), v3.read());
 }
 
 // MoE experts: the shared case (support/moe_case.h) through the CUDA grouped kernels with all buffers on the
@@ -1233,6 +1254,74 @@ TEST(Cuda, CapturedTrainingStepEqualsTheEagerStep) {
   Qwen3Model moe(tiny_qwen3(true), {}, nullptr, true, Device{DeviceType::CUDA, 0});
   moe.init_weights(3);
   EXPECT_THROW(moe.forward(ids.data(), labels.data(), B, T, opts), Error);
+}
+
+// The whole step in the graph: the gradient norm on the device and AdamW reading the staged learning rate
+// and step count and the clip factor from device memory. Two twin models, one stepped eagerly (host norm,
+// clip_coefficient, AdamW::step), one by the graph (stage_inputs + stage_step, then the launch), over three
+// batches at three learning rates: their parameters stay equal bit for bit, and so do the losses.
+TEST(Cuda, CapturedStepWithTheOptimizerEqualsTheEagerSteps) {
+  SKIP_WITHOUT_GPU();
+  const Device cuda{DeviceType::CUDA, 0};
+  Qwen3Model eager(tiny_qwen3(false), {}, nullptr, true, cuda),
+      graphed(tiny_qwen3(false), {}, nullptr, true, cuda);
+  eager.init_weights(3);
+  graphed.init_weights(3);
+  const AdamWConfig cfg{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  AdamW opt_e(eager.flat_params(), eager.flat_grads(), cfg),
+      opt_g(graphed.flat_params(), graphed.flat_grads(), cfg);
+  const float max_norm = 0.5f;  // (small enough to clip)
+  const int64_t B = 2, T = 9, V = eager.config().vocab_size;
+  std::vector<int32_t> ids(B * T), labels(B * T);
+  auto batch = [&](int salt) {
+    for (int64_t n = 0; n < B * T; ++n) {
+      ids[n] = int32_t((n * 37 + 5 + salt) % V);
+      labels[n] = n % 4 == 2 ? -100 : int32_t((n * 53 + 11 + 3 * salt) % V);
+    }
+  };
+  Tensor sq = Tensor::zeros({1}, DType::F64, cuda);
+  ForwardOptions opts;
+  opts.loss_on_device = true;
+  opts.inputs_staged = true;
+  auto graph_step = [&] {
+    graphed.zero_grad();
+    graphed.forward(ids.data(), labels.data(), B, T, opts);
+    graphed.backward();
+    grad_sq_norm_device(graphed.flat_grads(), sq.data<double>());
+    opt_g.step_staged(sq.data<double>(), max_norm);
+  };
+  double eager_loss = 0;
+  auto eager_step = [&](float lr) {
+    eager.zero_grad();
+    eager_loss = eager.forward(ids.data(), labels.data(), B, T).loss_sum;
+    eager.backward();
+    opt_e.step(lr, clip_coefficient(std::sqrt(grad_sq_norm(eager.flat_grads())), max_norm));
+  };
+  // Warm-up: both eagerly (the graph's twin through the staged forms).
+  batch(0);
+  eager_step(1e-3f);
+  graphed.stage_inputs(ids.data(), labels.data(), B, T, opts);
+  opt_g.stage_step(1e-3f);
+  graph_step();
+  auto expect_twins = [&](const std::string& when) {
+    EXPECT_EQ(graphed.device_loss_sum(), eager_loss) << when;
+    for (size_t i = 0; i < eager.flat_params().size(); ++i)
+      EXPECT_EQ(host_floats(graphed.flat_params()[i]), host_floats(eager.flat_params()[i]))
+          << when << ", group " << i;
+  };
+  expect_twins("the warm-up step");
+  void* graph = gpu().capture(graph_step);
+  for (int salt : {1, 2, 3}) {
+    const float lr = 1e-3f * float(salt + 1);
+    batch(salt);
+    eager_step(lr);
+    graphed.stage_inputs(ids.data(), labels.data(), B, T, opts);
+    opt_g.stage_step(lr);
+    gpu().graph_launch(graph);
+    expect_twins("batch " + std::to_string(salt));
+  }
+  EXPECT_EQ(opt_g.step_count(), opt_e.step_count());
+  gpu().graph_release(graph);
 }
 
 TEST(Cuda, Qwen3ModelMatchesCpu) {

@@ -659,6 +659,24 @@ TEST(Kernels, SwigluEmbeddingCrossEntropyAdamWAllImplementations) {
     EXPECT_LE(rel(p, p_r), kTol) << name;
     EXPECT_LE(rel(m, m_r), kTol) << name;
     EXPECT_EQ(g, grad) << name << ": the gradient buffer was written";
+    // The device-scalar forms (compile mode): the staged scalars and the clip from a sum of squares give the
+    // same bits as step() with the host's clip_scale; sum_squares_device adds exactly the returned sum.
+    std::vector<float> p2 = p0, m2(50, 0), v2(50, 0), p3 = p0, m3(50, 0), v3(50, 0);
+    const double sq =
+        0.5 + variant<SumSquaresKernels>(name == "fast" ? "fast" : "reference").sum_squares(g.data(), 50);
+    double acc = 0.5;
+    variant<SumSquaresKernels>(name == "fast" ? "fast" : "reference").sum_squares_device(&acc, g.data(), 50);
+    EXPECT_EQ(acc, sq) << name;
+    for (int s = 1; s <= 3; ++s) {
+      const AdamWStepScalars st = adamw_step_scalars(1e-2f * s, 0.9f, 0.999f, 0.1f, s);
+      variant<AdamWKernels>(name).step_device(p2.data(), g.data(), m2.data(), v2.data(), 50, 0.9f, 0.999f,
+                                              1e-8f, 0.1f, &st, &acc, 0.25f);
+      variant<AdamWKernels>(name).step(p3.data(), g.data(), m3.data(), v3.data(), 50, 1e-2f * s, 0.9f, 0.999f,
+                                       1e-8f, 0.1f, s, clip_scale(acc, 0.25f));
+    }
+    EXPECT_LT(clip_scale(acc, 0.25f), 1.0f);
+    EXPECT_EQ(p2, p3) << name;
+    EXPECT_EQ(v2, v3) << name;
   }
 }
 

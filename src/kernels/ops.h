@@ -3,6 +3,7 @@
 // into every gradient they produce (input and parameter grads), so residual branches and gradient
 // accumulation need no extra adds. N = B*T rows.
 #pragma once
+#include <cmath>
 #include <compare>
 #include <cstdint>
 
@@ -217,18 +218,59 @@ struct VocabParallelCrossEntropyKernels {
 // torch.optim.AdamW step on a flat buffer (decoupled weight decay, bias correction, eps after sqrt).
 // The gradient used is grad * grad_scale: the gradient-norm clip's scaling fused into the step (one pass
 // over the gradients fewer); grad itself is not written.
+// The scalars of one AdamW step (compile mode stages them in device memory before a graph's launch, the
+// learning rate and the step count being host values): lr and step, and what the implementations derive
+// from them, computed as they do (adamw_step_scalars).
+struct AdamWStepScalars {
+  float lr = 0, decay = 1, step_size = 0, bc2_sqrt = 1;  // decay = 1 - lr wd; lr / (1 - b1^t); sqrt(1 - b2^t)
+  int64_t step = 0;
+};
+AdamWStepScalars adamw_step_scalars(float lr, float beta1, float beta2, float weight_decay, int64_t step);
+
 struct AdamWKernels {
   static constexpr const char* kOp = "adamw";
   void (*step)(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
                float beta2, float eps, float weight_decay, int64_t step, float grad_scale);
+  // The same step with its scalars in device memory, so that a graph can hold it: s (one AdamWStepScalars)
+  // and the gradient-norm clip taken on the device from *sq_sum (the sum of squares of every gradient):
+  // grad_scale = clip_scale(*sq_sum, max_norm) (sq_sum null: 1). Equal to step() with s->lr, s->step and
+  // that scale, bit for bit.
+  void (*step_device)(float* param, const float* grad, float* m, float* v, int64_t n, float beta1,
+                      float beta2, float eps, float weight_decay, const AdamWStepScalars* s,
+                      const double* sq_sum, float max_norm);
 };
+
+// torch.nn.utils.clip_grad_norm_'s factor from the sum of squares of the gradients: max_norm / (norm + 1e-6)
+// in float, clamped to 1; 1 when max_norm <= 0.
+inline float clip_scale(double sq_sum, float max_norm) {
+  if (max_norm <= 0) return 1.0f;
+  const float coef = max_norm / (static_cast<float>(std::sqrt(sq_sum)) + 1e-6f);
+  return coef < 1.0f ? coef : 1.0f;
+}
+
+// step_device for devices whose memory is the host's: the scalars read, the step taken.
+template <void (*F)(float*, const float*, float*, float*, int64_t, float, float, float, float, float, int64_t,
+                    float)>
+void adamw_step_from_scalars(float* p, const float* g, float* m, float* v, int64_t n, float beta1,
+                             float beta2, float eps, float wd, const AdamWStepScalars* s,
+                             const double* sq_sum, float max_norm) {
+  F(p, g, m, v, n, s->lr, beta1, beta2, eps, wd, s->step, sq_sum ? clip_scale(*sq_sum, max_norm) : 1.0f);
+}
 
 // Sum of squares of a flat buffer, accumulated in double (the global gradient norm is the square root of
 // its sum over all gradients). Returns to the host, so a device implementation waits for its stream.
 struct SumSquaresKernels {
   static constexpr const char* kOp = "sum_squares";
   double (*sum_squares)(const float* x, int64_t n);
+  // The same added to *acc (one double in the op's device memory) instead of returned: nothing waits for
+  // the device (compile mode). *acc ends equal to its old value plus sum_squares's result, bit for bit.
+  void (*sum_squares_device)(double* acc, const float* x, int64_t n);
 };
+
+template <double (*F)(const float*, int64_t)>
+void add_sum_squares(double* acc, const float* x, int64_t n) {
+  *acc += F(x, n);
+}
 
 // ---- Mixture of experts -------------------------------------------------------------------------------
 // Routed SwiGLU experts (Qwen3-MoE). Token n goes to experts e = idx[n,s], s < k, with weight w[n,s]:

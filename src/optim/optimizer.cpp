@@ -30,6 +30,26 @@ void AdamW::step(float lr, float grad_scale) {
                   config_.beta1, config_.beta2, config_.eps, config_.weight_decay, step_, grad_scale);
 }
 
+void AdamW::stage_step(float lr) {
+  ++step_;
+  static_assert(sizeof(AdamWStepScalars) % sizeof(int64_t) == 0);
+  const Device device = params_.empty() ? Device::cpu() : params_[0].device();
+  if (!scalars_.defined())
+    scalars_ = Tensor::empty({int64_t(sizeof(AdamWStepScalars) / sizeof(int64_t))}, DType::I64, device);
+  const AdamWStepScalars s =
+      adamw_step_scalars(lr, config_.beta1, config_.beta2, config_.weight_decay, step_);
+  scalars_.copy_from_host(&s);
+}
+
+void AdamW::step_staged(const double* sq_sum, float max_norm) {
+  TITAN_CHECK(scalars_.defined(), "AdamW::step_staged before stage_step");
+  const auto* s = scalars_.data<AdamWStepScalars>();
+  for (size_t i = 0; i < params_.size(); ++i)
+    kernel_->step_device(params_[i].f32(), grads_[i].f32(), m_[i].f32(), v_[i].f32(), params_[i].numel(),
+                         config_.beta1, config_.beta2, config_.eps, config_.weight_decay, s, sq_sum,
+                         max_norm);
+}
+
 int64_t AdamW::state_bytes() const {
   int64_t n = 0;
   for (auto& t : m_) n += 2 * t.nbytes();
@@ -41,6 +61,13 @@ double grad_sq_norm(const std::vector<Tensor>& grads) {
   for (auto& g : grads)
     total += get_kernel<SumSquaresKernels>(g.device().type).sum_squares(g.f32(), g.numel());
   return total;
+}
+
+void grad_sq_norm_device(const std::vector<Tensor>& grads, double* sum) {
+  if (grads.empty()) return;
+  const DeviceType type = grads[0].device().type;
+  device_interface(type).zero(sum, sizeof(double));
+  for (auto& g : grads) get_kernel<SumSquaresKernels>(type).sum_squares_device(sum, g.f32(), g.numel());
 }
 
 void scale_grads(std::vector<Tensor>& grads, float coef) {

@@ -27,6 +27,13 @@ class AdamW {
   // coefficient, see clip_coefficient; the gradient buffers are left as they are). Increments the step
   // count first (torch).
   void step(float lr, float grad_scale = 1.0f);
+  // Compile mode: the same step with its scalars in device memory, so that a graph can hold it.
+  // stage_step(lr) (before the graph's launch: a copy of host memory) increments the step count and writes
+  // the step's scalars; step_staged(sq_sum, max_norm) (inside the graph) takes the step from them with the
+  // clip factor computed on the device from *sq_sum (grad_sq_norm_device; null: no clipping). Equal to
+  // step(lr, clip_coefficient(sqrt(sum), max_norm)), bit for bit.
+  void stage_step(float lr);
+  void step_staged(const double* sq_sum, float max_norm);
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
   const AdamWConfig& config() const { return config_; }
@@ -39,11 +46,15 @@ class AdamW {
   AdamWConfig config_;
   const AdamWKernels* kernel_;
   int64_t step_ = 0;
+  Tensor scalars_;  // one AdamWStepScalars on the device (stage_step)
 };
 
 // Sum of squares of all gradients (double accumulation); the global norm is its sqrt. Separate from
 // clipping so a distributed run can all-reduce the sum first.
 double grad_sq_norm(const std::vector<Tensor>& grads);
+// The same left on the device: *sum (one double in the gradients' device memory) = the sum of squares, bit
+// for bit grad_sq_norm's, with no host wait (compile mode).
+void grad_sq_norm_device(const std::vector<Tensor>& grads, double* sum);
 // torch.nn.utils.clip_grad_norm_'s factor for a total norm: max_norm / (norm + 1e-6) in float, clamped
 // to 1; 1 when max_norm <= 0 (no clipping).
 float clip_coefficient(double norm, double max_norm);

@@ -291,11 +291,8 @@ void cross_entropy_shard_grad(float* logits, const float* lse, const int32_t* ta
 
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
                 float eps, float wd, int64_t step, float grad_scale) {
-  const double bc1 = 1.0 - std::pow((double)beta1, (double)step);
-  const double bc2 = 1.0 - std::pow((double)beta2, (double)step);
-  const float decay = (float)(1.0 - (double)lr * wd);
-  const float step_size = (float)(lr / bc1);
-  const float bc2_sqrt = (float)std::sqrt(bc2);
+  const AdamWStepScalars s = adamw_step_scalars(lr, beta1, beta2, wd, step);
+  const float decay = s.decay, step_size = s.step_size, bc2_sqrt = s.bc2_sqrt;
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i] * grad_scale;
     p[i] *= decay;
@@ -413,8 +410,8 @@ const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy, add_loss_sum<cross_entropy>};
 const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{cross_entropy_shard_stats,
                                                                   cross_entropy_shard_grad};
-const AdamWKernels kAdamW{adamw_step};
-const SumSquaresKernels kSumSquares{sum_squares};
+const AdamWKernels kAdamW{adamw_step, adamw_step_from_scalars<adamw_step>};
+const SumSquaresKernels kSumSquares{sum_squares, add_sum_squares<sum_squares>};
 
 TITAN_REGISTER_KERNEL(MatmulKernels, CPU, "reference", kMatmul, 0);
 TITAN_REGISTER_KERNEL(RmsNormKernels, CPU, "reference", kRmsNorm, 0);

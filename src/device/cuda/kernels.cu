@@ -308,7 +308,7 @@ void cross_entropy_shard_grad(float* logits, const float* lse, const int32_t* ta
 
 // ---- AdamW ---------------------------------------------------------------------------------------------
 // torch.optim.AdamW, the same f32 operations in the same order as the CPU reference; the bias corrections
-// are computed once on the host in double.
+// are computed once on the host in double (adamw_step_scalars).
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float beta1,
                              float beta2, float eps, float decay, float step_size, float bc2_sqrt,
                              float grad_scale) {
@@ -328,13 +328,40 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
                 float eps, float wd, int64_t step, float grad_scale) {
   if (n == 0) return;
-  const double bc1 = 1.0 - std::pow((double)beta1, (double)step);
-  const double bc2 = 1.0 - std::pow((double)beta2, (double)step);
-  const float decay = (float)(1.0 - (double)lr * wd);
-  const float step_size = (float)(lr / bc1);
-  const float bc2_sqrt = (float)std::sqrt(bc2);
-  launch(adamw_kernel, blocks_for(n, 256), 256, 0, p, g, m, v, n, beta1, beta2, eps, decay, step_size,
-         bc2_sqrt, grad_scale);
+  const AdamWStepScalars s = adamw_step_scalars(lr, beta1, beta2, wd, step);
+  launch(adamw_kernel, blocks_for(n, 256), 256, 0, p, g, m, v, n, beta1, beta2, eps, s.decay, s.step_size,
+         s.bc2_sqrt, grad_scale);
+}
+
+// The step with its scalars (staged by the host) and the clip's sum of squares (computed in the step) read
+// from device memory: the body of adamw_kernel, the clip factor as clip_scale computes it.
+__global__ void adamw_device_kernel(float* p, const float* g, float* m, float* v, int64_t n, float beta1,
+                                    float beta2, float eps, const AdamWStepScalars* s, const double* sq_sum,
+                                    float max_norm) {
+  float grad_scale = 1.0f;
+  if (sq_sum && max_norm > 0) {
+    const float coef = max_norm / ((float)sqrt(*sq_sum) + 1e-6f);
+    grad_scale = coef < 1.0f ? coef : 1.0f;
+  }
+  const float decay = s->decay, step_size = s->step_size, bc2_sqrt = s->bc2_sqrt;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const float gi = g[i] * grad_scale;
+    float pi = p[i] * decay;
+    float mi = m[i];
+    mi += (1.0f - beta1) * (gi - mi);
+    const float vi = v[i] * beta2 + (1.0f - beta2) * gi * gi;
+    const float denom = sqrtf(vi) / bc2_sqrt + eps;
+    pi += -step_size * (mi / denom);
+    p[i] = pi, m[i] = mi, v[i] = vi;
+  }
+}
+
+void adamw_step_device(float* p, const float* g, float* m, float* v, int64_t n, float beta1, float beta2,
+                       float eps, float, const AdamWStepScalars* s, const double* sq_sum, float max_norm) {
+  if (n == 0) return;
+  launch(adamw_device_kernel, blocks_for(n, 256), 256, 0, p, g, m, v, n, beta1, beta2, eps, s, sq_sum,
+         max_norm);
 }
 
 // ---- Sum of squares (gradient norm) --------------------------------------------------------------------
@@ -359,6 +386,20 @@ double sum_squares(const float* x, int64_t n) {
   return host;
 }
 
+__global__ void add_double_kernel(double* acc, const double* x) {
+  *acc += *x;
+}
+
+// The buffer's sum into a zeroed scratch as sum_squares takes it, then added to *acc (the order, and so the
+// bits, of the host's total over the buffers).
+void sum_squares_device(double* acc, const float* x, int64_t n) {
+  if (n == 0) return;
+  Scratch<double> part(1);
+  TITAN_CUDA_CHECK(cudaMemsetAsync(part.p, 0, sizeof(double), cuda_stream()));
+  launch(sum_squares_kernel, std::min<unsigned>(blocks_for(n, 256), 1024), 256, 0, part.p, x, n);
+  launch(add_double_kernel, 1, 1, 0, acc, static_cast<const double*>(part.p));
+}
+
 const RmsNormKernels kRmsNorm{rmsnorm_forward<float, float>, rmsnorm_backward<float>,
                               rmsnorm_forward<float, uint16_t>, rmsnorm_forward<uint16_t, float>,
                               rmsnorm_backward<uint16_t>};
@@ -370,8 +411,8 @@ const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy, cross_entropy_device};
 const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{cross_entropy_shard_stats,
                                                                   cross_entropy_shard_grad};
-const AdamWKernels kAdamW{adamw_step};
-const SumSquaresKernels kSumSquares{sum_squares};
+const AdamWKernels kAdamW{adamw_step, adamw_step_device};
+const SumSquaresKernels kSumSquares{sum_squares, sum_squares_device};
 
 TITAN_REGISTER_KERNEL(RmsNormKernels, CUDA, "cuda", kRmsNorm, 10);
 TITAN_REGISTER_KERNEL(RopeKernels, CUDA, "cuda", kRope, 10);

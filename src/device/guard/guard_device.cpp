@@ -139,8 +139,9 @@ const CrossEntropyKernels kCrossEntropy{TITAN_GUARD(CrossEntropyKernels, forward
 const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{
     TITAN_GUARD(VocabParallelCrossEntropyKernels, shard_stats),
     TITAN_GUARD(VocabParallelCrossEntropyKernels, shard_grad)};
-const AdamWKernels kAdamW{TITAN_GUARD(AdamWKernels, step)};
-const SumSquaresKernels kSumSquares{TITAN_GUARD(SumSquaresKernels, sum_squares)};
+const AdamWKernels kAdamW{TITAN_GUARD(AdamWKernels, step), TITAN_GUARD(AdamWKernels, step_device)};
+const SumSquaresKernels kSumSquares{TITAN_GUARD(SumSquaresKernels, sum_squares),
+                                    TITAN_GUARD(SumSquaresKernels, sum_squares_device)};
 const MoeExpertsKernels kMoe{TITAN_GUARD(MoeExpertsKernels, forward),
                              TITAN_GUARD(MoeExpertsKernels, backward)};
 const MoeExpertsBf16Kernels kMoeBf16{
