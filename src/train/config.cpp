@@ -389,9 +389,9 @@ void TrainConfig::validate() const {
   }
   for (const auto& c : compile.components) check_choice("compile.components", c, {"model", "loss"});
   check_choice("compile.backend", compile.backend, {"inductor", "aot_eager", "eager", "cudagraphs"});
-  TITAN_CHECK(!compile.enable || parse_device(job.device, "job.device").type == DeviceType::CPU,
+  TITAN_CHECK(!compile.enable || parse_device(job.device, "job.device").type != DeviceType::GUARD,
               "compile.enable = true on job.device = '", job.device,
-              "': capturing the step into CUDA graphs is not available yet; set compile.enable = false");
+              "': the guard device runs the CPU's kernels and has no graphs; set compile.enable = false");
 }
 
 int64_t ActivationCheckpointConfig::every() const {

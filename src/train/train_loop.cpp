@@ -157,6 +157,7 @@ float Trainer::micro_batch_grad_scale(const std::vector<data::Batch>& micro) con
 }
 
 StepOutcome Trainer::train_step(int64_t step) {
+  if (cfg_.compile.enable && device_.type == DeviceType::CUDA) return train_step_captured(step);
   StepOutcome s;
   double totals[3];
   forward_backward(step, totals);

@@ -46,7 +46,9 @@ Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {
   build_metrics();
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (step_graph_) device_interface(device_.type).graph_release(step_graph_);
+}
 
 void Trainer::build_process_group_and_plan() {
   pg_ = &dist::init();
@@ -186,10 +188,18 @@ void Trainer::build_model() {
   kernels_ = kernels_for_device(cfg_.kernels, device_.type, &notes);
   if (lead_ && !notes.empty()) std::printf("%s", notes.c_str());
   validate_kernel_choice(kernels_, device_.type);
-  if (cfg_.compile.enable && lead_)  // config validation refused it on any other device
+  if (cfg_.compile.enable && device_.type == DeviceType::CUDA) {
+    const std::string why = compile_refusal();
+    TITAN_CHECK(why.empty(), "compile.enable = true: ", why, " (set compile.enable = false)");
+    if (lead_)
+      std::printf(
+          "compile: the training step is captured into a CUDA graph after one eager step and "
+          "launched on every step after\n");
+  } else if (cfg_.compile.enable && lead_) {  // (config validation refused the other devices)
     std::printf(
         "compile: the CPU device's step is already compiled native code with a fixed memory plan; "
         "there is no graph to capture, compile.enable changes nothing\n");
+  }
   if (cfg_.lora.enable) return build_lora_model();
   if (tp_) return build_tensor_parallel_model();
   if (pp_group_) return build_pipeline_model();

@@ -122,6 +122,10 @@ class Trainer {
   void load_initial_weights();
   void refresh_bf16_model();
   void forward_backward(int64_t step, double totals[3]);
+  // Compile mode on an accelerator (train/train_compiled.cpp): why this run's step cannot be captured
+  // ("" when it can), and the step as a graph: captured after an eager step, launched on every step after.
+  std::string compile_refusal() const;
+  StepOutcome train_step_captured(int64_t step);
   float micro_batch_grad_scale(const std::vector<data::Batch>& micro) const;
   bool validation_due(int64_t step) const;
   void log_step(int64_t step, const StepOutcome& s, double seconds);
@@ -198,6 +202,13 @@ class Trainer {
   std::unique_ptr<dist::DataParallelPlan> dp_;
   std::unique_ptr<PlanStreamer> streamer_;
   std::unique_ptr<AdamW> optimizer_;
+  // Compile mode: the captured step, the model's buffers epoch it was captured at, the batch its forward
+  // reads on the host, the forward's options, the gradients' sum of squares on the device.
+  void* step_graph_ = nullptr;
+  int64_t step_graph_epoch_ = -1;
+  data::Batch compile_batch_;
+  ForwardOptions compile_fo_;
+  Tensor compile_sq_;
   std::unique_ptr<LRSchedule> schedule_;
 
   std::string ckpt_folder_, resume_dir_;

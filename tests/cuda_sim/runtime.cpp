@@ -640,6 +640,7 @@ namespace {
 struct GraphData {
   std::vector<std::function<void()>> nodes;  // in issue order
   std::vector<void*> owned;                  // cudaMallocAsync'd inside the capture: fixed addresses
+  std::vector<void*> live;                   // of those, not freed inside the capture yet
   ~GraphData() {
     for (void* p : owned) sim_free(p);
   }
@@ -694,6 +695,13 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   Capture c = std::move(capture());
   capture() = {};
   *graph = nullptr;
+  if (c.offence.empty() && !c.graph->live.empty()) {
+    size_t bytes = 0;
+    for (void* p : c.graph->live) bytes += memory().blocks[reinterpret_cast<uintptr_t>(p)];
+    c.offence = titan::str_cat(c.graph->live.size(), " cudaMallocAsync (", bytes,
+                               " bytes) not freed inside the capture (memory a graph allocates lives only "
+                               "while it runs: allocate what outlives it before capturing)");
+  }
   if (!c.offence.empty())
     return failed(cudaErrorStreamCaptureInvalidated, "the stream capture was invalidated by " + c.offence);
   *graph = reinterpret_cast<cudaGraph_t>(new GraphRef(std::move(c.graph)));
@@ -898,7 +906,10 @@ cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t stream) {
   if (capture().graph && !stream)
     return rejected_in_capture("cudaMallocAsync on the legacy stream", kNotStreamOrdered);
   const cudaError_t e = sim_malloc(p, n);
-  if (e == cudaSuccess && capturing(stream)) capture().graph->owned.push_back(*p);
+  if (e == cudaSuccess && capturing(stream)) {
+    capture().graph->owned.push_back(*p);
+    capture().graph->live.push_back(*p);
+  }
   return e;
 }
 cudaError_t cudaFree(void* p) {
@@ -907,8 +918,11 @@ cudaError_t cudaFree(void* p) {
 }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
   if (capturing(stream)) {
-    auto& owned = capture().graph->owned;
-    if (std::find(owned.begin(), owned.end(), p) != owned.end()) return cudaSuccess;
+    auto& live = capture().graph->live;
+    if (auto it = std::find(live.begin(), live.end(), p); it != live.end()) {
+      live.erase(it);
+      return cudaSuccess;
+    }
     return rejected_in_capture("cudaFreeAsync of memory allocated before the capture",
                                "a graph launched twice would free it twice");
   }

@@ -39,7 +39,10 @@ const K* pick_bf16_engine(DeviceType dev, const KernelChoice& choice, std::strin
 
 Tensor& Qwen3Model::ensure(Tensor& t, int64_t n, DType dtype) const {
   n = std::max<int64_t>(n, 1);
-  if (!t.defined() || t.numel() < n || t.dtype() != dtype) t = Tensor::empty({n}, dtype, device_);
+  if (!t.defined() || t.numel() < n || t.dtype() != dtype) {
+    t = Tensor::empty({n}, dtype, device_);
+    ++buffers_epoch_;
+  }
   return t;
 }
 
@@ -68,6 +71,9 @@ void Qwen3Model::time_ops() {
 }
 
 void Qwen3Model::set_bf16_compute(bool on) {
+  // (the activations are re-planned at the next forward when the mode changes: the attention's buffers
+  // depend on it; a trainer refreshing the bf16 weights every step keeps its buffers)
+  if (on != bf16_) B_ = T_ = 0;
   bf16_ = on;
   // Mixed precision: the GEMMs run on bf16 operands with f32 accumulation (op matmul_bf16, e.g. oneDNN on
   // the CPU's bf16 dot-product instructions); the operands are bf16-rounded already, so the math is the same.
@@ -78,7 +84,6 @@ void Qwen3Model::set_bf16_compute(bool on) {
   // Attention on bf16 q, k, v and output (op attention_bf16, cuDNN's fused attention on a GPU): the values
   // are the bf16-rounded ones the f32 kernel would see, and its output is rounded as the f32 one was.
   kernel_names_["attention"] = on && attention_bf16_ ? "bf16:" + attention_bf16_name_ : attention_f32_name_;
-  B_ = T_ = 0;     // re-plan the activations at the next forward (the attention's buffers depend on it)
   if (moe_f32_) {  // the routed experts likewise (op moe_experts_bf16)
     moe_ = on && moe_bf16_.forward ? &moe_bf16_ : moe_f32_;
     kernel_names_["moe_experts"] = on && moe_bf16_.forward ? "bf16:" + moe_bf16_name_ : moe_f32_name_;

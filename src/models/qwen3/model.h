@@ -165,6 +165,9 @@ class Qwen3Model {
   const Tensor& logits() const { return logits_copy_; }
   // The CE loss sum of the last forward with loss_on_device (a host read: waits for the device).
   double device_loss_sum() const;
+  // Changes whenever the model replaces a buffer its steps use (the activations re-planned for another
+  // shape, a scratch buffer grown): a graph captured before holds stale addresses then.
+  int64_t buffers_epoch() const { return buffers_epoch_; }
   // bf16 compute emulation: parameters and every op output rounded to bfloat16 (accumulation in f32),
   // as a bf16 model in PyTorch computes. Gradients and the optimizer stay f32.
   void set_bf16_compute(bool on);
@@ -475,6 +478,7 @@ class Qwen3Model {
   // per expert (E), then the router probabilities summed per expert (E); aux_host_ is their host copy.
   Tensor aux_stats_;
   Tensor loss_sum_;  // (1, f64) the CE loss sum of a forward with loss_on_device
+  mutable int64_t buffers_epoch_ = 0;
   void upload_ids(const int32_t* ids, int64_t N);
   int64_t prepare_targets(const int32_t* labels, int64_t B, int64_t T, const ForwardOptions& opts);
   std::vector<double> aux_host_;

@@ -119,6 +119,7 @@ void Qwen3Model::set_activation_recompute_ops(bool on) {
 
 void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   if (B == B_ && T == T_) return;
+  ++buffers_epoch_;
   cp_tables_ready_ = false;
   attn16_ = wants_attn16();
   const bool act16 = wants_act16();
