@@ -309,9 +309,9 @@ void cross_entropy_shard_grad(float* logits, const float* lse, const int32_t* ta
 // ---- AdamW ---------------------------------------------------------------------------------------------
 // torch.optim.AdamW, the same f32 operations in the same order as the CPU reference; the bias corrections
 // are computed once on the host in double (adamw_step_scalars).
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float beta1,
-                             float beta2, float eps, float decay, float step_size, float bc2_sqrt,
-                             float grad_scale) {
+__device__ inline void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float beta1,
+                                    float beta2, float eps, float decay, float step_size, float bc2_sqrt,
+                                    float grad_scale) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
     const float gi = g[i] * grad_scale;
@@ -323,6 +323,12 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
     pi += -step_size * (mi / denom);
     p[i] = pi, m[i] = mi, v[i] = vi;
   }
+}
+
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float beta1,
+                             float beta2, float eps, float decay, float step_size, float bc2_sqrt,
+                             float grad_scale) {
+  adamw_update(p, g, m, v, n, beta1, beta2, eps, decay, step_size, bc2_sqrt, grad_scale);
 }
 
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
@@ -343,18 +349,7 @@ __global__ void adamw_device_kernel(float* p, const float* g, float* m, float* v
     const float coef = max_norm / ((float)sqrt(*sq_sum) + 1e-6f);
     grad_scale = coef < 1.0f ? coef : 1.0f;
   }
-  const float decay = s->decay, step_size = s->step_size, bc2_sqrt = s->bc2_sqrt;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    const float gi = g[i] * grad_scale;
-    float pi = p[i] * decay;
-    float mi = m[i];
-    mi += (1.0f - beta1) * (gi - mi);
-    const float vi = v[i] * beta2 + (1.0f - beta2) * gi * gi;
-    const float denom = sqrtf(vi) / bc2_sqrt + eps;
-    pi += -step_size * (mi / denom);
-    p[i] = pi, m[i] = mi, v[i] = vi;
-  }
+  adamw_update(p, g, m, v, n, beta1, beta2, eps, s->decay, s->step_size, s->bc2_sqrt, grad_scale);
 }
 
 void adamw_step_device(float* p, const float* g, float* m, float* v, int64_t n, float beta1, float beta2,
