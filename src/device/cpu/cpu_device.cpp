@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -35,11 +36,31 @@ class CpuAllocator final : public Allocator {
   }
 };
 
+// Copies and clears of 1 MiB and more (the backward's gradient buffers, the residual stream) are split
+// across the OpenMP threads: one core's store bandwidth is a fraction of the socket's, and the other
+// threads would only wait at the next kernel's barrier. Inside a parallel region they run on the caller.
+constexpr size_t kSplitBytes = size_t(1) << 20;
+
+template <typename Fn>
+void split_bytes(size_t n, Fn&& fn) {
+  if (n < kSplitBytes || omp_in_parallel() || omp_get_max_threads() == 1) return fn(size_t(0), n);
+#pragma omp parallel
+  {
+    const size_t parts = static_cast<size_t>(omp_get_num_threads());
+    const size_t chunk = (n / parts + 63) / 64 * 64;  // cache-line multiples
+    const size_t begin = std::min(n, chunk * static_cast<size_t>(omp_get_thread_num()));
+    const size_t end = std::min(n, begin + chunk);
+    if (begin < end) fn(begin, end - begin);
+  }
+}
+
 void copy_host(void* dst, const void* src, size_t n) {
-  std::memcpy(dst, src, n);
+  split_bytes(n, [&](size_t off, size_t len) {
+    std::memcpy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, len);
+  });
 }
 void zero_host(void* dst, size_t n) {
-  std::memset(dst, 0, n);
+  split_bytes(n, [&](size_t off, size_t len) { std::memset(static_cast<char*>(dst) + off, 0, len); });
 }
 int64_t host_memory_bytes() {  // physical memory: what the cpu device's buffers can take
   return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
