@@ -173,6 +173,13 @@ double DataParallelPlan::grad_norm() {
   return dist::global_grad_norm(optimizer_grads(), grad_shard_group());
 }
 
+void DataParallelPlan::grad_sq_norm_device(double* sq) {
+  TITAN_CHECK(!ep_group_, "grad_sq_norm_device: expert parallel sums its experts' part on the host");
+  titan::grad_sq_norm_device(optimizer_grads(), sq);
+  if (ProcessGroup* shard = grad_shard_group(); shard && shard->size() > 1)
+    shard->all_reduce(sq, 1, CommType::F64, ReduceOp::Sum);
+}
+
 double DataParallelPlan::clip_grad_norm(double max_norm) {
   const double norm = grad_norm();
   const float coef = clip_coefficient(norm, max_norm);

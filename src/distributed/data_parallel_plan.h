@@ -89,6 +89,10 @@ class DataParallelPlan {
   void reduce_grads();
   // The global gradient norm of optimizer_grads() (all ranks; experts counted once).
   double grad_norm();
+  // grad_norm()'s square left on the device in *sq (one f64; nothing waits for it: compile mode): each
+  // rank's sum of squares, summed over the shard group by a collective on the device. Not with expert
+  // parallel.
+  void grad_sq_norm_device(double* sq);
   // Global-norm clipping of optimizer_grads() in place; returns the norm before clipping.
   double clip_grad_norm(double max_norm);
   // After the optimizer step: FSDP/HSDP gather the shards into the model's parameter buffers.

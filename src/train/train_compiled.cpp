@@ -1,10 +1,11 @@
 // Compile mode on an accelerator (`[compile] enable = true`, job.device = "cuda"): the training step is
 // captured into a CUDA graph after one eager step and launched on every step after. Inside the graph:
-// zero_grad, the forward with its loss kept on the device, the backward, the gradients' sum of squares,
-// AdamW with the clip factor computed on the device, the bf16 refresh. Before each launch the host stages
-// what changes per step (the batch, the learning rate and step count: copies of host memory, which a
-// graph cannot hold); after it, it reads the loss and the gradient norm. The graph is captured again when
-// the model has replaced a buffer since (another shape ran, e.g. validation's).
+// zero_grad, the forward of each micro-batch with its loss kept on the device, its backward, the
+// data-parallel gradient reduction, the gradients' sum of squares, AdamW with the clip factor computed on
+// the device, the FSDP gather, the bf16 refresh. Before each launch the host stages what changes per step
+// (the micro-batches, the learning rate and step count: copies of host memory, which a graph cannot hold);
+// after it, it reads the losses and the gradient norm. The graph is captured again when the model has
+// replaced a buffer since (another shape ran, e.g. validation's).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -21,10 +22,10 @@ namespace titan {
 // What the captured step does not hold yet, each refused with its reason (as torchtitan refuses CUDA graphs
 // with pipeline parallel) rather than run eagerly behind the user's back.
 std::string Trainer::compile_refusal() const {
-  if (world_ > 1)
-    return "the captured step runs on one rank (data, tensor, context, pipeline and expert parallel reduce "
-           "their gradient norm or statistics on the host)";
-  if (plan_.grad_accum > 1) return "gradient accumulation (one micro-batch per captured step)";
+  if (plan_.tensor_parallel > 1 || plan_.context_parallel > 1 || plan_.pipeline.degree > 1 ||
+      plan_.expert_parallel > 1)
+    return "tensor, context, pipeline and expert parallel (they reduce statistics on the host inside the "
+           "step); data parallel (DDP, FSDP, HSDP) is captured";
   if (cfg_.lora.enable) return "LoRA";
   if (mc_.num_experts > 0) return "MoE models (the aux loss and the expert counts are combined on the host)";
   if (cfg_.training.dataset_format == "chat")
@@ -34,27 +35,43 @@ std::string Trainer::compile_refusal() const {
   return "";
 }
 
+// One step: the micro-batches staged (slot k for micro-batch k), the graph launched (or the step run
+// eagerly and captured), then the losses and the norm read back. Inside the graph, as in train_step():
+// zero_grad, forward + backward of every micro-batch, the data-parallel reduction (NCCL), the gradients'
+// global sum of squares (summed over the FSDP shards by an all-reduce on the device), AdamW with the clip,
+// the FSDP gather, the bf16 refresh.
 StepOutcome Trainer::train_step_captured(int64_t step) {
   StepOutcome s;
-  TITAN_CHECK(data_.train->next_batch(compile_batch_), "the dataset ran out of data at step ", step);
-  data::Batch& b = compile_batch_;
-  ForwardOptions& fo = compile_fo_;
-  fo = ForwardOptions{};
-  fo.grad_scale = micro_batch_grad_scale({b});  // (text windows: a constant of the run)
-  fo.labels_shifted = true;
-  fo.loss_on_device = true;
-  fo.inputs_staged = true;
-  model_->stage_inputs(b.input_ids.data(), b.labels.data(), b.batch_size, b.seq_len, fo);
+  const int64_t accum = plan_.grad_accum;
+  std::vector<data::Batch>& micro = compile_micro_;
+  micro.resize(static_cast<size_t>(accum));
+  for (data::Batch& b : micro)
+    TITAN_CHECK(data_.train->next_batch(b), "the dataset ran out of data at step ", step);
+  std::vector<ForwardOptions>& fo = compile_fo_;
+  fo.assign(static_cast<size_t>(accum), ForwardOptions{});
+  const float grad_scale = micro_batch_grad_scale(micro);  // (text windows: a constant of the run)
+  for (int64_t k = 0; k < accum; ++k) {
+    fo[k].grad_scale = grad_scale;
+    fo[k].labels_shifted = true;
+    fo[k].loss_on_device = true;
+    fo[k].inputs_staged = true;
+    fo[k].staged_slot = k;
+    const data::Batch& b = micro[k];
+    model_->stage_inputs(b.input_ids.data(), b.labels.data(), b.batch_size, b.seq_len, fo[k], k, accum);
+  }
   s.lr = cfg_.optimizer.lr * schedule_->factor(step - 1);
   optimizer_->stage_step(static_cast<float>(s.lr));
   if (!compile_sq_.defined()) compile_sq_ = Tensor::zeros({1}, DType::F64, device_);
   const float max_norm = static_cast<float>(cfg_.training.max_norm);
   auto step_ops = [&] {
     model_->zero_grad();
-    model_->forward(b.input_ids.data(), b.labels.data(), b.batch_size, b.seq_len, fo);
-    model_->backward();
+    for (int64_t k = 0; k < accum; ++k) {
+      const data::Batch& b = micro[k];
+      model_->forward(b.input_ids.data(), b.labels.data(), b.batch_size, b.seq_len, fo[k]);
+      model_->backward();
+    }
     dp_->reduce_grads();
-    grad_sq_norm_device(dp_->optimizer_grads(), compile_sq_.data<double>());
+    dp_->grad_sq_norm_device(compile_sq_.data<double>());
     optimizer_->step_staged(compile_sq_.data<double>(), max_norm);
     dp_->after_optimizer_step();
     refresh_bf16_model();
@@ -74,8 +91,15 @@ StepOutcome Trainer::train_step_captured(int64_t step) {
     TITAN_CHECK(model_->buffers_epoch() == epoch, "compile: the step replaced a model buffer while captured");
     step_graph_epoch_ = epoch;
   }
-  const int64_t valid = std::count_if(b.labels.begin(), b.labels.end(), [](int32_t y) { return y >= 0; });
-  s.loss = valid > 0 ? model_->device_loss_sum() / static_cast<double>(valid) : std::nan("");
+  // This rank's {CE sum, targets} summed over the micro-batches in train_step()'s order, then over the ranks.
+  double totals[3] = {0, 0, 0};
+  for (int64_t k = 0; k < accum; ++k) {
+    totals[0] += model_->device_loss_sum(k);
+    totals[1] += static_cast<double>(
+        std::count_if(micro[k].labels.begin(), micro[k].labels.end(), [](int32_t y) { return y >= 0; }));
+  }
+  if (world_ > 1) pg_->all_reduce(totals, 3, dist::ReduceOp::Sum);
+  s.loss = totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
   double sq = 0;
   compile_sq_.copy_to_host(&sq);
   s.grad_norm = std::sqrt(sq);

@@ -206,8 +206,9 @@ class Trainer {
   // reads on the host, the forward's options, the gradients' sum of squares on the device.
   void* step_graph_ = nullptr;
   int64_t step_graph_epoch_ = -1;
-  data::Batch compile_batch_;
-  ForwardOptions compile_fo_;
+  std::vector<data::Batch>
+      compile_micro_;  // (the graph reads their host arrays' addresses only when captured)
+  std::vector<ForwardOptions> compile_fo_;
   Tensor compile_sq_;
   std::unique_ptr<LRSchedule> schedule_;
 

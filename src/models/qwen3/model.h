@@ -126,11 +126,12 @@ class Qwen3Model {
   // the one holding the head (the loss and num_valid are that stage's; the others return zeros).
   ForwardResult forward(const int32_t* ids, const int32_t* labels, int64_t B, int64_t T,
                         const ForwardOptions& opts = {});
-  // Uploads a forward's ids and targets (what forward would copy from these host arrays) ahead of a
-  // forward with opts.inputs_staged: in compile mode before the graph's launch, which cannot hold copies of
-  // host memory.
+  // Uploads a forward's ids and targets (what forward would copy from these host arrays, checked as it
+  // checks them) into staging slot `slot` of `slots` ahead of a forward with opts.inputs_staged and
+  // opts.staged_slot = slot: in compile mode before the graph's launch, which cannot hold copies of host
+  // memory; one slot per micro-batch of a step. Also sizes the device loss sums (one per slot).
   void stage_inputs(const int32_t* ids, const int32_t* labels, int64_t B, int64_t T,
-                    const ForwardOptions& opts = {});
+                    const ForwardOptions& opts = {}, int64_t slot = 0, int64_t slots = 1);
   // Accumulates parameter gradients of the last forward (which must have had compute_grad).
   void backward() { backward(nullptr, nullptr, 0.0f); }
   // Pipeline parallel: the backward of the last forward's stage. A stage without the head takes
@@ -163,8 +164,9 @@ class Qwen3Model {
   void zero_grad();
   // Logits (B,T,V) of the last forward with keep_logits.
   const Tensor& logits() const { return logits_copy_; }
-  // The CE loss sum of the last forward with loss_on_device (a host read: waits for the device).
-  double device_loss_sum() const;
+  // The CE loss sum of the last forward with loss_on_device and staged_slot = slot (a host read: waits
+  // for the device).
+  double device_loss_sum(int64_t slot = 0) const;
   // Changes whenever the model replaces a buffer its steps use (the activations re-planned for another
   // shape, a scratch buffer grown): a graph captured before holds stale addresses then.
   int64_t buffers_epoch() const { return buffers_epoch_; }
@@ -477,9 +479,12 @@ class Qwen3Model {
   // Aux-loss statistics accumulated over the sparse layers of a forward, on the device (f64): routed slots
   // per expert (E), then the router probabilities summed per expert (E); aux_host_ is their host copy.
   Tensor aux_stats_;
-  Tensor loss_sum_;  // (1, f64) the CE loss sum of a forward with loss_on_device
+  Tensor loss_sum_;  // (slots, f64) the CE loss sums of forwards with loss_on_device, by staged_slot
+  Tensor staged_ids_, staged_targets_;  // (slots x N, i32) stage_inputs()' micro-batches
   mutable int64_t buffers_epoch_ = 0;
-  void upload_ids(const int32_t* ids, int64_t N);
+  void check_ids(const int32_t* ids, int64_t B, int64_t T) const;
+  void copy_staged(Tensor& dst, const Tensor& staged, int64_t slot, int64_t n);
+  void upload_ids(const int32_t* ids, int64_t N, Tensor dst);
   int64_t prepare_targets(const int32_t* labels, int64_t B, int64_t T, const ForwardOptions& opts);
   std::vector<double> aux_host_;
   std::vector<float> aux_dprob_;  // (E) d aux / d probs[n,e] (same for every row)

@@ -58,6 +58,9 @@ struct ForwardOptions {
   // of host memory in the forward, so a graph can hold it. The forward still reads the arrays on the host
   // (to check them and count the valid targets).
   bool inputs_staged = false;
+  // With inputs_staged / loss_on_device: which micro-batch staged by stage_inputs() the forward reads, and
+  // which of the device loss sums it writes (compile mode with gradient accumulation: one slot each).
+  int64_t staged_slot = 0;
 };
 
 struct ForwardResult {

@@ -12,8 +12,8 @@ namespace titan {
 ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int64_t B, int64_t T,
                                   const ForwardOptions& opts) {
   const auto& c = config_;
-  // V: the vocabulary rows held here; Vf: the full vocabulary (they differ under vocab parallel).
-  const int64_t N = B * T, H = c.hidden_size, V = c.vocab_size, Vf = full_vocab_size(), v0 = vocab_start();
+  // V: the vocabulary rows held here (a slice under vocab parallel).
+  const int64_t N = B * T, H = c.hidden_size, V = c.vocab_size;
   TITAN_CHECK(B > 0 && T > 0, "forward: empty batch (B=", B, ", T=", T, ")");
   TITAN_CHECK(opts.stage >= 0 && opts.stage < num_stages(), "forward: stage ", opts.stage,
               " of a model holding ", num_stages());
@@ -22,10 +22,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   const bool embed = stage_has_embedding(opts.stage), head = stage_has_head(opts.stage);
   TITAN_CHECK(embed || opts.stage_input, "forward: stage ", opts.stage, " (layers ", range.first, "..",
               range.end - 1, ") needs the previous stage's hidden states");
-  if (embed)
-    for (int64_t n = 0; n < N; ++n)
-      TITAN_CHECK(ids[n] >= 0 && ids[n] < Vf, "input_ids[", n / T, "][", n % T, "] = ", ids[n],
-                  " is outside the vocabulary [0, ", Vf, ")");
+  if (embed) check_ids(ids, B, T);
   TITAN_CHECK(
       !opts.loss_on_device || (!vocab_parallel() && total_moe_layers_ == 0),
       "forward: loss_on_device takes a dense model with the whole vocabulary on each rank (the MoE aux "
@@ -46,7 +43,8 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   // groups are converted when gathered.
   if (bf16_ && matmul_ == &matmul_bf16_ && !streamer_)
     for (int g = c.tie_word_embeddings ? 0 : 1; g < num_groups(); ++g) make_bf16_image(g);
-  if (embed && !opts.inputs_staged) upload_ids(ids, N);
+  if (embed && !opts.inputs_staged) upload_ids(ids, N, ids_);
+  if (embed && opts.inputs_staged) copy_staged(ids_, staged_ids_, opts.staged_slot, N);
   ForwardResult r;
   if (total_moe_layers_ > 0) aux_stats_.zero_();
   // The stage's input: the embedding (vocab parallel: each token's row from the rank holding it, summed over
@@ -77,7 +75,10 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     return r;
   }
   const int64_t num_valid = prepare_targets(labels, B, T, opts);
-  if (!opts.inputs_staged) targets_.copy_from_host(host_targets_.data());
+  if (opts.inputs_staged)
+    copy_staged(targets_, staged_targets_, opts.staged_slot, N);
+  else
+    targets_.copy_from_host(host_targets_.data());
   const int32_t* tgt = targets_.data<int32_t>();
 
   stage_input();
@@ -116,7 +117,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   r.loss_sum = 0;
   double* loss_dev = nullptr;
   if (opts.loss_on_device) {
-    loss_dev = ensure(loss_sum_, 1, DType::F64).data<double>();
+    loss_dev = ensure(loss_sum_, opts.staged_slot + 1, DType::F64).data<double>() + opts.staged_slot;
     dev_->zero(loss_dev, sizeof(double));
   }
   for (int64_t r0 = 0; r0 < N; r0 += head_rows_) {
@@ -711,14 +712,22 @@ void Qwen3Model::zero_accumulated_grads() {
 
 // The embedding's ids on the device (vocab parallel: the rows held here, local ids, -1 for the other ranks'
 // tokens).
-void Qwen3Model::upload_ids(const int32_t* ids, int64_t N) {
+void Qwen3Model::check_ids(const int32_t* ids, int64_t B, int64_t T) const {
+  const int64_t Vf = full_vocab_size();
+  for (int64_t n = 0; n < B * T; ++n)
+    TITAN_CHECK(ids[n] >= 0 && ids[n] < Vf, "input_ids[", n / T, "][", n % T, "] = ", ids[n],
+                " is outside the vocabulary [0, ", Vf, ")");
+}
+
+// ids into dst (N, i32 on the device); vocab parallel: as indices into this rank's rows (-1: elsewhere).
+void Qwen3Model::upload_ids(const int32_t* ids, int64_t N, Tensor dst) {
   if (vocab_parallel()) {
     const int64_t V = config_.vocab_size, v0 = vocab_start();  // (the rows held here)
     host_ids_.resize(N);
     for (int64_t n = 0; n < N; ++n) host_ids_[n] = ids[n] >= v0 && ids[n] < v0 + V ? ids[n] - v0 : -1;
-    ids_.copy_from_host(host_ids_.data());
+    dst.copy_from_host(host_ids_.data());
   } else {
-    ids_.copy_from_host(ids);
+    dst.copy_from_host(ids);
   }
 }
 
@@ -741,19 +750,36 @@ int64_t Qwen3Model::prepare_targets(const int32_t* labels, int64_t B, int64_t T,
 }
 
 void Qwen3Model::stage_inputs(const int32_t* ids, const int32_t* labels, int64_t B, int64_t T,
-                              const ForwardOptions& opts) {
+                              const ForwardOptions& opts, int64_t slot, int64_t slots) {
+  TITAN_CHECK(slot >= 0 && slot < slots, "stage_inputs: slot ", slot, " of ", slots);
+  const int64_t N = B * T;
   plan_activations(B, T);
-  if (stage_has_embedding(opts.stage)) upload_ids(ids, B * T);
+  ensure(loss_sum_, slots, DType::F64);
+  if (stage_has_embedding(opts.stage)) {
+    check_ids(ids, B, T);
+    upload_ids(ids, N, ensure(staged_ids_, slots * N, DType::I32).view_at(slot * N, {N}));
+  }
   if (stage_has_head(opts.stage)) {
     prepare_targets(labels, B, T, opts);
-    targets_.copy_from_host(host_targets_.data());
+    ensure(staged_targets_, slots * N, DType::I32)
+        .view_at(slot * N, {N})
+        .copy_from_host(host_targets_.data());
   }
 }
 
-double Qwen3Model::device_loss_sum() const {
-  TITAN_CHECK(loss_sum_.defined(), "device_loss_sum: no forward with loss_on_device has run");
+// A staged micro-batch's rows (slot of staged, n per slot) into the forward's buffer: a copy on the device.
+void Qwen3Model::copy_staged(Tensor& dst, const Tensor& staged, int64_t slot, int64_t n) {
+  TITAN_CHECK(staged.defined() && staged.numel() >= (slot + 1) * n,
+              "forward: inputs_staged, but stage_inputs() staged no micro-batch ", slot, " of this shape");
+  dev_->copy(dst.data<int32_t>(), staged.data<int32_t>() + slot * n,
+             static_cast<size_t>(n) * sizeof(int32_t));
+}
+
+double Qwen3Model::device_loss_sum(int64_t slot) const {
+  TITAN_CHECK(loss_sum_.defined() && slot >= 0 && slot < loss_sum_.numel(),
+              "device_loss_sum: no forward with loss_on_device has written slot ", slot);
   double v = 0;
-  loss_sum_.copy_to_host(&v);
+  loss_sum_.view_at(slot, {1}).copy_to_host(&v);
   return v;
 }
 
