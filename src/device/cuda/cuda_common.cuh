@@ -151,4 +151,25 @@ __device__ inline float block_max(float v, float* shared) {
   return r;
 }
 
+// ---- deterministic reductions ----
+// The reductions across blocks write one partial result per block (or per row chunk) and a second kernel
+// adds the partials in a fixed order: no atomics, so a step's gradients and norms repeat bit for bit from
+// run to run (a replayed graph equals the eager step, a resumed run the uninterrupted one), which float
+// atomics, whose order follows the blocks' scheduling, do not give.
+
+// out[c] += sum over r < rows of part[r * C + c], r in order: one thread per column.
+template <class T>
+__global__ void add_column_sums_kernel(T* out, const T* part, int64_t rows, int64_t C) {
+  TITAN_GRID_STRIDE(c, C) {
+    T s = 0;
+    for (int64_t r = 0; r < rows; ++r) s += part[r * C + c];
+    out[c] += s;
+  }
+}
+
+template <class T>
+void add_column_sums(T* out, const T* part, int64_t rows, int64_t C) {
+  if (C > 0) launch(add_column_sums_kernel<T>, blocks_for(C, 256), 256, 0, out, part, rows, C);
+}
+
 }  // namespace titan::cuda

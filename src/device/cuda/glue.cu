@@ -161,9 +161,9 @@ __global__ void aux_counts_kernel(double* counts, const int32_t* idx, int64_t n_
 }
 
 // prob_sum[e] += sum_n probs[n,e] in double. grid (ceil(E/32), row chunks), block (32, 8): a warp reads 32
-// consecutive experts of a row; the 8 rows of threads reduce in shared memory, one double atomic per
-// expert and chunk (the order of the chunks' adds may vary: double rounding only).
-__global__ void aux_prob_sum_kernel(double* prob_sum, const float* probs, int64_t N, int64_t E,
+// consecutive experts of a row; the 8 rows of threads reduce in shared memory into the chunk's row of
+// out (chunks, E), which add_column_sums adds to prob_sum in chunk order.
+__global__ void aux_prob_sum_kernel(double* out, const float* probs, int64_t N, int64_t E,
                                     int64_t rows_per_chunk) {
   __shared__ double part[8][33];
   const int64_t e = blockIdx.x * 32 + threadIdx.x;
@@ -176,7 +176,7 @@ __global__ void aux_prob_sum_kernel(double* prob_sum, const float* probs, int64_
   if (threadIdx.y == 0 && e < E) {
     double s = 0;
     for (int i = 0; i < 8; ++i) s += part[i][threadIdx.x];
-    atomicAdd(prob_sum + e, s);
+    out[blockIdx.y * E + e] = s;
   }
 }
 
@@ -187,8 +187,10 @@ void aux_stats(double* counts, double* prob_sum, const int32_t* idx, const float
     launch(aux_counts_kernel, blocks_for(N * k, kThreads), kThreads, 0, counts, idx, N * k);
   }
   const int64_t chunks = std::min<int64_t>((N + 63) / 64, 256), rows = (N + chunks - 1) / chunks;
+  Scratch<double> part(chunks * E);
   dim3 grid(static_cast<unsigned>((E + 31) / 32), static_cast<unsigned>(chunks)), block(32, 8);
-  launch(aux_prob_sum_kernel, grid, block, 0, prob_sum, probs, N, E, rows);
+  launch(aux_prob_sum_kernel, grid, block, 0, part.p, probs, N, E, rows);
+  add_column_sums(prob_sum, static_cast<const double*>(part.p), chunks, E);
 }
 
 // grid N, block kRowThreads; dlogits row n is the dprobs scratch, then the result (as on the CPU).

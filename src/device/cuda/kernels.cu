@@ -3,6 +3,7 @@
 // (double where the CPU reference returns a double: the cross-entropy loss and sum_squares).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -49,9 +50,10 @@ __global__ void rmsnorm_backward_dx_kernel(float* dinp, const float* dout, const
 }
 
 // dw[c] += sum_n dy[n,c] x[n,c] r[n]. grid (ceil(C/32), row chunks), block (32, 8): threads of a warp read
-// consecutive columns; the 8 rows of threads reduce in shared memory, one atomic per column and chunk.
+// consecutive columns; the 8 rows of threads reduce in shared memory into the chunk's row of part
+// (chunks, C), which add_column_sums then adds to dw in chunk order.
 template <class In>
-__global__ void rmsnorm_backward_dw_kernel(float* dw, const float* dout, const In* inp, const float* rstd,
+__global__ void rmsnorm_backward_dw_kernel(float* out, const float* dout, const In* inp, const float* rstd,
                                            int64_t N, int64_t C, int64_t rows_per_chunk) {
   __shared__ float part[8][33];
   const int64_t c = blockIdx.x * 32 + threadIdx.x;
@@ -65,7 +67,7 @@ __global__ void rmsnorm_backward_dw_kernel(float* dw, const float* dout, const I
   if (threadIdx.y == 0 && c < C) {
     float s = 0;
     for (int i = 0; i < 8; ++i) s += part[i][threadIdx.x];
-    atomicAdd(dw + c, s);
+    out[blockIdx.y * C + c] = s;
   }
 }
 
@@ -82,8 +84,10 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const In* inp, 
   launch(rmsnorm_backward_dx_kernel<In>, N, row_threads(C), 0, dinp, dout, inp, w, rstd, C);
   if (!dw) return;
   const int64_t chunks = std::min<int64_t>((N + 63) / 64, 256), rows = (N + chunks - 1) / chunks;
+  Scratch<float> part(chunks * C);
   dim3 grid((C + 31) / 32, chunks), block(32, 8);
-  launch(rmsnorm_backward_dw_kernel<In>, grid, block, 0, dw, dout, inp, rstd, N, C, rows);
+  launch(rmsnorm_backward_dw_kernel<In>, grid, block, 0, part.p, dout, inp, rstd, N, C, rows);
+  add_column_sums(dw, part.p, chunks, C);
 }
 
 // ---- RoPE ----------------------------------------------------------------------------------------------
@@ -181,12 +185,18 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* ids, const f
        idx += (int64_t)gridDim.x * blockDim.x)
     out[idx] = ids[idx / C] < 0 ? 0.0f : table[(int64_t)ids[idx / C] * C + idx % C];
 }
-// Repeated ids add into the same row: atomics (the order of the adds, hence the last bit, may vary).
+// Repeated ids add into the same row, in token order and without atomics: grid (ceil(C/256), buckets),
+// block 256; block (x, b) owns columns x*256.. of the rows whose id % buckets == b, and each of its threads
+// walks all N tokens adding its column of the rows it owns (the ids are read by all threads of the block
+// at once). The order of the adds is the CPU's: the gradient repeats bit for bit.
 __global__ void embedding_backward_kernel(float* dtable, const float* dout, const int32_t* ids, int64_t N,
-                                          int64_t C) {
-  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < N * C;
-       idx += (int64_t)gridDim.x * blockDim.x)
-    if (ids[idx / C] >= 0) atomicAdd(dtable + (int64_t)ids[idx / C] * C + idx % C, dout[idx]);
+                                          int64_t C, int64_t buckets) {
+  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (int64_t n = 0; n < N; ++n) {
+    const int32_t id = ids[n];
+    if (id >= 0 && id % buckets == (int64_t)blockIdx.y) dtable[(int64_t)id * C + c] += dout[n * C + c];
+  }
 }
 
 void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
@@ -196,7 +206,10 @@ void embedding_forward(float* out, const int32_t* ids, const float* table, int64
 void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C,
                         int64_t V) {
   if (N * C == 0) return;
-  launch(embedding_backward_kernel, blocks_for(N * C, 256), 256, 0, dtable, dout, ids, N, C);
+  // Enough blocks to fill a GPU at the released shapes (C 1024-5120: 4-20 column blocks x 256 buckets).
+  const int64_t buckets = std::clamp<int64_t>((N + 15) / 16, 1, 256);
+  dim3 grid(static_cast<unsigned>((C + 255) / 256), static_cast<unsigned>(buckets));
+  launch(embedding_backward_kernel, grid, 256, 0, dtable, dout, ids, N, C, buckets);
 }
 
 // ---- Cross-entropy -------------------------------------------------------------------------------------
@@ -360,39 +373,48 @@ void adamw_step_device(float* p, const float* g, float* m, float* v, int64_t n, 
 }
 
 // ---- Sum of squares (gradient norm) --------------------------------------------------------------------
-__global__ void sum_squares_kernel(double* out, const float* x, int64_t n) {
+// Each block's sum of squares into part[block]; then one block sums the partials in a fixed tree.
+__global__ void sum_squares_kernel(double* part, const float* x, int64_t n) {
   __shared__ double red[32];
   double s = 0;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x)
     s += (double)x[i] * x[i];
   s = block_sum(s, red);
-  if (threadIdx.x == 0) atomicAdd(out, s);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+// *out = (accumulate ? *out : 0) + sum of part[0, n)
+__global__ void sum_partials_kernel(double* out, const double* part, int n, bool accumulate) {
+  __shared__ double red[32];
+  double s = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += part[i];
+  s = block_sum(s, red);
+  if (threadIdx.x == 0) *out = accumulate ? *out + s : s;
+}
+
+// The buffer's sum of squares into *out, or added to it: the host form's total over the buffers adds each
+// buffer's sum in the same order, so both forms give the same bits.
+void sum_squares_into(double* out, const float* x, int64_t n, bool accumulate) {
+  const unsigned blocks = std::min<unsigned>(blocks_for(n, 256), 1024);
+  Scratch<double> part(blocks);
+  launch(sum_squares_kernel, blocks, 256, 0, part.p, x, n);
+  launch(sum_partials_kernel, 1, 1024, 0, out, static_cast<const double*>(part.p), static_cast<int>(blocks),
+         accumulate);
 }
 
 double sum_squares(const float* x, int64_t n) {
   if (n == 0) return 0.0;
   Scratch<double> acc(1);
-  TITAN_CUDA_CHECK(cudaMemsetAsync(acc.p, 0, sizeof(double), cuda_stream()));
-  launch(sum_squares_kernel, std::min<unsigned>(blocks_for(n, 256), 1024), 256, 0, acc.p, x, n);
+  sum_squares_into(acc.p, x, n, false);
   double host = 0;
   TITAN_CUDA_CHECK(cudaMemcpyAsync(&host, acc.p, sizeof(double), cudaMemcpyDeviceToHost, cuda_stream()));
   TITAN_CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
   return host;
 }
 
-__global__ void add_double_kernel(double* acc, const double* x) {
-  *acc += *x;
-}
-
-// The buffer's sum into a zeroed scratch as sum_squares takes it, then added to *acc (the order, and so the
-// bits, of the host's total over the buffers).
 void sum_squares_device(double* acc, const float* x, int64_t n) {
-  if (n == 0) return;
-  Scratch<double> part(1);
-  TITAN_CUDA_CHECK(cudaMemsetAsync(part.p, 0, sizeof(double), cuda_stream()));
-  launch(sum_squares_kernel, std::min<unsigned>(blocks_for(n, 256), 1024), 256, 0, part.p, x, n);
-  launch(add_double_kernel, 1, 1, 0, acc, static_cast<const double*>(part.p));
+  if (n > 0) sum_squares_into(acc, x, n, true);
 }
 
 const RmsNormKernels kRmsNorm{rmsnorm_forward<float, float>, rmsnorm_backward<float>,
