@@ -5,7 +5,9 @@ A step is: zero_grad, forward with labels (HF causal-LM loss), backward, global-
 AdamW. Both sides train in bf16 mixed precision with f32 master weights, f32 gradients and f32 AdamW state:
 
   titan    bench_train_step --device cuda --bf16 1 (bf16 GEMM operands, f32 accumulation; its adamw and
-           sum_squares ops on the GPU); `titan_f32` drops --bf16
+           sum_squares ops on the GPU); `titan_f32` drops --bf16; `titan_graph` adds --graph 1: compile
+           mode, the step captured into a CUDA graph once and launched per step (its "host_seconds", the
+           host's time to stage and launch a step, is reported beside eager's step time)
   eager    bench/pytorch_train_step.py --device cuda --dtype bf16: HF Qwen3ForCausalLM under
            torch.autocast(bfloat16), SDPA attention, torch.optim.AdamW(fused=True) (--torch-optim)
   compile  the same with torch.compile of the model (compiled during its warm-up steps)
@@ -51,7 +53,7 @@ PRESETS = {
                  tied=1),
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512, tied=1),
 }
-IMPLS = ("titan", "titan_f32", "eager", "compile")
+IMPLS = ("titan", "titan_graph", "titan_f32", "eager", "compile")
 TARGET_MFU_1_7B = 0.45  # the targets: >= 45% MFU bf16 at 1.7B, >= 1.2x torch.compile tokens/s
 TARGET_VS_COMPILE = 1.2
 
@@ -78,6 +80,7 @@ def commands(args, preset):
         torch_cmd += ["--threads", str(args.threads)]
     return {
         "titan": titan + ["--bf16", "1"],
+        "titan_graph": titan + ["--bf16", "1", "--graph", "1"],
         "titan_f32": titan + ["--bf16", "0"],
         "eager": torch_cmd + ["--warmup", str(args.warmup)],
         "compile": torch_cmd + ["--warmup", str(args.compile_warmup), "--compile", "--compile-scope",
@@ -132,6 +135,7 @@ def summarize(steps, summary, wall):
         "median_s": med, "steps_s": secs, "tokens_per_s": tokens / med, "tokens_per_step": tokens,
         "mfu": fpt * tokens / med / (ptf * 1e12) if ptf > 0 else float("nan"),
         "flops_per_token": fpt, "peak_mem_bytes": peak, "losses": [s.get("loss") for s in steps],
+        "host_s": statistics.median([s["host_seconds"] for s in steps]) if "host_seconds" in steps[0] else None,
         "wall_s": wall, "gpu": summary.get("gpu", ""), "kernels": summary.get("kernels", ""),
         "versions": {k: summary[k] for k in ("torch_version", "transformers_version") if k in summary},
     }
@@ -152,18 +156,20 @@ def fake_rows(preset, impls):
 
 
 def table(results):
-    lines = ["| preset | impl | median step (ms) | tokens/s | MFU | peak GPU mem (GiB) | tokens/s vs torch.compile |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| preset | impl | median step (ms) | tokens/s | MFU | peak GPU mem (GiB) | tokens/s vs torch.compile "
+             "| host ms to launch |",
+             "|---|---|---|---|---|---|---|---|"]
     for preset, rows in results.items():
         ref = rows.get("compile", {}).get("tokens_per_s")
         for name, r in rows.items():
             if "error" in r:
                 err = " ".join(r["error"].split()).replace("|", "/")[:160]
-                lines.append(f"| {preset} | {name} | failed: {err} | | | | |")
+                lines.append(f"| {preset} | {name} | failed: {err} | | | | | |")
                 continue
             ratio = f"{r['tokens_per_s'] / ref:.2f}x" if ref else "-"
+            host = f"{1e3 * r['host_s']:.2f}" if r.get("host_s") is not None else "-"
             lines.append(f"| {preset} | {name} | {1e3 * r['median_s']:.1f} | {r['tokens_per_s']:.0f} | "
-                         f"{100 * r['mfu']:.1f}% | {r['peak_mem_bytes'] / 2**30:.2f} | {ratio} |")
+                         f"{100 * r['mfu']:.1f}% | {r['peak_mem_bytes'] / 2**30:.2f} | {ratio} | {host} |")
     return "\n".join(lines)
 
 
@@ -189,7 +195,7 @@ def main(argv=None):
     ap.add_argument("--titan", default=os.path.join(ROOT, "build", "bench_train_step"),
                     help="command line of bench_train_step (may start with env VAR=... )")
     ap.add_argument("--presets", default="0.6B,1.7B", help="comma list of " + ", ".join(PRESETS))
-    ap.add_argument("--impls", default="titan,eager,compile", help="comma list of " + ", ".join(IMPLS))
+    ap.add_argument("--impls", default="titan,titan_graph,eager,compile", help="comma list of " + ", ".join(IMPLS))
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (for checking the driver)")
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=1)

@@ -5,7 +5,7 @@
 //                     --moe-intermediate 0] [--seq 512 --batch 1 --steps 5 --warmup 1 --ac 0 --bf16 0
 //                     --bf16-activations 1 --op-times 0]
 //                    [--device cpu|cuda[:i]] [--peak-tflops 989.4] [--init hf|tiled]
-//                    [--serve 1]
+//                    [--serve 1] [--graph 1]
 // --ac: 0 none, 1 every layer ("full"), N every N-th layer, op (selective by op: pointwise ops recomputed).
 // --flavor 0.6B cuts the 0.6B shape to 4 layers (the CPU default); --preset NAME is the released shape of
 // Qwen3Config::flavor(NAME) with all its layers. --device cuda: parameters, gradients, activations and the
@@ -21,6 +21,11 @@
 // --serve 1: after the warm-up print {"ready":true}, then run one measured step per "step" line read from
 // stdin and print the summary at "quit" (bench/compare_pytorch.py interleaves frameworks step by step).
 // The summary carries the process's peak resident set (VmHWM).
+// --graph 1 (a device with graphs: CUDA): compile mode as the trainer runs it (src/train/train_compiled.cpp):
+// after the warm-up the step (zero_grad, forward with the loss on the device, backward, the gradients' sum of
+// squares, AdamW with the clip computed on the device) is captured once and launched on every measured step,
+// after staging the batch and the learning rate. Each line then has "host_seconds", the host's time to
+// stage and launch the step (the CPU cost per step that a graph removes), and no phases.
 #include <omp.h>
 
 #include <algorithm>
@@ -105,7 +110,7 @@ int main(int argc, char** argv) try {
   titan::Qwen3Config c = titan::Qwen3Config::flavor(preset.empty() ? flavor : preset);
   if (preset.empty() && flavor == "0.6B") c.num_hidden_layers = 4;
   int64_t seq = on_gpu ? 2048 : 512, batch = 1, steps = 5, warmup = 1, ac = 0, serve = 0, bf16 = 0,
-          bf16_acts = 1, op_times = 0, head_chunk = 0;
+          bf16_acts = 1, op_times = 0, head_chunk = 0, graph = 0;
   bool ac_ops = false;
   double peak_tflops = on_gpu ? 989.4 : 0.0;
   std::string init = on_gpu ? "tiled" : "hf";
@@ -165,6 +170,8 @@ int main(int argc, char** argv) try {
       head_chunk = v;  // rows of the lm_head + cross-entropy chunk (0 = automatic)
     else if (k == "--serve")
       serve = v;
+    else if (k == "--graph")
+      graph = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
@@ -215,7 +222,49 @@ int main(int argc, char** argv) try {
   for (auto& x : ids) x = static_cast<int32_t>(rng() % c.vocab_size);
   std::vector<double> times;
   const double tokens = static_cast<double>(batch * seq);
+  TITAN_CHECK(!graph || (dev.capture && !op_times), "--graph 1 needs a device with graphs (", device.str(),
+              " has none) and no --op-times");
+  // --graph: the captured step, the trainer's compile mode (one micro-batch, clip at max_norm 1).
+  titan::ForwardOptions graph_fo;
+  graph_fo.loss_on_device = graph_fo.inputs_staged = true;
+  titan::Tensor sq_dev;
+  void* step_graph = nullptr;
+  auto graph_ops = [&] {
+    model.zero_grad();
+    model.forward(ids.data(), ids.data(), batch, seq, graph_fo);
+    model.backward();
+    titan::grad_sq_norm_device(model.flat_grads(), sq_dev.data<double>());
+    optimizer.step_staged(sq_dev.data<double>(), 1.0f);
+  };
+  auto graph_step = [&](int64_t s, bool measured) {
+    using clock = std::chrono::steady_clock;
+    sync();
+    const auto t0 = clock::now();
+    model.stage_inputs(ids.data(), ids.data(), batch, seq, graph_fo);
+    optimizer.stage_step(1e-4f);
+    if (!sq_dev.defined()) sq_dev = titan::Tensor::zeros({1}, titan::DType::F64, device);
+    if (step_graph) {
+      dev.graph_launch(step_graph);
+    } else {  // eagerly once (what the ops make on first use), then captured
+      graph_ops();
+      step_graph = dev.capture(graph_ops);
+    }
+    const auto t1 = clock::now();
+    sync();
+    const double loss = model.device_loss_sum() / static_cast<double>(batch * (seq - 1));  // (HF's shift)
+    const auto t2 = clock::now();
+    const double dt = std::chrono::duration<double>(t2 - t0).count();
+    if (!measured) return;
+    times.push_back(dt);
+    std::printf(
+        "{\"impl\":\"titan\",\"step\":%lld,\"seconds\":%.6f,\"tokens_per_s\":%.2f,\"mfu\":%.4f,"
+        "\"loss\":%.6f,\"host_seconds\":%.6f}\n",
+        static_cast<long long>(s), dt, tokens / dt, mfu(tokens / dt), loss,
+        std::chrono::duration<double>(t1 - t0).count());
+    std::fflush(stdout);
+  };
   auto one_step = [&](int64_t s, bool measured) {
+    if (graph) return graph_step(s, measured);
     using clock = std::chrono::steady_clock;
     auto since = [](clock::time_point a, clock::time_point b) {
       return std::chrono::duration<double>(b - a).count();
@@ -288,6 +337,7 @@ int main(int argc, char** argv) try {
       flops_per_token, peak_tflops, med > 0 ? mfu(tokens / med) : 0.0, stats.peak.load() / double(1 << 30),
       static_cast<long long>(stats.peak.load()), model.activation_bytes() / double(1 << 30), peak_rss_bytes(),
       names.c_str(), ops.c_str());
+  if (step_graph) dev.graph_release(step_graph);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_train_step: %s\n", e.what());

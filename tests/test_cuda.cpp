@@ -696,6 +696,27 @@ TEST(Cuda, CrossEntropyVocabParallelMatchesReference) {
   DevF dlse(lse);
   op.shard_grad(g.p, dlse.p, dt.p, N, V, v0, 0.125f);
   EXPECT_LE(rel(g.read(), g_r), kTol);
+  // Combining two shards' statistics on the device: the max, the rescaled sums, the logsumexp and the loss.
+  std::vector<float> m_r(N), other(3 * N);
+  ref.row_max(m_r.data(), st_r.data(), N);
+  DevF m(N);
+  op.row_max(m.p, st.p, N);
+  EXPECT_EQ(m.read(), m_r);
+  for (int64_t n = 0; n < N; ++n) m_r[n] = std::max(m_r[n], m_r[n] * 0.5f + 1.0f);  // another shard's max
+  auto st2_r = st_r;
+  ref.rescale(st2_r.data(), m_r.data(), N);
+  DevF dm(m_r);
+  op.rescale(st.p, dm.p, N);
+  EXPECT_LE(rel(st.read(), st2_r), kTol);
+  double loss_r = 0.25;  // added to what the sum holds
+  ref.loss(m_r.data(), st2_r.data(), targets.data(), N, &loss_r);
+  Dev<double> loss(std::vector<double>{0.25});
+  op.loss(dm.p, st.p, dt.p, N, loss.p);
+  auto lse_got = dm.read();
+  for (int64_t n = 0; n < N; ++n)
+    if (targets[n] < 0) lse_got[n] = m_r[n] = 0.0f;  // (an ignored row's logsumexp is log 0 = -inf)
+  EXPECT_LE(rel(lse_got, m_r), kTol);
+  EXPECT_NEAR(loss.read()[0], loss_r, 1e-5 * std::abs(loss_r));
 }
 
 TEST(Cuda, AdamWAndSumSquaresMatchReference) {
@@ -725,6 +746,11 @@ TEST(Cuda, AdamWAndSumSquaresMatchReference) {
   cuda_op<SumSquaresKernels>().sum_squares_device(acc.p, dx.p, x.size());
   const double sum = acc.read()[0];
   EXPECT_NEAR(sum, 0.5 + want, 1e-9 * want);
+  // Partial sums totalled on the device in the host's order.
+  const std::vector<double> parts = {0.1, 1e17, -1e17, 0.3};
+  Dev<double> dparts(parts), total(1);
+  cuda_op<SumSquaresKernels>().total_device(total.p, dparts.p, 4);
+  EXPECT_EQ(total.read()[0], ((0.1 + 1e17) + -1e17) + 0.3);
   DevF p2(p0), m2(n), v2(n), p3(p0), m3(n), v3(n);
   for (int s = 1; s <= 3; ++s) {
     const AdamWStepScalars st = adamw_step_scalars(1e-2f, 0.9f, 0.95f, 0.1f, s);

@@ -130,7 +130,7 @@ TEST(Trainer, CudaLossSequenceMatchesCpu) {
 // second.
 TEST(Trainer, CudaTrainingRepeatsBitForBit) {
   TITAN_SKIP_WITHOUT_CUDA_GPU();
-  for (const std::vector<std::string> mode :
+  for (const std::vector<std::string>& mode :
        {std::vector<std::string>{"--training.mixed_precision_param=float32"},
         std::vector<std::string>{"--training.mixed_precision_param=bfloat16",
                                  "--activation_checkpoint.mode=full"}}) {

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "device/device.h"
+#include "kernels/registry.h"
 #include "optim/optimizer.h"
 
 namespace titan::dist {
@@ -82,16 +84,12 @@ void TensorParallel::sum(float* x, int64_t n) {
   if (group_->size() > 1) group_->all_reduce(x, n, CommType::F32, ReduceOp::Sum);
 }
 
-void TensorParallel::sum_host(float* x, int64_t n) {
-  if (group_->size() > 1) group_->host_group().all_reduce(x, n, CommType::F32, ReduceOp::Sum);
+void TensorParallel::max(float* x, int64_t n) {
+  if (group_->size() > 1) group_->all_reduce(x, n, CommType::F32, ReduceOp::Max);
 }
 
 void TensorParallel::sum_host(double* x, int64_t n) {
   if (group_->size() > 1) group_->host_group().all_reduce(x, n, CommType::F64, ReduceOp::Sum);
-}
-
-void TensorParallel::max_host(float* x, int64_t n) {
-  if (group_->size() > 1) group_->host_group().all_reduce(x, n, CommType::F32, ReduceOp::Max);
 }
 
 void TensorParallel::all_gather(const float* local, float* full, int64_t n) {
@@ -236,10 +234,13 @@ void TensorParallel::reduce_replicated_grads(const std::vector<Param>& params, c
   }
 }
 
-double TensorParallel::grad_sq_norm(const std::vector<Param>& params, const GradBuffers& b) const {
-  // sliced (summed over the group), replicated (the same on every rank), experts under expert parallel
-  // (replicated in the group, each expert group's rank holding others: summed over the expert group).
-  double sums[3] = {0, 0, 0};
+namespace {
+
+// The part of each parameter's gradient in the buffers with its kind: 0 sliced (summed over the group),
+// 1 replicated (the same on every rank), 2 an expert under expert parallel (replicated in the group, each
+// expert group's rank holding others: summed over the expert group).
+template <class Fn>
+void for_each_grad_part(const std::vector<Param>& params, const TensorParallel::GradBuffers& b, Fn&& fn) {
   const bool ep = b.expert_group && b.expert_group->size() > 1;
   for (const Param& p : params) {
     const auto [lo, hi] = overlap(p, b);
@@ -248,14 +249,42 @@ double TensorParallel::grad_sq_norm(const std::vector<Param>& params, const Grad
     const int kind = tensor_parallel_split(p.name) != TpSplit::Replicated      ? 0
                      : ep && p.name.find(".mlp.experts.") != std::string::npos ? 2
                                                                                : 1;
-    // The device's sum_squares kernel on the part in this buffer (no copy of the gradients).
-    sums[kind] += titan::grad_sq_norm({buf.view_at(lo - b.offset[p.group], {hi - lo})});
+    fn(kind, buf.view_at(lo - b.offset[p.group], {hi - lo}));  // (a view: no copy of the gradients)
   }
+}
+
+}  // namespace
+
+double TensorParallel::grad_sq_norm(const std::vector<Param>& params, const GradBuffers& b) const {
+  double sums[3] = {0, 0, 0};
+  const bool ep = b.expert_group && b.expert_group->size() > 1;
+  for_each_grad_part(params, b,
+                     [&](int kind, const Tensor& part) { sums[kind] += titan::grad_sq_norm({part}); });
   if (b.shard_group && b.shard_group->size() > 1)
     b.shard_group->host_group().all_reduce(sums, 3, CommType::F64, ReduceOp::Sum);
   if (size() > 1) group_->host_group().all_reduce(sums, 1, CommType::F64, ReduceOp::Sum);
   if (ep) b.expert_group->host_group().all_reduce(sums + 2, 1, CommType::F64, ReduceOp::Sum);
   return sums[0] + sums[1] + sums[2];
+}
+
+void TensorParallel::grad_sq_norm_device(const std::vector<Param>& params, const GradBuffers& b,
+                                         double* sums) const {
+  TITAN_CHECK(!(b.expert_group && b.expert_group->size() > 1),
+              "grad_sq_norm_device: expert parallel sums its experts' part on the host");
+  const std::vector<Tensor>& bufs = *b.grads;
+  const auto it = std::find_if(bufs.begin(), bufs.end(), [](const Tensor& t) { return t.defined(); });
+  TITAN_CHECK(it != bufs.end(), "grad_sq_norm_device: no gradient buffer");
+  const DeviceType type = it->device().type;
+  const SumSquaresKernels& k = get_kernel<SumSquaresKernels>(type);
+  device_interface(type).zero(sums, 3 * sizeof(double));
+  // (grad_sq_norm adds each part's sum_squares to its kind's total: the same adds, on the device)
+  for_each_grad_part(params, b, [&](int kind, const Tensor& part) {
+    k.sum_squares_device(sums + kind, part.f32(), part.numel());
+  });
+  if (b.shard_group && b.shard_group->size() > 1)
+    b.shard_group->all_reduce(sums, 3, CommType::F64, ReduceOp::Sum);
+  if (size() > 1) group_->all_reduce(sums, 1, CommType::F64, ReduceOp::Sum);
+  k.total_device(sums + 3, sums, 3);
 }
 
 }  // namespace titan::dist

@@ -53,9 +53,8 @@ class TensorParallel : public TensorParallelComm {
   ProcessGroup& group() const { return *group_; }
 
   void sum(float* x, int64_t n) override;
-  void sum_host(float* x, int64_t n) override;
+  void max(float* x, int64_t n) override;
   void sum_host(double* x, int64_t n) override;
-  void max_host(float* x, int64_t n) override;
   void all_gather(const float* local, float* full, int64_t n) override;
   void reduce_scatter(const float* full, float* local, int64_t n) override;
 
@@ -101,6 +100,10 @@ class TensorParallel : public TensorParallelComm {
   // ones once; shards summed over their group). Collective.
   double grad_sq_norm(const std::vector<Param>& params, const GradBuffers& g) const;
   double grad_sq_norm(Qwen3Model& local) const { return grad_sq_norm(local.params(), full_buffers(local)); }
+  // The same left on the device (compile mode: nothing waits for it): sums points at 4 doubles of the
+  // gradients' device memory; sums[3] ends as grad_sq_norm's result, bit for bit (the three partial sums in
+  // sums[0..2], reduced by collectives on the device). Not with expert parallel.
+  void grad_sq_norm_device(const std::vector<Param>& params, const GradBuffers& g, double* sums) const;
 
  private:
   std::shared_ptr<ProcessGroup> group_;

@@ -3,11 +3,7 @@
 #pragma once
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define TITAN_HOST_DEVICE __host__ __device__
-#else
-#define TITAN_HOST_DEVICE
-#endif
+#include "kernels/host_device.h"
 
 namespace titan {
 

@@ -17,4 +17,25 @@ AdamWStepScalars adamw_step_scalars(float lr, float beta1, float beta2, float we
   return s;
 }
 
+// VocabParallelCrossEntropyKernels' combining ops for devices whose memory is the host's.
+void shard_row_max_on_host(float* m, const float* stats, int64_t N) {
+  for (int64_t n = 0; n < N; ++n) m[n] = stats[3 * n];
+}
+
+void shard_rescale_on_host(float* stats, const float* m, int64_t N) {
+  for (int64_t n = 0; n < N; ++n) {
+    stats[3 * n + 1] *= std::exp(stats[3 * n] - m[n]);
+    stats[3 * n] = 0.0f;
+  }
+}
+
+void shard_loss_on_host(float* m, const float* stats, const int32_t* targets, int64_t N, double* loss_sum) {
+  double loss = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    m[n] += std::log(stats[3 * n + 1]);
+    if (targets[n] >= 0) loss += (double)m[n] - stats[3 * n + 2];
+  }
+  *loss_sum += loss;
+}
+
 }  // namespace titan

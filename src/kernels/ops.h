@@ -7,6 +7,8 @@
 #include <compare>
 #include <cstdint>
 
+#include "kernels/host_device.h"
+
 namespace titan {
 
 // out = inp @ weight^T        inp (N,C), weight (OC,C), out (N,OC)
@@ -207,12 +209,20 @@ void add_loss_sum(double* loss_sum, float* logits, const int32_t* targets, int64
 // target lies in this shard, else 0}; ignored rows get {0, 0, 0}.
 // shard_grad: with lse[n] the full row's logsumexp (the ranks' stats combined), logits := grad_scale *
 // (softmax - onehot) over the shard's columns (0 for ignored rows).
+// Combining the ranks' stats on the device (Qwen3Model, with all-reduces of the group in between):
+// row_max: m[n] = stats[3n], then the group's max of m; rescale: stats[3n+1] *= exp(stats[3n] - m[n]) (the
+// sum of exp relative to the global max), stats[3n] = 0, then the group's sum of stats; loss: m[n] := the
+// row's logsumexp m[n] + log(stats[3n+1]) (shard_grad's lse), and *loss_sum += the sum over rows with a
+// target of (double)lse - stats[3n+2], summed from 0 in row order in double, then added.
 struct VocabParallelCrossEntropyKernels {
   static constexpr const char* kOp = "cross_entropy_vocab_parallel";
   void (*shard_stats)(float* stats, const float* logits, const int32_t* targets, int64_t N, int64_t V,
                       int64_t v0);
   void (*shard_grad)(float* logits, const float* lse, const int32_t* targets, int64_t N, int64_t V,
                      int64_t v0, float grad_scale);
+  void (*row_max)(float* m, const float* stats, int64_t N);
+  void (*rescale)(float* stats, const float* m, int64_t N);
+  void (*loss)(float* m, const float* stats, const int32_t* targets, int64_t N, double* loss_sum);
 };
 
 // torch.optim.AdamW step on a flat buffer (decoupled weight decay, bias correction, eps after sqrt).
@@ -240,12 +250,16 @@ struct AdamWKernels {
                       const double* sq_sum, float max_norm);
 };
 
-// torch.nn.utils.clip_grad_norm_'s factor from the sum of squares of the gradients: max_norm / (norm + 1e-6)
-// in float, clamped to 1; 1 when max_norm <= 0.
-inline float clip_scale(double sq_sum, float max_norm) {
+// torch.nn.utils.clip_grad_norm_'s factor: max_norm / (norm + 1e-6) in float, clamped to 1; 1 when
+// max_norm <= 0. The one formula of the host's clip_coefficient and of every AdamW step_device.
+TITAN_HOST_DEVICE inline float clip_factor(float norm, float max_norm) {
   if (max_norm <= 0) return 1.0f;
-  const float coef = max_norm / (static_cast<float>(std::sqrt(sq_sum)) + 1e-6f);
+  const float coef = max_norm / (norm + 1e-6f);
   return coef < 1.0f ? coef : 1.0f;
+}
+// The factor from the gradients' sum of squares.
+TITAN_HOST_DEVICE inline float clip_scale(double sq_sum, float max_norm) {
+  return clip_factor(static_cast<float>(sqrt(sq_sum)), max_norm);
 }
 
 // step_device for devices whose memory is the host's: the scalars read, the step taken.
@@ -265,11 +279,27 @@ struct SumSquaresKernels {
   // The same added to *acc (one double in the op's device memory) instead of returned: nothing waits for
   // the device (compile mode). *acc ends equal to its old value plus sum_squares's result, bit for bit.
   void (*sum_squares_device)(double* acc, const float* x, int64_t n);
+  // *out = ((parts[0] + parts[1]) + ...) + parts[n-1] (n doubles in the op's device memory): a total of
+  // partial sums taken on the device in the order the host adds them.
+  void (*total_device)(double* out, const double* parts, int64_t n);
 };
 
 template <double (*F)(const float*, int64_t)>
 void add_sum_squares(double* acc, const float* x, int64_t n) {
   *acc += F(x, n);
+}
+
+// VocabParallelCrossEntropyKernels' row_max, rescale and loss for devices whose memory is the host's
+// (ops.cpp).
+void shard_row_max_on_host(float* m, const float* stats, int64_t N);
+void shard_rescale_on_host(float* stats, const float* m, int64_t N);
+void shard_loss_on_host(float* m, const float* stats, const int32_t* targets, int64_t N, double* loss_sum);
+
+// total_device for devices whose memory is the host's.
+inline void total_on_host(double* out, const double* parts, int64_t n) {
+  double t = n > 0 ? parts[0] : 0.0;
+  for (int64_t i = 1; i < n; ++i) t += parts[i];
+  *out = t;
 }
 
 // ---- Mixture of experts -------------------------------------------------------------------------------

@@ -75,9 +75,7 @@ void scale_grads(std::vector<Tensor>& grads, float coef) {
 }
 
 float clip_coefficient(double norm, double max_norm) {
-  if (max_norm <= 0) return 1.0f;
-  const float coef = static_cast<float>(max_norm) / (static_cast<float>(norm) + 1e-6f);
-  return coef < 1.0f ? coef : 1.0f;
+  return max_norm <= 0 ? 1.0f : clip_factor(static_cast<float>(norm), static_cast<float>(max_norm));
 }
 
 double clip_grad_norm(std::vector<Tensor>& grads, double max_norm) {

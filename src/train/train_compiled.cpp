@@ -22,10 +22,9 @@ namespace titan {
 // What the captured step does not hold yet, each refused with its reason (as torchtitan refuses CUDA graphs
 // with pipeline parallel) rather than run eagerly behind the user's back.
 std::string Trainer::compile_refusal() const {
-  if (plan_.tensor_parallel > 1 || plan_.context_parallel > 1 || plan_.pipeline.degree > 1 ||
-      plan_.expert_parallel > 1)
-    return "tensor, context, pipeline and expert parallel (they reduce statistics on the host inside the "
-           "step); data parallel (DDP, FSDP, HSDP) is captured";
+  if (plan_.context_parallel > 1 || plan_.pipeline.degree > 1 || plan_.expert_parallel > 1)
+    return "context, pipeline and expert parallel (their schedules and statistics run on the host inside "
+           "the step); data and tensor parallel are captured";
   if (cfg_.lora.enable) return "LoRA";
   if (mc_.num_experts > 0) return "MoE models (the aux loss and the expert counts are combined on the host)";
   if (cfg_.training.dataset_format == "chat")
@@ -61,7 +60,8 @@ StepOutcome Trainer::train_step_captured(int64_t step) {
   }
   s.lr = cfg_.optimizer.lr * schedule_->factor(step - 1);
   optimizer_->stage_step(static_cast<float>(s.lr));
-  if (!compile_sq_.defined()) compile_sq_ = Tensor::zeros({1}, DType::F64, device_);
+  // The gradients' sum of squares in [3] (tensor parallel: its three partial sums before it).
+  if (!compile_sq_.defined()) compile_sq_ = Tensor::zeros({4}, DType::F64, device_);
   const float max_norm = static_cast<float>(cfg_.training.max_norm);
   auto step_ops = [&] {
     model_->zero_grad();
@@ -71,8 +71,13 @@ StepOutcome Trainer::train_step_captured(int64_t step) {
       model_->backward();
     }
     dp_->reduce_grads();
-    dp_->grad_sq_norm_device(compile_sq_.data<double>());
-    optimizer_->step_staged(compile_sq_.data<double>(), max_norm);
+    if (tp_) {
+      tp_->reduce_replicated_grads(model_->params(), tp_grads());
+      tp_->grad_sq_norm_device(model_->params(), tp_grads(), compile_sq_.data<double>());
+    } else {
+      dp_->grad_sq_norm_device(compile_sq_.data<double>() + 3);
+    }
+    optimizer_->step_staged(compile_sq_.data<double>() + 3, max_norm);
     dp_->after_optimizer_step();
     refresh_bf16_model();
   };
@@ -101,7 +106,7 @@ StepOutcome Trainer::train_step_captured(int64_t step) {
   if (world_ > 1) pg_->all_reduce(totals, 3, dist::ReduceOp::Sum);
   s.loss = totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
   double sq = 0;
-  compile_sq_.copy_to_host(&sq);
+  compile_sq_.view_at(3, {1}).copy_to_host(&sq);
   s.grad_norm = std::sqrt(sq);
   TITAN_CHECK(std::isfinite(s.loss), "loss is ", s.loss, " at step ", step, " (compile mode)");
   return s;

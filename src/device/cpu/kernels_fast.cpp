@@ -388,10 +388,11 @@ const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward_t<float>, swiglu_for
                             swiglu_backward_t<uint16_t>};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy, add_loss_sum<cross_entropy>};
-const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{cross_entropy_shard_stats,
-                                                                  cross_entropy_shard_grad};
+const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{
+    cross_entropy_shard_stats, cross_entropy_shard_grad, shard_row_max_on_host, shard_rescale_on_host,
+    shard_loss_on_host};
 const AdamWKernels kAdamW{adamw_step, adamw_step_from_scalars<adamw_step>};
-const SumSquaresKernels kSumSquares{sum_squares, add_sum_squares<sum_squares>};
+const SumSquaresKernels kSumSquares{sum_squares, add_sum_squares<sum_squares>, total_on_host};
 
 TITAN_REGISTER_KERNEL(MatmulKernels, CPU, "blas", kMatmul, 10);
 TITAN_REGISTER_KERNEL(RmsNormKernels, CPU, "fast", kRmsNorm, 10);

@@ -408,10 +408,11 @@ const AttentionRingKernels kAttentionRing{attention_ring_forward, attention_ring
 const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward, swiglu_forward_bf16, swiglu_backward_bf16};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy, add_loss_sum<cross_entropy>};
-const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{cross_entropy_shard_stats,
-                                                                  cross_entropy_shard_grad};
+const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{
+    cross_entropy_shard_stats, cross_entropy_shard_grad, shard_row_max_on_host, shard_rescale_on_host,
+    shard_loss_on_host};
 const AdamWKernels kAdamW{adamw_step, adamw_step_from_scalars<adamw_step>};
-const SumSquaresKernels kSumSquares{sum_squares, add_sum_squares<sum_squares>};
+const SumSquaresKernels kSumSquares{sum_squares, add_sum_squares<sum_squares>, total_on_host};
 
 TITAN_REGISTER_KERNEL(MatmulKernels, CPU, "reference", kMatmul, 0);
 TITAN_REGISTER_KERNEL(RmsNormKernels, CPU, "reference", kRmsNorm, 0);

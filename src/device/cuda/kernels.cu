@@ -319,6 +319,41 @@ void cross_entropy_shard_grad(float* logits, const float* lse, const int32_t* ta
   launch(cross_entropy_shard_grad_kernel, N, 512, 0, logits, lse, targets, V, v0, grad_scale);
 }
 
+// Combining the ranks' row statistics on the device (ops.h): one thread per row, the loss in one thread.
+__global__ void shard_row_max_kernel(float* m, const float* stats, int64_t N) {
+  TITAN_GRID_STRIDE(n, N) m[n] = stats[3 * n];
+}
+__global__ void shard_rescale_kernel(float* stats, const float* m, int64_t N) {
+  TITAN_GRID_STRIDE(n, N) {
+    stats[3 * n + 1] *= expf(stats[3 * n] - m[n]);
+    stats[3 * n] = 0.0f;
+  }
+}
+__global__ void shard_lse_kernel(float* m, const float* stats, int64_t N) {
+  TITAN_GRID_STRIDE(n, N) m[n] += logf(stats[3 * n + 1]);
+}
+// The rows' losses added in row order, as the host adds them (a chunk of rows: a few thousand adds).
+__global__ void shard_loss_kernel(const float* lse, const float* stats, const int32_t* targets, int64_t N,
+                                  double* loss_sum) {
+  double loss = 0;
+  for (int64_t n = 0; n < N; ++n)
+    if (targets[n] >= 0) loss += (double)lse[n] - stats[3 * n + 2];
+  *loss_sum += loss;
+}
+
+void cross_entropy_shard_row_max(float* m, const float* stats, int64_t N) {
+  if (N > 0) launch(shard_row_max_kernel, blocks_for(N, 256), 256, 0, m, stats, N);
+}
+void cross_entropy_shard_rescale(float* stats, const float* m, int64_t N) {
+  if (N > 0) launch(shard_rescale_kernel, blocks_for(N, 256), 256, 0, stats, m, N);
+}
+void cross_entropy_shard_loss(float* m, const float* stats, const int32_t* targets, int64_t N,
+                              double* loss_sum) {
+  if (N == 0) return;
+  launch(shard_lse_kernel, blocks_for(N, 256), 256, 0, m, stats, N);
+  launch(shard_loss_kernel, 1, 1, 0, static_cast<const float*>(m), stats, targets, N, loss_sum);
+}
+
 // ---- AdamW ---------------------------------------------------------------------------------------------
 // torch.optim.AdamW, the same f32 operations in the same order as the CPU reference; the bias corrections
 // are computed once on the host in double (adamw_step_scalars).
@@ -357,11 +392,7 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float l
 __global__ void adamw_device_kernel(float* p, const float* g, float* m, float* v, int64_t n, float beta1,
                                     float beta2, float eps, const AdamWStepScalars* s, const double* sq_sum,
                                     float max_norm) {
-  float grad_scale = 1.0f;
-  if (sq_sum && max_norm > 0) {
-    const float coef = max_norm / ((float)sqrt(*sq_sum) + 1e-6f);
-    grad_scale = coef < 1.0f ? coef : 1.0f;
-  }
+  const float grad_scale = sq_sum ? clip_scale(*sq_sum, max_norm) : 1.0f;
   adamw_update(p, g, m, v, n, beta1, beta2, eps, s->decay, s->step_size, s->bc2_sqrt, grad_scale);
 }
 
@@ -417,6 +448,16 @@ void sum_squares_device(double* acc, const float* x, int64_t n) {
   if (n > 0) sum_squares_into(acc, x, n, true);
 }
 
+__global__ void total_kernel(double* out, const double* parts, int64_t n) {
+  double t = n > 0 ? parts[0] : 0.0;
+  for (int64_t i = 1; i < n; ++i) t += parts[i];
+  *out = t;
+}
+
+void total_device(double* out, const double* parts, int64_t n) {
+  launch(total_kernel, 1, 1, 0, out, parts, n);
+}
+
 const RmsNormKernels kRmsNorm{rmsnorm_forward<float, float>, rmsnorm_backward<float>,
                               rmsnorm_forward<float, uint16_t>, rmsnorm_forward<uint16_t, float>,
                               rmsnorm_backward<uint16_t>};
@@ -426,10 +467,11 @@ const SwigluKernels kSwiglu{swiglu_forward_t<float, float>, swiglu_backward_t<fl
                             swiglu_forward_t<uint16_t, uint16_t>, swiglu_backward_t<uint16_t>};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy, cross_entropy_device};
-const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{cross_entropy_shard_stats,
-                                                                  cross_entropy_shard_grad};
+const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{
+    cross_entropy_shard_stats, cross_entropy_shard_grad, cross_entropy_shard_row_max, cross_entropy_shard_rescale,
+    cross_entropy_shard_loss};
 const AdamWKernels kAdamW{adamw_step, adamw_step_device};
-const SumSquaresKernels kSumSquares{sum_squares, sum_squares_device};
+const SumSquaresKernels kSumSquares{sum_squares, sum_squares_device, total_device};
 
 TITAN_REGISTER_KERNEL(RmsNormKernels, CUDA, "cuda", kRmsNorm, 10);
 TITAN_REGISTER_KERNEL(RopeKernels, CUDA, "cuda", kRope, 10);

@@ -138,10 +138,14 @@ const CrossEntropyKernels kCrossEntropy{TITAN_GUARD(CrossEntropyKernels, forward
                                         TITAN_GUARD(CrossEntropyKernels, forward_backward_device)};
 const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{
     TITAN_GUARD(VocabParallelCrossEntropyKernels, shard_stats),
-    TITAN_GUARD(VocabParallelCrossEntropyKernels, shard_grad)};
+    TITAN_GUARD(VocabParallelCrossEntropyKernels, shard_grad),
+    TITAN_GUARD(VocabParallelCrossEntropyKernels, row_max),
+    TITAN_GUARD(VocabParallelCrossEntropyKernels, rescale),
+    TITAN_GUARD(VocabParallelCrossEntropyKernels, loss)};
 const AdamWKernels kAdamW{TITAN_GUARD(AdamWKernels, step), TITAN_GUARD(AdamWKernels, step_device)};
 const SumSquaresKernels kSumSquares{TITAN_GUARD(SumSquaresKernels, sum_squares),
-                                    TITAN_GUARD(SumSquaresKernels, sum_squares_device)};
+                                    TITAN_GUARD(SumSquaresKernels, sum_squares_device),
+                                    TITAN_GUARD(SumSquaresKernels, total_device)};
 const MoeExpertsKernels kMoe{TITAN_GUARD(MoeExpertsKernels, forward),
                              TITAN_GUARD(MoeExpertsKernels, backward)};
 const MoeExpertsBf16Kernels kMoeBf16{

@@ -365,8 +365,8 @@ class Qwen3Model {
   const float* full_rows(const float* local);
   // d(norm output) from the column-parallel GEMMs' partial input gradients (N,H): this rank's rows, summed.
   float* sum_column_parallel_grad(float* dfull);
-  double vocab_parallel_cross_entropy(float* logits, int64_t r0, int64_t rows, float scale,
-                                      bool compute_grad);
+  void vocab_parallel_cross_entropy(float* logits, int64_t r0, int64_t rows, float scale, bool compute_grad,
+                                    double* loss_sum);
   void tp_sum(float* x, int64_t n) {
     if (tp_) tp_->sum(x, n);
   }
@@ -453,7 +453,6 @@ class Qwen3Model {
   Tensor doc_start_, token_cos_, token_sin_;  // packing: (N) first key of each token's document, (N,hd/2)
   std::vector<int32_t> host_targets_, host_ids_;
   Tensor ce_stats_;  // vocab parallel: one head chunk's row statistics (3 per row), then its logsumexp
-  std::vector<float> ce_host_;
   Tensor final_resid_, lnf_, rstdf_, logits_, logits_copy_;  // logits_: one (head_rows_, V) chunk
   // Backward scratch shared by all layers.
   Tensor dresid_, dln_, dq_, dk_, dv_, dqr_, dkr_, datt_, dgu_, dact_;
@@ -480,7 +479,9 @@ class Qwen3Model {
   // per expert (E), then the router probabilities summed per expert (E); aux_host_ is their host copy.
   Tensor aux_stats_;
   Tensor loss_sum_;  // (slots, f64) the CE loss sums of forwards with loss_on_device, by staged_slot
-  Tensor staged_ids_, staged_targets_;  // (slots x N, i32) stage_inputs()' micro-batches
+  Tensor staged_ids_, staged_targets_;
+  Tensor vp_loss_sum_;  // (1, f64) loss parallel's loss sum of an eager forward  // (slots x N, i32)
+                        // stage_inputs()' micro-batches
   mutable int64_t buffers_epoch_ = 0;
   void check_ids(const int32_t* ids, int64_t B, int64_t T) const;
   void copy_staged(Tensor& dst, const Tensor& staged, int64_t slot, int64_t n);

@@ -51,8 +51,8 @@ struct ForwardOptions {
   const double* aux_stats_in = nullptr;
   // The loss stays on the device: nothing in the forward waits for it (a graph can hold the forward:
   // compile mode). The result's loss, loss_sum and ce_loss are then NaN; Qwen3Model::device_loss_sum()
-  // reads the sum once the device is done. Dense models, one vocabulary shard (the MoE aux loss and loss
-  // parallel combine their statistics on the host).
+  // reads the sum once the device is done. Dense models (the MoE aux loss combines its statistics on the
+  // host); loss parallel combines the ranks' statistics with all-reduces on the device.
   bool loss_on_device = false;
   // The ids and targets are on the device already (Qwen3Model::stage_inputs with the same arrays): no copy
   // of host memory in the forward, so a graph can hold it. The forward still reads the arrays on the host
@@ -101,10 +101,9 @@ class TensorParallelComm {
   virtual ~TensorParallelComm() = default;
   virtual int size() const = 0;
   virtual int rank() const = 0;
-  virtual void sum(float* x, int64_t n) = 0;       // in place, over the group, x on the model's device
-  virtual void sum_host(float* x, int64_t n) = 0;  // the same, x on the host
-  virtual void sum_host(double* x, int64_t n) = 0;
-  virtual void max_host(float* x, int64_t n) = 0;  // elementwise max, x on the host
+  virtual void sum(float* x, int64_t n) = 0;        // in place, over the group, x on the model's device
+  virtual void max(float* x, int64_t n) = 0;        // elementwise max, the same
+  virtual void sum_host(double* x, int64_t n) = 0;  // in place, over the group, x on the host
   // Sequence parallel (device buffers): full := the ranks' n-float blocks in rank order; local := the sum
   // over the ranks of their full[rank() * n, (rank() + 1) * n).
   virtual void all_gather(const float* local, float* full, int64_t n) = 0;

@@ -23,33 +23,22 @@ void Qwen3Model::set_tensor_parallel(TensorParallelComm* comm, bool sequence_par
 }
 
 // Loss parallel over one head chunk of `rows` rows whose logits hold this rank's vocabulary columns: the
-// ranks' row statistics (max, sum of exp, target logit) combine into each row's logsumexp; returns the
-// chunk's loss sum (the same on every rank) and, with compute_grad, leaves the chunk's logit gradient.
-double Qwen3Model::vocab_parallel_cross_entropy(float* logits, int64_t r0, int64_t rows, float scale,
-                                                bool compute_grad) {
+// ranks' row statistics (max, sum of exp, target logit) combine into each row's logsumexp on the device
+// (all-reduces of the group: the max, then the sums relative to it); the chunk's loss sum (the same on every
+// rank) is added to *loss_sum (device memory) and, with compute_grad, the chunk's logit gradient left.
+void Qwen3Model::vocab_parallel_cross_entropy(float* logits, int64_t r0, int64_t rows, float scale,
+                                              bool compute_grad, double* loss_sum) {
   const int64_t V = config_.vocab_size, v0 = vocab_start();
   const int32_t* targets = targets_.data<int32_t>() + r0;
-  float* stats = ensure(ce_stats_, 3 * rows).f32();
+  float* stats = ensure(ce_stats_, 4 * rows).f32();
+  float* m = stats + 3 * rows;  // the rows' max, then their logsumexp
   cross_entropy_vp_->shard_stats(stats, logits, targets, rows, V, v0);
-  ce_host_.resize(4 * rows);
-  float *s = ce_host_.data(), *m = s + 3 * rows;
-  dev_->copy_to_host(s, stats, 3 * rows * sizeof(float));
-  for (int64_t n = 0; n < rows; ++n) m[n] = s[3 * n];
-  tp_->max_host(m, rows);
-  for (int64_t n = 0; n < rows; ++n) s[3 * n + 1] *= std::exp(s[3 * n] - m[n]), s[3 * n] = 0.0f;
-  tp_->sum_host(s, 3 * rows);  // {-, sum of exp relative to the global max, target logit}
-  const int32_t* host_tgt = host_targets_.data() + r0;
-  double loss = 0;
-  for (int64_t n = 0; n < rows; ++n) {
-    const float lse = m[n] + std::log(s[3 * n + 1]);
-    if (host_tgt[n] >= 0) loss += (double)lse - s[3 * n + 2];
-    s[n] = lse;  // (rows already read)
-  }
-  if (compute_grad) {
-    dev_->copy_from_host(stats, s, rows * sizeof(float));
-    cross_entropy_vp_->shard_grad(logits, stats, targets, rows, V, v0, scale);
-  }
-  return loss;
+  cross_entropy_vp_->row_max(m, stats, rows);
+  tp_->max(m, rows);
+  cross_entropy_vp_->rescale(stats, m, rows);
+  tp_->sum(stats, 3 * rows);  // {0, sum of exp relative to the global max, target logit}
+  cross_entropy_vp_->loss(m, stats, targets, rows, loss_sum);
+  if (compute_grad) cross_entropy_vp_->shard_grad(logits, m, targets, rows, V, v0, scale);
 }
 
 // ln2 of layer l into a.ln2. Under sequence parallel: this rank's rows for a dense layer (gathered for its

@@ -23,10 +23,9 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   TITAN_CHECK(embed || opts.stage_input, "forward: stage ", opts.stage, " (layers ", range.first, "..",
               range.end - 1, ") needs the previous stage's hidden states");
   if (embed) check_ids(ids, B, T);
-  TITAN_CHECK(
-      !opts.loss_on_device || (!vocab_parallel() && total_moe_layers_ == 0),
-      "forward: loss_on_device takes a dense model with the whole vocabulary on each rank (the MoE aux "
-      "loss and loss parallel combine their statistics on the host)");
+  TITAN_CHECK(!opts.loss_on_device || total_moe_layers_ == 0,
+              "forward: loss_on_device takes a dense model (the MoE aux loss combines its statistics on the "
+              "host)");
   TITAN_CHECK(!(opts.keep_logits && vocab_parallel()),
               "forward: keep_logits under vocab parallel (each rank ",
               "holds a slice of the vocabulary's logits)");
@@ -115,11 +114,12 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   // gradient overwrites it (its zeros are not read back), the rest add to it.
   bool accumulate_dlm_head = !(head_grad_zeroed_ && !streamer_);
   r.loss_sum = 0;
-  double* loss_dev = nullptr;
-  if (opts.loss_on_device) {
+  double* loss_dev = nullptr;  // the loss summed on the device (loss_on_device; loss parallel always)
+  if (opts.loss_on_device)
     loss_dev = ensure(loss_sum_, opts.staged_slot + 1, DType::F64).data<double>() + opts.staged_slot;
-    dev_->zero(loss_dev, sizeof(double));
-  }
+  else if (vocab_parallel())
+    loss_dev = ensure(vp_loss_sum_, 1, DType::F64).data<double>();
+  if (loss_dev) dev_->zero(loss_dev, sizeof(double));
   for (int64_t r0 = 0; r0 < N; r0 += head_rows_) {
     const int64_t rows = std::min(head_rows_, N - r0);
     float* lg = logits_.f32();
@@ -128,7 +128,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     bf16(lg, rows * V);
     if (opts.keep_logits) dev_->copy(logits_copy_.f32() + r0 * V, lg, rows * V * sizeof(float));
     if (vocab_parallel())
-      r.loss_sum += vocab_parallel_cross_entropy(lg, r0, rows, scale, opts.compute_grad);
+      vocab_parallel_cross_entropy(lg, r0, rows, scale, opts.compute_grad, loss_dev);
     else if (loss_dev)
       cross_entropy_->forward_backward_device(loss_dev, lg, tgt + r0, rows, V, scale, opts.compute_grad);
     else
@@ -147,7 +147,10 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   }
   release_params(group_head);
   if (c.tie_word_embeddings) release_params(0);
-  if (loss_dev) r.loss_sum = std::nan("");  // (device_loss_sum() reads it)
+  if (opts.loss_on_device)
+    r.loss_sum = std::nan("");  // (device_loss_sum() reads it)
+  else if (loss_dev)
+    dev_->copy_to_host(&r.loss_sum, loss_dev, sizeof(double));
   r.ce_loss = num_valid > 0 ? r.loss_sum / (double)num_valid : std::nan("");
   r.loss = r.ce_loss;
   aux_scale_ = 0.0f;
