@@ -22,9 +22,9 @@ namespace titan {
 // What the captured step does not hold yet, each refused with its reason (as torchtitan refuses CUDA graphs
 // with pipeline parallel) rather than run eagerly behind the user's back.
 std::string Trainer::compile_refusal() const {
-  if (plan_.context_parallel > 1 || plan_.pipeline.degree > 1 || plan_.expert_parallel > 1)
-    return "context, pipeline and expert parallel (their schedules and statistics run on the host inside "
-           "the step); data and tensor parallel are captured";
+  if (plan_.pipeline.degree > 1 || plan_.expert_parallel > 1)
+    return "pipeline and expert parallel (the pipeline schedule and the experts' routing counts run on the "
+           "host inside the step); data, tensor and context parallel are captured";
   if (cfg_.lora.enable) return "LoRA";
   if (mc_.num_experts > 0) return "MoE models (the aux loss and the expert counts are combined on the host)";
   if (cfg_.training.dataset_format == "chat")
@@ -44,8 +44,10 @@ StepOutcome Trainer::train_step_captured(int64_t step) {
   const int64_t accum = plan_.grad_accum;
   std::vector<data::Batch>& micro = compile_micro_;
   micro.resize(static_cast<size_t>(accum));
-  for (data::Batch& b : micro)
+  for (data::Batch& b : micro) {
     TITAN_CHECK(data_.train->next_batch(b), "the dataset ran out of data at step ", step);
+    if (cp_) b = context_parallel_rows(b);
+  }
   std::vector<ForwardOptions>& fo = compile_fo_;
   fo.assign(static_cast<size_t>(accum), ForwardOptions{});
   const float grad_scale = micro_batch_grad_scale(micro);  // (text windows: a constant of the run)
