@@ -36,9 +36,10 @@ std::string Trainer::compile_refusal() const {
 
 // One step: the micro-batches staged (slot k for micro-batch k), the graph launched (or the step run
 // eagerly and captured), then the losses and the norm read back. Inside the graph, as in train_step():
-// zero_grad, forward + backward of every micro-batch, the data-parallel reduction (NCCL), the gradients'
-// global sum of squares (summed over the FSDP shards by an all-reduce on the device), AdamW with the clip,
-// the FSDP gather, the bf16 refresh.
+// zero_grad, forward + backward of every micro-batch (tensor and context parallel's collectives included),
+// the data-parallel reduction (NCCL), tensor parallel's sums of the replicated parameters' gradients, the
+// gradients' global sum of squares (its partial sums all-reduced on the device), AdamW with the clip, the
+// FSDP gather, the bf16 refresh.
 StepOutcome Trainer::train_step_captured(int64_t step) {
   StepOutcome s;
   const int64_t accum = plan_.grad_accum;
