@@ -44,11 +44,7 @@ StepOutcome Trainer::train_step_captured(int64_t step) {
   StepOutcome s;
   const int64_t accum = plan_.grad_accum;
   std::vector<data::Batch>& micro = compile_micro_;
-  micro.resize(static_cast<size_t>(accum));
-  for (data::Batch& b : micro) {
-    TITAN_CHECK(data_.train->next_batch(b), "the dataset ran out of data at step ", step);
-    if (cp_) b = context_parallel_rows(b);
-  }
+  next_micro_batches(step, micro);
   std::vector<ForwardOptions>& fo = compile_fo_;
   fo.assign(static_cast<size_t>(accum), ForwardOptions{});
   const float grad_scale = micro_batch_grad_scale(micro);  // (text windows: a constant of the run)

@@ -85,11 +85,8 @@ bool Trainer::preempted(const PreemptionGuard& preemption, int64_t step, bool sa
 void Trainer::forward_backward(int64_t step, double totals[3]) {
   model_->zero_grad();
   totals[0] = totals[1] = totals[2] = 0;
-  std::vector<data::Batch> micro(static_cast<size_t>(plan_.grad_accum));
-  for (data::Batch& b : micro) {
-    TITAN_CHECK(data_.train->next_batch(b), "the dataset ran out of data at step ", step);
-    if (cp_) b = context_parallel_rows(b);
-  }
+  std::vector<data::Batch> micro;
+  next_micro_batches(step, micro);
   const float grad_scale = micro_batch_grad_scale(micro);
   if (pipeline_) {
     // Each accumulation step's batch through the pipeline schedule, in micro-batches.
@@ -133,6 +130,15 @@ void Trainer::forward_backward(int64_t step, double totals[3]) {
     totals[0] += r.loss_sum;
     totals[1] += static_cast<double>(r.num_valid);
     totals[2] += r.aux_loss;
+  }
+}
+
+// The step's grad_accum micro-batches from the training data (context parallel: this rank's rows of each).
+void Trainer::next_micro_batches(int64_t step, std::vector<data::Batch>& micro) {
+  micro.resize(static_cast<size_t>(plan_.grad_accum));
+  for (data::Batch& b : micro) {
+    TITAN_CHECK(data_.train->next_batch(b), "the dataset ran out of data at step ", step);
+    if (cp_) b = context_parallel_rows(b);
   }
 }
 
