@@ -664,10 +664,11 @@ TEST(Cuda, CrossEntropyMatchesReference) {
       const double l = cuda_op<CrossEntropyKernels>().forward_backward(g.p, dt.p, N, V, 0.125f, grad);
       EXPECT_NEAR(l, l_r, 1e-9 * std::abs(l_r)) << "N=" << N << " V=" << V;
       EXPECT_LE(rel(g.read(), g_r), kTol) << "N=" << N << " V=" << V << " grad=" << grad;
-      // The loss added to a device scalar instead: exactly the returned sum, the same gradient.
-      DevF g2(logits);
+      // The loss added to a device scalar instead, the scale read from one: exactly the returned sum, the
+      // same gradient.
+      DevF g2(logits), scale(std::vector<float>{0.125f});
       Dev<double> sum(std::vector<double>{0.5});
-      cuda_op<CrossEntropyKernels>().forward_backward_device(sum.p, g2.p, dt.p, N, V, 0.125f, grad);
+      cuda_op<CrossEntropyKernels>().forward_backward_device(sum.p, g2.p, dt.p, N, V, scale.p, grad);
       EXPECT_EQ(sum.read()[0], 0.5 + l) << "N=" << N << " V=" << V;
       EXPECT_EQ(g2.read(), g.read());
     }
@@ -692,9 +693,10 @@ TEST(Cuda, CrossEntropyVocabParallelMatchesReference) {
   std::vector<float> lse(N);
   for (int64_t n = 0; n < N; ++n) lse[n] = st_r[3 * n] + std::log(std::max(st_r[3 * n + 1], 1e-30f)) + 0.5f;
   auto g_r = logits;
-  ref.shard_grad(g_r.data(), lse.data(), targets.data(), N, V, v0, 0.125f);
-  DevF dlse(lse);
-  op.shard_grad(g.p, dlse.p, dt.p, N, V, v0, 0.125f);
+  const float scale_r = 0.125f;
+  ref.shard_grad(g_r.data(), lse.data(), targets.data(), N, V, v0, &scale_r);
+  DevF dlse(lse), scale(std::vector<float>{0.125f});
+  op.shard_grad(g.p, dlse.p, dt.p, N, V, v0, scale.p);
   EXPECT_LE(rel(g.read(), g_r), kTol);
   // Combining two shards' statistics on the device: the max, the rescaled sums, the logsumexp and the loss.
   std::vector<float> m_r(N), other(3 * N);
@@ -1227,21 +1229,25 @@ TEST(Cuda, TimedOpsReportEveryClassAndChangeNothing) {
   EXPECT_THROW(m.time_ops(), Error);  // (once)
 }
 
-// Compile mode's step on the device: the batch staged outside the graph, then zero_grad, the forward with
-// the loss kept on the device and the backward, captured into a graph after an eager warm-up step and
-// launched once per batch: the loss and every gradient equal the eager step's on that batch, bit for bit
-// (the gradients poisoned with NaN before each launch, so the graph wrote all of them).
+// Compile mode's step on the device: the batch staged outside the graph (ids, targets, the loss scale of its
+// valid targets, packed rows' position tables), then zero_grad, the forward with the loss kept on the
+// device and the backward, captured into a graph after an eager warm-up step and launched once per batch:
+// the loss and every gradient equal the eager step's on that batch, bit for bit (the gradients poisoned
+// with NaN before each launch, so the graph wrote all of them). The batches differ in their ignored
+// targets and their documents.
 TEST(Cuda, CapturedTrainingStepEqualsTheEagerStep) {
   SKIP_WITHOUT_GPU();
   Qwen3Model m(tiny_qwen3(false), {}, nullptr, true, Device{DeviceType::CUDA, 0});
   m.init_weights(3);
   const int64_t B = 2, T = 9, V = m.config().vocab_size;
-  // Two batches with the same ignored positions (the mean's 1 / valid targets is a constant of the graph).
+  std::vector<int32_t> pos(B * T);  // packed rows: a document starts at t = 0 and t = 3 + salt
   auto batch = [&](int salt) {
     std::vector<int32_t> ids(B * T), labels(B * T);
     for (int64_t n = 0; n < B * T; ++n) {
       ids[n] = int32_t((n * 37 + 5 + salt) % V);
-      labels[n] = n % 4 == 2 ? -100 : int32_t((n * 53 + 11 + 3 * salt) % V);
+      labels[n] = (n + salt) % 4 == 2 ? -100 : int32_t((n * 53 + 11 + 3 * salt) % V);
+      const int64_t t = n % T;
+      pos[n] = int32_t(t < 3 + salt ? t : t - 3 - salt);
     }
     return std::pair{ids, labels};
   };
@@ -1249,6 +1255,7 @@ TEST(Cuda, CapturedTrainingStepEqualsTheEagerStep) {
   ForwardOptions opts;
   opts.loss_on_device = true;
   opts.inputs_staged = true;
+  opts.position_ids = pos.data();
   auto step = [&] {
     m.zero_grad();
     EXPECT_TRUE(std::isnan(m.forward(ids.data(), labels.data(), B, T, opts).loss_sum));
@@ -1261,7 +1268,9 @@ TEST(Cuda, CapturedTrainingStepEqualsTheEagerStep) {
   for (int salt : {1, 0, 2}) {
     std::tie(ids, labels) = batch(salt);
     m.zero_grad();
-    const ForwardResult eager = m.forward(ids.data(), labels.data(), B, T);
+    ForwardOptions eager_opts;
+    eager_opts.position_ids = pos.data();
+    const ForwardResult eager = m.forward(ids.data(), labels.data(), B, T, eager_opts);
     m.backward();
     std::vector<std::vector<float>> grads;
     for (auto& g : m.flat_grads()) {

@@ -636,7 +636,8 @@ TEST(Kernels, SwigluEmbeddingCrossEntropyAdamWAllImplementations) {
     // The device-scalar form adds exactly the returned sum and leaves the same gradient.
     auto g2 = logits;
     double sum = 0.5;
-    variant<CrossEntropyKernels>(name).forward_backward_device(&sum, g2.data(), targets.data(), N, V, 0.125f,
+    const float scale = 0.125f;
+    variant<CrossEntropyKernels>(name).forward_backward_device(&sum, g2.data(), targets.data(), N, V, &scale,
                                                                true);
     EXPECT_EQ(sum, 0.5 + l) << name;
     EXPECT_EQ(g2, g) << name;
@@ -1174,7 +1175,8 @@ TEST(Kernels, CrossEntropyVocabParallelEqualsFullVocabulary) {
     EXPECT_NEAR(loss, l_full, 1e-5 * std::abs(l_full)) << name;
     std::vector<float> g(N * V);
     for (int64_t s = 0; s < shards; ++s) {
-      k.shard_grad(shard[s].data(), lse.data(), targets.data(), N, Vs, s * Vs, 0.25f);
+      const float scale = 0.25f;
+      k.shard_grad(shard[s].data(), lse.data(), targets.data(), N, Vs, s * Vs, &scale);
       for (int64_t n = 0; n < N; ++n) std::copy_n(shard[s].begin() + n * Vs, Vs, g.begin() + n * V + s * Vs);
     }
     EXPECT_LE(rel(g, g_full), kTol) << name;

@@ -909,6 +909,17 @@ TEST(Trainer, CompileOnTheCpuChangesNothing) {
             std::string::npos);
 }
 
+// "loss": ..., "grad_norm": ... and "val_loss": ... of every logged step of a metrics.jsonl, as written.
+std::vector<std::string> logged_losses(const std::string& path) {
+  std::ifstream f(path);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(f, line);)
+    for (const char* key : {"\"loss\": ", "\"grad_norm\": ", "\"val_loss\": "})
+      if (auto at = line.find(key); at != std::string::npos)
+        out.push_back(line.substr(at, line.find_first_of(",}", at) - at));
+  return out;
+}
+
 // Compile mode on a GPU: the step captured into a CUDA graph after one eager step and launched on every
 // step after gives the eager run's losses bit for bit (metrics.jsonl's 17 digits), in f32, under bf16 mixed
 // precision (the bf16 weight refresh inside the graph) and with activation checkpointing plus gradient
@@ -917,16 +928,6 @@ TEST(Trainer, CompileOnTheCpuChangesNothing) {
 // own `titan` process (on the emulator: titan_sim).
 TEST(Trainer, CudaCompileModeEqualsEagerBitForBit) {
   TITAN_SKIP_WITHOUT_CUDA_GPU();
-  // "loss": ... and "val_loss": ... of every logged step, as written.
-  auto logged_losses = [](const std::string& path) {
-    std::ifstream f(path);
-    std::vector<std::string> out;
-    for (std::string line; std::getline(f, line);)
-      for (const char* key : {"\"loss\": ", "\"grad_norm\": ", "\"val_loss\": "})
-        if (auto at = line.find(key); at != std::string::npos)
-          out.push_back(line.substr(at, line.find_first_of(",}", at) - at));
-    return out;
-  };
   for (const char* mode :
        {"--training.mixed_precision_param=float32", "--training.mixed_precision_param=bfloat16",
         "--activation_checkpoint.mode=full --training.global_batch_size=4"}) {
@@ -956,6 +957,43 @@ TEST(Trainer, CudaCompileModeEqualsEagerBitForBit) {
     args.push_back(extra);
   EXPECT_NE(testing::error_of([&] { run_training(parse_train_args(args)); }).find("training.skip_nan_inf"),
             std::string::npos);
+}
+
+// Compile mode with chat data: each step's loss scale (1 / the step's assistant targets, counted on the
+// host) and, for packed rows, the RoPE rows and document starts are staged before the launch. Over two
+// micro-batches per step, unpacked and packed, the losses and norms equal eager mode's bit for bit.
+TEST(Trainer, CudaCompileModeTrainsChatDataBitForBit) {
+  TITAN_SKIP_WITHOUT_CUDA_GPU();
+  const std::string qwen = testing::source_path("../shared/assets/qwen3-tokenizer");
+  if (!fs::exists(qwen + "/tokenizer_config.json"))
+    GTEST_SKIP() << "the Qwen3 chat template is not at " << qwen << " (../shared beside the repo is absent)";
+  for (const char* packing : {"false", "true"}) {
+    TempDir tmp;
+    // The small tokenizer with the Qwen3 chat template beside it (a small model).
+    fs::create_directories(tmp / "tok");
+    fs::copy_file(testing::source_path("tests/golden/tokenizer/small/tokenizer.json"),
+                  tmp / "tok/tokenizer.json");
+    fs::copy_file(qwen + "/tokenizer_config.json", tmp / "tok/tokenizer_config.json");
+    std::vector<std::string> logs;
+    for (const char* compile : {"false", "true"}) {
+      std::string args = "train";
+      for (const std::string& a : small_run_args(tmp, 3, std::string("out_") + compile)) args += " " + a;
+      args += " --training.dataset=" + testing::source_path("tests/golden/chat/train.jsonl") +
+              " --training.dataset_format=chat --model.tokenizer_path=" + (tmp / "tok") +
+              " --training.seq_len=48 --training.global_batch_size=4 --job.device=cuda --metrics.log_freq=1" +
+              " --training.packing=" + packing + " --compile.enable=" + compile;
+      std::string out;
+      ASSERT_EQ(testing::run_titan(args, &out), 0) << out;
+      if (std::string(compile) == "true") {
+        EXPECT_NE(out.find("compile: the training step is captured into a CUDA graph"), std::string::npos)
+            << out;
+      }
+      logs.push_back(tmp / (std::string("out_") + compile + "/metrics.jsonl"));
+    }
+    const auto eager = logged_losses(logs[0]), compiled = logged_losses(logs[1]);
+    EXPECT_EQ(eager.size(), 2 * 3u) << "packing " << packing;
+    EXPECT_EQ(compiled, eager) << "packing " << packing;
+  }
 }
 
 TEST(Trainer, MoeConfigTrainsWhenScaledDown) {

@@ -190,25 +190,28 @@ struct CrossEntropyKernels {
   double (*forward_backward)(float* logits, const int32_t* targets, int64_t N, int64_t V, float grad_scale,
                              bool compute_grad);
   // The same with the sum of losses added to *loss_sum (one double in the op's device memory) instead of
-  // returned: nothing waits for the device, so a graph can hold it (compile mode). *loss_sum ends equal to
-  // its old value plus forward_backward's result, bit for bit.
+  // returned, and grad_scale read from the op's device memory (one float): nothing waits for the device and
+  // nothing is a host value, so a graph can hold it and replay it for other batches (compile mode; chat
+  // data's scale changes per step). *loss_sum ends equal to its old value plus forward_backward's result,
+  // bit for bit.
   void (*forward_backward_device)(double* loss_sum, float* logits, const int32_t* targets, int64_t N,
-                                  int64_t V, float grad_scale, bool compute_grad);
+                                  int64_t V, const float* grad_scale, bool compute_grad);
 };
 
 // forward_backward_device for devices whose memory is the host's: the returned sum, added.
 template <double (*F)(float*, const int32_t*, int64_t, int64_t, float, bool)>
 void add_loss_sum(double* loss_sum, float* logits, const int32_t* targets, int64_t N, int64_t V,
-                  float grad_scale, bool compute_grad) {
-  *loss_sum += F(logits, targets, N, V, grad_scale, compute_grad);
+                  const float* grad_scale, bool compute_grad) {
+  *loss_sum += F(logits, targets, N, V, *grad_scale, compute_grad);
 }
 
 // Cross-entropy with the vocabulary split over ranks (loss parallel): logits (N,V) are the columns
 // [v0, v0 + V) of the full vocabulary's, targets are full-vocabulary ids (< 0: ignored).
 // shard_stats: stats[3n..3n+2] = {max_j x[n][j], sum_j exp(x[n][j] - that max), x[n][target - v0] when the
 // target lies in this shard, else 0}; ignored rows get {0, 0, 0}.
-// shard_grad: with lse[n] the full row's logsumexp (the ranks' stats combined), logits := grad_scale *
-// (softmax - onehot) over the shard's columns (0 for ignored rows).
+// shard_grad: with lse[n] the full row's logsumexp (the ranks' stats combined), logits := *grad_scale *
+// (softmax - onehot) over the shard's columns (0 for ignored rows); grad_scale is one float in the op's
+// device memory (as for forward_backward_device).
 // Combining the ranks' stats on the device (Qwen3Model, with all-reduces of the group in between):
 // row_max: m[n] = stats[3n], then the group's max of m; rescale: stats[3n+1] *= exp(stats[3n] - m[n]) (the
 // sum of exp relative to the global max), stats[3n] = 0, then the group's sum of stats; loss: m[n] := the
@@ -219,7 +222,7 @@ struct VocabParallelCrossEntropyKernels {
   void (*shard_stats)(float* stats, const float* logits, const int32_t* targets, int64_t N, int64_t V,
                       int64_t v0);
   void (*shard_grad)(float* logits, const float* lse, const int32_t* targets, int64_t N, int64_t V,
-                     int64_t v0, float grad_scale);
+                     int64_t v0, const float* grad_scale);
   void (*row_max)(float* m, const float* stats, int64_t N);
   void (*rescale)(float* stats, const float* m, int64_t N);
   void (*loss)(float* m, const float* stats, const int32_t* targets, int64_t N, double* loss_sum);

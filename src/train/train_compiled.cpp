@@ -3,7 +3,8 @@
 // zero_grad, the forward of each micro-batch with its loss kept on the device, its backward, the
 // data-parallel gradient reduction, the gradients' sum of squares, AdamW with the clip factor computed on
 // the device, the FSDP gather, the bf16 refresh. Before each launch the host stages what changes per step
-// (the micro-batches, the learning rate and step count: copies of host memory, which a graph cannot hold);
+// (the micro-batches with their loss scale and packing tables, the learning rate and step count: copies of
+// host memory, which a graph cannot hold);
 // after it, it reads the losses and the gradient norm. The graph is captured again when the model has
 // replaced a buffer since (another shape ran, e.g. validation's).
 #include <algorithm>
@@ -27,8 +28,6 @@ std::string Trainer::compile_refusal() const {
            "host inside the step); data, tensor and context parallel are captured";
   if (cfg_.lora.enable) return "LoRA";
   if (mc_.num_experts > 0) return "MoE models (the aux loss and the expert counts are combined on the host)";
-  if (cfg_.training.dataset_format == "chat")
-    return "chat data (the loss scale counts each batch's targets on the host)";
   if (cfg_.training.skip_nan_inf)
     return "training.skip_nan_inf (a captured step applies the update before the host sees the loss)";
   return "";
@@ -47,14 +46,16 @@ StepOutcome Trainer::train_step_captured(int64_t step) {
   next_micro_batches(step, micro);
   std::vector<ForwardOptions>& fo = compile_fo_;
   fo.assign(static_cast<size_t>(accum), ForwardOptions{});
-  const float grad_scale = micro_batch_grad_scale(micro);  // (text windows: a constant of the run)
+  // (chat data: the step's targets counted over the micro-batches and the ranks, here on the host)
+  const float grad_scale = micro_batch_grad_scale(micro);
   for (int64_t k = 0; k < accum; ++k) {
+    const data::Batch& b = micro[k];
     fo[k].grad_scale = grad_scale;
     fo[k].labels_shifted = true;
     fo[k].loss_on_device = true;
     fo[k].inputs_staged = true;
     fo[k].staged_slot = k;
-    const data::Batch& b = micro[k];
+    if (!b.position_ids.empty()) fo[k].position_ids = b.position_ids.data();  // packed chat rows
     model_->stage_inputs(b.input_ids.data(), b.labels.data(), b.batch_size, b.seq_len, fo[k], k, accum);
   }
   s.lr = cfg_.optimizer.lr * schedule_->factor(step - 1);

@@ -337,7 +337,8 @@ void cross_entropy_shard_stats(float* stats, const float* logits, const int32_t*
 }
 
 void cross_entropy_shard_grad(float* logits, const float* lse, const int32_t* targets, int64_t N, int64_t V,
-                              int64_t v0, float grad_scale) {
+                              int64_t v0, const float* scale) {
+  const float grad_scale = *scale;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     float* x = logits + n * V;

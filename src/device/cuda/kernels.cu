@@ -225,9 +225,9 @@ __device__ float row_max_sum_exp(const float* x, int64_t V, float* redf, double*
 }
 
 // grid N, block 512: max, then the sum of exp in double, lse; the row's loss to loss[n]; the row overwritten
-// with grad_scale (softmax - onehot) when compute_grad.
+// with grad_scale (softmax - onehot) when compute_grad (the scale read from scale_dev where that is set).
 __global__ void cross_entropy_kernel(double* loss, float* logits, const int32_t* targets, int64_t V,
-                                     float grad_scale, bool compute_grad) {
+                                     float scale_host, const float* scale_dev, bool compute_grad) {
   __shared__ float redf[32];
   __shared__ double redd[32];
   float* x = logits + blockIdx.x * V;
@@ -243,6 +243,7 @@ __global__ void cross_entropy_kernel(double* loss, float* logits, const int32_t*
   const double lse = mx + log(sum);
   if (threadIdx.x == 0) loss[blockIdx.x] = lse - x[t];
   __syncthreads();  // x[t] is read above before any thread overwrites it
+  const float grad_scale = scale_dev ? *scale_dev : scale_host;
   if (compute_grad)
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
       x[j] = grad_scale * (expf((float)((double)x[j] - lse)) - (j == t ? 1.0f : 0.0f));
@@ -252,7 +253,8 @@ double cross_entropy(float* logits, const int32_t* targets, int64_t N, int64_t V
                      bool compute_grad) {
   if (N == 0) return 0.0;
   Scratch<double> loss(N);
-  launch(cross_entropy_kernel, N, 512, 0, loss.p, logits, targets, V, grad_scale, compute_grad);
+  launch(cross_entropy_kernel, N, 512, 0, loss.p, logits, targets, V, grad_scale,
+         static_cast<const float*>(nullptr), compute_grad);
   std::vector<double> host(N);
   TITAN_CUDA_CHECK(
       cudaMemcpyAsync(host.data(), loss.p, N * sizeof(double), cudaMemcpyDeviceToHost, cuda_stream()));
@@ -271,10 +273,10 @@ __global__ void add_row_losses_kernel(double* loss_sum, const double* rows, int6
 }
 
 void cross_entropy_device(double* loss_sum, float* logits, const int32_t* targets, int64_t N, int64_t V,
-                          float grad_scale, bool compute_grad) {
+                          const float* grad_scale, bool compute_grad) {
   if (N == 0) return;
   Scratch<double> loss(N);
-  launch(cross_entropy_kernel, N, 512, 0, loss.p, logits, targets, V, grad_scale, compute_grad);
+  launch(cross_entropy_kernel, N, 512, 0, loss.p, logits, targets, V, 0.0f, grad_scale, compute_grad);
   launch(add_row_losses_kernel, 1, 1, 0, loss_sum, static_cast<const double*>(loss.p), N);
 }
 
@@ -299,10 +301,11 @@ __global__ void cross_entropy_shard_stats_kernel(float* stats, const float* logi
 }
 
 __global__ void cross_entropy_shard_grad_kernel(float* logits, const float* lse, const int32_t* targets,
-                                                int64_t V, int64_t v0, float grad_scale) {
+                                                int64_t V, int64_t v0, const float* scale) {
   float* x = logits + blockIdx.x * V;
   const int32_t t = targets[blockIdx.x];
   const double l = lse[blockIdx.x];
+  const float grad_scale = *scale;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
     x[j] = t < 0 ? 0.0f : grad_scale * (expf((float)((double)x[j] - l)) - (j + v0 == t ? 1.0f : 0.0f));
 }
@@ -314,7 +317,7 @@ void cross_entropy_shard_stats(float* stats, const float* logits, const int32_t*
 }
 
 void cross_entropy_shard_grad(float* logits, const float* lse, const int32_t* targets, int64_t N, int64_t V,
-                              int64_t v0, float grad_scale) {
+                              int64_t v0, const float* grad_scale) {
   if (N == 0) return;
   launch(cross_entropy_shard_grad_kernel, N, 512, 0, logits, lse, targets, V, v0, grad_scale);
 }
@@ -468,8 +471,8 @@ const SwigluKernels kSwiglu{swiglu_forward_t<float, float>, swiglu_backward_t<fl
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy, cross_entropy_device};
 const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{
-    cross_entropy_shard_stats, cross_entropy_shard_grad, cross_entropy_shard_row_max, cross_entropy_shard_rescale,
-    cross_entropy_shard_loss};
+    cross_entropy_shard_stats, cross_entropy_shard_grad, cross_entropy_shard_row_max,
+    cross_entropy_shard_rescale, cross_entropy_shard_loss};
 const AdamWKernels kAdamW{adamw_step, adamw_step_device};
 const SumSquaresKernels kSumSquares{sum_squares, sum_squares_device, total_device};
 

@@ -126,7 +126,8 @@ class Qwen3Model {
   // the one holding the head (the loss and num_valid are that stage's; the others return zeros).
   ForwardResult forward(const int32_t* ids, const int32_t* labels, int64_t B, int64_t T,
                         const ForwardOptions& opts = {});
-  // Uploads a forward's ids and targets (what forward would copy from these host arrays, checked as it
+  // Uploads a forward's ids, targets, gradient scale (opts.grad_scale, else 1 / valid targets) and, with
+  // opts.position_ids, its packing tables (what forward would copy from these host arrays, checked as it
   // checks them) into staging slot `slot` of `slots` ahead of a forward with opts.inputs_staged and
   // opts.staged_slot = slot: in compile mode before the graph's launch, which cannot hold copies of host
   // memory; one slot per micro-batch of a step. Also sizes the device loss sums (one per slot).
@@ -294,7 +295,9 @@ class Qwen3Model {
   void input_norm(int64_t l);
   void qk_norm_rope(int64_t l);
   // Packed rows: checks position_ids (B_,T_) and makes the per-token RoPE tables and attention doc_start.
-  void set_packing(const int32_t* position_ids);
+  void set_packing(const int32_t* position_ids, int64_t staged_slot = -1);
+  void packing_tables(const int32_t* position_ids, std::vector<int32_t>& start, std::vector<float>& tcos,
+                      std::vector<float>& tsin) const;
   // The RoPE tables the layers use and their period: the position tables (T_ rows), or with packing one row
   // per token (period N).
   struct RopeTables {
@@ -365,8 +368,8 @@ class Qwen3Model {
   const float* full_rows(const float* local);
   // d(norm output) from the column-parallel GEMMs' partial input gradients (N,H): this rank's rows, summed.
   float* sum_column_parallel_grad(float* dfull);
-  void vocab_parallel_cross_entropy(float* logits, int64_t r0, int64_t rows, float scale, bool compute_grad,
-                                    double* loss_sum);
+  void vocab_parallel_cross_entropy(float* logits, int64_t r0, int64_t rows, const float* scale,
+                                    bool compute_grad, double* loss_sum);
   void tp_sum(float* x, int64_t n) {
     if (tp_) tp_->sum(x, n);
   }
@@ -479,14 +482,18 @@ class Qwen3Model {
   // per expert (E), then the router probabilities summed per expert (E); aux_host_ is their host copy.
   Tensor aux_stats_;
   Tensor loss_sum_;  // (slots, f64) the CE loss sums of forwards with loss_on_device, by staged_slot
-  Tensor staged_ids_, staged_targets_;
-  Tensor vp_loss_sum_;  // (1, f64) loss parallel's loss sum of an eager forward  // (slots x N, i32)
-                        // stage_inputs()' micro-batches
+  // stage_inputs()' micro-batches, by slot: ids and targets (slots x N, i32), the gradient scale (slots),
+  // packed rows' doc starts (slots x N, i32) and RoPE rows (slots x N x hd/2)
+  Tensor staged_ids_, staged_targets_, staged_scale_, staged_doc_start_, staged_cos_, staged_sin_;
+  Tensor eager_scale_;  // (1) the gradient scale of a forward that is not staged, for the device forms
+  Tensor vp_loss_sum_;  // (1, f64) loss parallel's loss sum of an eager forward
   mutable int64_t buffers_epoch_ = 0;
   void check_ids(const int32_t* ids, int64_t B, int64_t T) const;
   void copy_staged(Tensor& dst, const Tensor& staged, int64_t slot, int64_t n);
   void upload_ids(const int32_t* ids, int64_t N, Tensor dst);
   int64_t prepare_targets(const int32_t* labels, int64_t B, int64_t T, const ForwardOptions& opts);
+  // d(loss)/d(row loss) of a forward: opts.grad_scale, else 1 / its valid targets.
+  static float loss_grad_scale(const ForwardOptions& opts, int64_t num_valid);
   std::vector<double> aux_host_;
   std::vector<float> aux_dprob_;  // (E) d aux / d probs[n,e] (same for every row)
   Tensor aux_scaled_;             // (E) aux_scale_ * aux_dprob_ (backward, on the device)

@@ -24,16 +24,44 @@ void Qwen3Model::build_rope_tables(int64_t T) {
 
 // Packed rows, and every row under context parallel: per-token RoPE tables and the attention's document
 // starts. Under context parallel a row's position is its place in the whole sequence (the rank's two
-// chunks), position_ids (if any) that of the whole sequence, and doc_start_ holds positions in it.
-void Qwen3Model::set_packing(const int32_t* position_ids) {
+// chunks), position_ids (if any) that of the whole sequence, and doc_start_ holds positions in it. A
+// micro-batch staged by stage_inputs() (staged_slot >= 0) has its tables on the device already: copied there.
+void Qwen3Model::set_packing(const int32_t* position_ids, int64_t staged_slot) {
   packed_ = position_ids != nullptr || cp_;
   cp_docs_ = cp_ && position_ids;
   if (!packed_) return;
-  const int64_t B = B_, T = T_, N = B * T, half = config_.head_dim / 2;
+  const int64_t N = B_ * T_, half = config_.head_dim / 2;
   // (context parallel without packing: the same positions every forward of this shape)
   if (!position_ids && cp_tables_ready_) return;
   cp_tables_ready_ = !position_ids;
-  std::vector<int32_t> start(N), pos(N);
+  if (!doc_start_.defined() || doc_start_.numel() != N) {
+    doc_start_ = Tensor::empty({N}, DType::I32, device_);
+    token_cos_ = Tensor::empty({N, half}, DType::F32, device_);
+    token_sin_ = Tensor::empty({N, half}, DType::F32, device_);
+    ++buffers_epoch_;
+  }
+  if (position_ids && staged_slot >= 0) {
+    copy_staged(doc_start_, staged_doc_start_, staged_slot, N);
+    copy_staged(token_cos_, staged_cos_, staged_slot, N * half);
+    copy_staged(token_sin_, staged_sin_, staged_slot, N * half);
+    return;
+  }
+  std::vector<int32_t> start;
+  std::vector<float> tcos, tsin;
+  packing_tables(position_ids, start, tcos, tsin);
+  doc_start_.copy_from_host(start.data());
+  token_cos_.copy_from_host(tcos.data());
+  token_sin_.copy_from_host(tsin.data());
+}
+
+// set_packing's tables of the (B_, T_) rows, on the host: each token's document start (N) and its RoPE rows
+// (N, hd/2; row n is the position table's row of the token's position: bit-equal to the unpacked values).
+// position_ids are checked here.
+void Qwen3Model::packing_tables(const int32_t* position_ids, std::vector<int32_t>& start,
+                                std::vector<float>& tcos, std::vector<float>& tsin) const {
+  const int64_t B = B_, T = T_, N = B * T, half = config_.head_dim / 2;
+  std::vector<int32_t> pos(N);
+  start.assign(N, 0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
       const int64_t n = b * T + t;
@@ -58,22 +86,15 @@ void Qwen3Model::set_packing(const int32_t* position_ids) {
       pos[n] = p;
       start[n] = static_cast<int32_t>(g - p);
     }
-  if (!doc_start_.defined() || doc_start_.numel() != N) {
-    doc_start_ = Tensor::empty({N}, DType::I32, device_);
-    token_cos_ = Tensor::empty({N, half}, DType::F32, device_);
-    token_sin_ = Tensor::empty({N, half}, DType::F32, device_);
-  }
-  doc_start_.copy_from_host(start.data());
-  // Per-token tables: row n is the position table's row pos[n] (bit-equal to the unpacked values).
-  std::vector<float> cos(rope_T_ * half), sin(rope_T_ * half), tcos(N * half), tsin(N * half);
+  std::vector<float> cos(rope_T_ * half), sin(rope_T_ * half);
+  tcos.resize(N * half);
+  tsin.resize(N * half);
   rope_cos_.copy_to_host(cos.data());
   rope_sin_.copy_to_host(sin.data());
   for (int64_t n = 0; n < N; ++n) {
     std::copy_n(cos.data() + pos[n] * half, half, tcos.data() + n * half);
     std::copy_n(sin.data() + pos[n] * half, half, tsin.data() + n * half);
   }
-  token_cos_.copy_from_host(tcos.data());
-  token_sin_.copy_from_host(tsin.data());
 }
 
 Qwen3Model::RopeTables Qwen3Model::rope_tables() const {

@@ -54,9 +54,10 @@ struct ForwardOptions {
   // reads the sum once the device is done. Dense models (the MoE aux loss combines its statistics on the
   // host); loss parallel combines the ranks' statistics with all-reduces on the device.
   bool loss_on_device = false;
-  // The ids and targets are on the device already (Qwen3Model::stage_inputs with the same arrays): no copy
-  // of host memory in the forward, so a graph can hold it. The forward still reads the arrays on the host
-  // (to check them and count the valid targets).
+  // The ids, targets, gradient scale and (packed rows) position tables are on the device already
+  // (Qwen3Model::stage_inputs with the same arrays and options): no copy of host memory in the forward, so a
+  // graph can hold it and replay it for the next staged batch. The forward still reads the arrays on the
+  // host (to check them and count the valid targets).
   bool inputs_staged = false;
   // With inputs_staged / loss_on_device: which micro-batch staged by stage_inputs() the forward reads, and
   // which of the device loss sums it writes (compile mode with gradient accumulation: one slot each).

@@ -26,7 +26,7 @@ void Qwen3Model::set_tensor_parallel(TensorParallelComm* comm, bool sequence_par
 // ranks' row statistics (max, sum of exp, target logit) combine into each row's logsumexp on the device
 // (all-reduces of the group: the max, then the sums relative to it); the chunk's loss sum (the same on every
 // rank) is added to *loss_sum (device memory) and, with compute_grad, the chunk's logit gradient left.
-void Qwen3Model::vocab_parallel_cross_entropy(float* logits, int64_t r0, int64_t rows, float scale,
+void Qwen3Model::vocab_parallel_cross_entropy(float* logits, int64_t r0, int64_t rows, const float* scale,
                                               bool compute_grad, double* loss_sum) {
   const int64_t V = config_.vocab_size, v0 = vocab_start();
   const int32_t* targets = targets_.data<int32_t>() + r0;

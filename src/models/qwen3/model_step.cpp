@@ -36,7 +36,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
               T, " rows per sequence");
   plan_activations(B, T);
   build_rope_tables(cp_ ? T * cp_->size() : T);  // (context parallel: the whole sequence's positions)
-  set_packing(opts.position_ids);
+  set_packing(opts.position_ids, opts.inputs_staged ? opts.staged_slot : -1);
   if (lora_) lora_->begin_forward(opts.compute_grad);
   // bf16 GEMMs: the weights converted once here (they may have changed since the last forward); streamed
   // groups are converted when gathered.
@@ -104,7 +104,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     logits_copy_ = logits_copy_.view({B, T, V});
   }
   r.num_valid = num_valid;
-  const float scale = opts.grad_scale > 0 ? opts.grad_scale : num_valid > 0 ? 1.0f / (float)num_valid : 0.0f;
+  const float scale = loss_grad_scale(opts, num_valid);
   // lm_head + cross-entropy chunk by chunk over rows: logits_ holds one chunk (head_rows_ x V). With
   // compute_grad the chunk's gradient is taken at once: dlm_head += dlogits^T lnf and d(lnf) = dlogits
   // lm_head (into dln_, read by backward()), so the full (N,V) logits never exist.
@@ -120,6 +120,16 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   else if (vocab_parallel())
     loss_dev = ensure(vp_loss_sum_, 1, DType::F64).data<double>();
   if (loss_dev) dev_->zero(loss_dev, sizeof(double));
+  // The device forms read the gradient scale from device memory: a staged micro-batch's, else this one's.
+  const float* scale_dev = nullptr;
+  if (opts.inputs_staged) {
+    TITAN_CHECK(staged_scale_.defined() && staged_scale_.numel() > opts.staged_slot,
+                "forward: inputs_staged, but stage_inputs() staged no micro-batch ", opts.staged_slot);
+    scale_dev = staged_scale_.f32() + opts.staged_slot;
+  } else if (loss_dev) {
+    ensure(eager_scale_, 1).view_at(0, {1}).copy_from_host(&scale);
+    scale_dev = eager_scale_.f32();
+  }
   for (int64_t r0 = 0; r0 < N; r0 += head_rows_) {
     const int64_t rows = std::min(head_rows_, N - r0);
     float* lg = logits_.f32();
@@ -128,9 +138,9 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     bf16(lg, rows * V);
     if (opts.keep_logits) dev_->copy(logits_copy_.f32() + r0 * V, lg, rows * V * sizeof(float));
     if (vocab_parallel())
-      vocab_parallel_cross_entropy(lg, r0, rows, scale, opts.compute_grad, loss_dev);
+      vocab_parallel_cross_entropy(lg, r0, rows, scale_dev, opts.compute_grad, loss_dev);
     else if (loss_dev)
-      cross_entropy_->forward_backward_device(loss_dev, lg, tgt + r0, rows, V, scale, opts.compute_grad);
+      cross_entropy_->forward_backward_device(loss_dev, lg, tgt + r0, rows, V, scale_dev, opts.compute_grad);
     else
       r.loss_sum += cross_entropy_->forward_backward(lg, tgt + r0, rows, V, scale, opts.compute_grad);
     if (opts.compute_grad) {
@@ -763,19 +773,34 @@ void Qwen3Model::stage_inputs(const int32_t* ids, const int32_t* labels, int64_t
     upload_ids(ids, N, ensure(staged_ids_, slots * N, DType::I32).view_at(slot * N, {N}));
   }
   if (stage_has_head(opts.stage)) {
-    prepare_targets(labels, B, T, opts);
+    const float scale = loss_grad_scale(opts, prepare_targets(labels, B, T, opts));
     ensure(staged_targets_, slots * N, DType::I32)
         .view_at(slot * N, {N})
         .copy_from_host(host_targets_.data());
+    ensure(staged_scale_, slots).view_at(slot, {1}).copy_from_host(&scale);
+  }
+  if (opts.position_ids) {  // packed rows: set_packing's tables
+    build_rope_tables(cp_ ? T * cp_->size() : T);
+    const int64_t half = config_.head_dim / 2;
+    std::vector<int32_t> start;
+    std::vector<float> tcos, tsin;
+    packing_tables(opts.position_ids, start, tcos, tsin);
+    ensure(staged_doc_start_, slots * N, DType::I32).view_at(slot * N, {N}).copy_from_host(start.data());
+    ensure(staged_cos_, slots * N * half).view_at(slot * N * half, {N * half}).copy_from_host(tcos.data());
+    ensure(staged_sin_, slots * N * half).view_at(slot * N * half, {N * half}).copy_from_host(tsin.data());
   }
 }
 
-// A staged micro-batch's rows (slot of staged, n per slot) into the forward's buffer: a copy on the device.
+float Qwen3Model::loss_grad_scale(const ForwardOptions& opts, int64_t num_valid) {
+  return opts.grad_scale > 0 ? opts.grad_scale : num_valid > 0 ? 1.0f / (float)num_valid : 0.0f;
+}
+
+// A staged micro-batch's n elements (slot of staged) into the forward's buffer: a copy on the device.
 void Qwen3Model::copy_staged(Tensor& dst, const Tensor& staged, int64_t slot, int64_t n) {
-  TITAN_CHECK(staged.defined() && staged.numel() >= (slot + 1) * n,
+  TITAN_CHECK(staged.defined() && staged.numel() >= (slot + 1) * n && dst.dtype() == staged.dtype(),
               "forward: inputs_staged, but stage_inputs() staged no micro-batch ", slot, " of this shape");
-  dev_->copy(dst.data<int32_t>(), staged.data<int32_t>() + slot * n,
-             static_cast<size_t>(n) * sizeof(int32_t));
+  const size_t width = dtype_size(staged.dtype());
+  dev_->copy(dst.raw(), static_cast<const char*>(staged.raw()) + slot * n * width, n * width);
 }
 
 double Qwen3Model::device_loss_sum(int64_t slot) const {
