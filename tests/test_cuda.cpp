@@ -796,6 +796,67 @@ TEST(Cuda, MoeExpertsMatchReference) {
   }
 }
 
+// The device-routed experts (compile mode's MoE): the reference's results, the same sorted layout as the
+// host-routed kernel, bit-for-bit repeats, and a graph captured for one routing and launched for another
+// equals the eager call on that routing, bit for bit (no host read or host-sized GEMM inside).
+TEST(Cuda, MoeExpertsDeviceRoutedMatchReferenceAndReplay) {
+  SKIP_WITHOUT_GPU();
+  const auto& f32 = get_kernel<MoeExpertsKernels>(DeviceType::CUDA, "device_routed");
+  const auto& bf16 = get_kernel<MoeExpertsBf16Kernels>(DeviceType::CUDA, "device_routed");
+  for (const MoeCase& c :
+       {MoeCase(23, 3, 6, 10, 7, 90), MoeCase(37, 2, 8, 72, 24, 90), MoeCase(300, 2, 5, 40, 36, 91)}) {
+    const std::string shape = "N=" + std::to_string(c.N) + " H=" + std::to_string(c.H);
+    const auto got = run_moe_on_gpu(c, f32);
+    MoeCase::expect_near(got, c.run(cpu_ref<MoeExpertsKernels>()), kTol, "f32 " + shape);
+    MoeCase::expect_near(run_moe_on_gpu(c, bf16), c.run(cpu_ref<MoeExpertsBf16Kernels>()), kTol,
+                         "bf16 " + shape);
+    const auto again = run_moe_on_gpu(c, f32);
+    EXPECT_EQ(again.out, got.out) << shape;
+    EXPECT_EQ(again.dwgu, got.dwgu) << shape;
+    EXPECT_EQ(again.dwdown, got.dwdown) << shape;
+  }
+  // The sorted layout equals the host-routed kernel's (each expert's slots in ascending order).
+  const MoeCase c(37, 2, 8, 16, 24, 70), other(37, 2, 8, 16, 24, 71);
+  const int64_t S = c.R();
+  DevF x(c.x), wgu(c.wgu), wdown(c.wdown), wt(c.w), dout(c.dout);
+  Dev<int32_t> idx(c.idx);
+  DevF gu(S * 2 * c.I), act(S * c.I), scratch(moe_experts_scratch_floats(c.N, c.k, c.H, c.I));
+  Dev<int32_t> order(S), row_of(S), offsets(c.E + 1);
+  const MoeExpertsBuffers buf{gu.p, act.p, order.p, row_of.p, offsets.p, scratch.p};
+  DevF y(c.N * c.H), dx(c.N * c.H), dw(S), gwgu(c.wgu.size()), gwdown(c.wdown.size());
+  auto call = [&](const MoeExpertsKernels& kk) {
+    kk.forward(y.p, buf, x.p, idx.p, wt.p, wgu.p, wdown.p, c.N, c.k, c.E, c.H, c.I);
+    kk.backward(dx.p, dw.p, gwgu.p, gwdown.p, buf, dout.p, x.p, idx.p, wt.p, wgu.p, wdown.p, c.N, c.k, c.E,
+                c.H, c.I);
+  };
+  call(get_kernel<MoeExpertsKernels>(DeviceType::CUDA, "grouped"));
+  const auto host_order = order.read(), host_row_of = row_of.read(), host_offsets = offsets.read();
+  call(f32);
+  EXPECT_EQ(order.read(), host_order);
+  EXPECT_EQ(row_of.read(), host_row_of);
+  EXPECT_EQ(offsets.read(), host_offsets);
+  // Captured on c's routing, launched on other's: the eager results on other's routing.
+  auto zero_grads = [&] {
+    for (DevF* g : {&dx, &dw, &gwgu, &gwdown}) gpu().zero(g->p, g->n * sizeof(float));
+  };
+  void* graph = gpu().capture([&] {
+    zero_grads();
+    call(f32);
+  });
+  gpu().copy_from_host(idx.p, other.idx.data(), S * sizeof(int32_t));
+  zero_grads();
+  call(f32);
+  const std::vector<std::vector<float>> eager{y.read(), dx.read(), dw.read(), gwgu.read(), gwdown.read()};
+  for (DevF* t : {&y, &dx, &dw, &gwgu, &gwdown}) {
+    const std::vector<float> nan(t->n, std::nanf(""));
+    gpu().copy_from_host(t->p, nan.data(), t->n * sizeof(float));
+  }
+  gpu().graph_launch(graph);
+  const std::vector<std::vector<float>> replayed{y.read(), dx.read(), dw.read(), gwgu.read(), gwdown.read()};
+  EXPECT_EQ(replayed, eager);
+  gpu().graph_release(graph);
+}
+
 // NCCL group of one rank (one GPU here): every collective's plumbing on device buffers, the uneven forms
 // (grouped reduce/broadcast, send/recv) included. Several ranks need several GPUs and a launcher.
 TEST(Cuda, NcclGroupOfOneRank) {

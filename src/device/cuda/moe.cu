@@ -10,6 +10,14 @@
 //           dgu = swiglu'(dact);  dW_down_e += dy_e^T (w act)_e;  dW_gu_e += dgu_e^T xs_e;
 //           dxs_e = dgu_e W_gu_e;  dx[n] += sum_s dxs[row(n,s)]
 // Saved (MoeExpertsBuffers): gu and act in the sorted row order, order/row_of/offsets on the device.
+//
+// impl "device_routed": the same layout and element kernels, with the routing and the expert GEMMs on the
+// device: a stable counting sort by kernels (each expert's slots in ascending slot order, as route() does)
+// and grouped GEMM kernels that find each expert's rows from the offsets in device memory. Nothing waits for
+// the device, reads it from the host or depends on the routing's counts on the host, so a CUDA graph holds
+// the MoE layer and replays it for any routing (compile mode). The GEMMs run on CUDA cores (32 x 32 tiles,
+// f32 accumulation; bf16 rounds the operands first), each output summed in index order: deterministic, its
+// bits those of neither cuBLAS path.
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -166,10 +174,213 @@ void moe_backward(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeE
   launch(scatter_dx_kernel, N, 128, 0, dx, dy, buf.row_of, k, H);
 }
 
+// ---- device_routed ----
+
+// Slots of expert e = blockIdx.x counted into offsets[e + 1] (offsets[0] = 0).  grid E, block 256.
+__global__ void count_slots_kernel(int32_t* offsets, const int32_t* idx, int64_t Nk) {
+  __shared__ int32_t red[32];
+  const int32_t e = blockIdx.x;
+  int32_t c = 0;
+  for (int64_t s = threadIdx.x; s < Nk; s += blockDim.x) c += idx[s] == e;
+  c = block_sum(c, red);
+  if (threadIdx.x == 0) {
+    offsets[e + 1] = c;
+    if (e == 0) offsets[0] = 0;
+  }
+}
+
+// offsets[e + 1] += offsets[e], e = 0..E-1 (one thread).
+__global__ void prefix_offsets_kernel(int32_t* offsets, int64_t E) {
+  for (int64_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
+}
+
+// Expert e = blockIdx.x: its slots in ascending order take rows offsets[e], offsets[e] + 1, ...
+// (order[row] = slot, row_of[slot] = row). The block walks the slots 256 at a time, ranking the chunk's
+// slots of e by a block prefix sum.  grid E, block 256.
+__global__ void place_slots_kernel(int32_t* order, int32_t* row_of, const int32_t* offsets,
+                                   const int32_t* idx, int64_t Nk) {
+  __shared__ int32_t scan[256];
+  const int32_t e = blockIdx.x;
+  int32_t base = offsets[e];
+  for (int64_t s0 = 0; s0 < Nk; s0 += 256) {
+    const int64_t s = s0 + threadIdx.x;
+    const int32_t mine = s < Nk && idx[s] == e;
+    scan[threadIdx.x] = mine;
+    __syncthreads();
+    for (int o = 1; o < 256; o <<= 1) {  // inclusive scan (Hillis-Steele)
+      const int32_t add = threadIdx.x >= o ? scan[threadIdx.x - o] : 0;
+      __syncthreads();
+      scan[threadIdx.x] += add;
+      __syncthreads();
+    }
+    if (mine) {
+      const int32_t r = base + scan[threadIdx.x] - 1;
+      order[r] = static_cast<int32_t>(s), row_of[s] = r;
+    }
+    base += scan[255];
+    __syncthreads();  // (scan is rewritten by the next chunk)
+  }
+}
+
+void route_on_device(const MoeExpertsBuffers& buf, const int32_t* idx, int64_t Nk, int64_t E) {
+  launch(count_slots_kernel, E, 256, 0, buf.offsets, idx, Nk);
+  launch(prefix_offsets_kernel, 1, 1, 0, buf.offsets, E);
+  launch(place_slots_kernel, E, 256, 0, buf.order, buf.row_of, static_cast<const int32_t*>(buf.offsets), idx,
+         Nk);
+}
+
+constexpr int kTile =
+    32;  // grouped GEMM tiles: 32 x 32 outputs per block of 32 x 8 threads, k in steps of 32
+
+// An operand element as the GEMM multiplies it: f32, or rounded to bf16 (nearest even) first.
+template <bool kBf16>
+__device__ inline float operand(float x) {
+  return kBf16 ? bf16_bits_to_f32(f32_to_bf16_bits(x)) : x;
+}
+
+// The expert and first row of row tile t (tiles of kTile rows, each inside one expert's rows, experts in
+// order); false past the last tile. Every thread of a block computes the same.
+__device__ inline bool row_tile(const int32_t* offsets, int64_t E, int64_t t, int64_t* e_out, int64_t* r0,
+                                int64_t* r1) {
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t c = offsets[e + 1] - offsets[e], tiles = (c + kTile - 1) / kTile;
+    if (t < tiles) {
+      *e_out = e, *r0 = offsets[e] + t * kTile, *r1 = offsets[e + 1];
+      return true;
+    }
+    t -= tiles;
+  }
+  return false;
+}
+
+// Per expert e, for its rows r:  C[r, j] = sum_k A[r, k] W_e(j, k),  W_e(j, k) = w[e] (J, K) row-major at
+// [j K + k] when kWT (A W_e^T), else (K, J) at [k J + j] (A W_e). A (rows, K), C (rows, J) row-major.
+// grid (ceil(J / 32), ceil(Nk / 32) + E), block (32, 8): each thread 4 rows of one column.
+template <bool kBf16, bool kWT>
+__global__ void grouped_rows_gemm_kernel(float* C, const float* A, const float* w, const int32_t* offsets,
+                                         int64_t E, int64_t K, int64_t J) {
+  __shared__ float As[kTile][kTile + 1], Ws[kTile][kTile + 1];  // As[row][k], Ws[k][col]
+  int64_t e, r0, r1;
+  if (!row_tile(offsets, E, blockIdx.y, &e, &r0, &r1)) return;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j0 = (int64_t)blockIdx.x * kTile;
+  const float* W = w + e * J * K;
+  float acc[4] = {0, 0, 0, 0};
+  for (int64_t k0 = 0; k0 < K; k0 += kTile) {
+    for (int i = ty; i < kTile; i += 8) {
+      const int64_t r = r0 + i, k = k0 + tx;
+      As[i][tx] = r < r1 && k < K ? operand<kBf16>(A[r * K + k]) : 0.0f;
+      // Ws[kk][jj] = W_e(j0 + jj, k0 + kk)
+      if (kWT) {
+        const int64_t j = j0 + i, kk = k0 + tx;  // (coalesced along k)
+        Ws[tx][i] = j < J && kk < K ? operand<kBf16>(W[j * K + kk]) : 0.0f;
+      } else {
+        const int64_t kk = k0 + i, j = j0 + tx;  // (coalesced along j)
+        Ws[i][tx] = j < J && kk < K ? operand<kBf16>(W[kk * J + j]) : 0.0f;
+      }
+    }
+    __syncthreads();
+    for (int kk = 0; kk < kTile; ++kk)
+      for (int q = 0; q < 4; ++q) acc[q] += As[ty + 8 * q][kk] * Ws[kk][tx];
+    __syncthreads();
+  }
+  for (int q = 0; q < 4; ++q) {
+    const int64_t r = r0 + ty + 8 * q, j = j0 + tx;
+    if (r < r1 && j < J) C[r * J + j] = acc[q];
+  }
+}
+
+// Per expert e: dW_e (M, J) += sum over its rows r of A[r, m] B[r, j]  (A (rows, M), B (rows, J), dW
+// row-major (E, M, J)); the rows summed in order. grid (ceil(J / 32), ceil(M / 32), E), block (32, 8).
+template <bool kBf16>
+__global__ void grouped_weight_grad_kernel(float* dW, const float* A, const float* B, const int32_t* offsets,
+                                           int64_t M, int64_t J) {
+  __shared__ float As[kTile][kTile + 1], Bs[kTile][kTile + 1];  // As[row][m], Bs[row][j]
+  const int64_t e = blockIdx.z, r0 = offsets[e], r1 = offsets[e + 1];
+  if (r1 == r0) return;  // (no rows: dW_e unchanged)
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t m0 = (int64_t)blockIdx.y * kTile, j0 = (int64_t)blockIdx.x * kTile;
+  float acc[4] = {0, 0, 0, 0};
+  for (int64_t rb = r0; rb < r1; rb += kTile) {
+    for (int i = ty; i < kTile; i += 8) {
+      const int64_t r = rb + i;
+      As[i][tx] = r < r1 && m0 + tx < M ? operand<kBf16>(A[r * M + m0 + tx]) : 0.0f;
+      Bs[i][tx] = r < r1 && j0 + tx < J ? operand<kBf16>(B[r * J + j0 + tx]) : 0.0f;
+    }
+    __syncthreads();
+    for (int i = 0; i < kTile; ++i)
+      for (int q = 0; q < 4; ++q) acc[q] += As[i][ty + 8 * q] * Bs[i][tx];
+    __syncthreads();
+  }
+  float* D = dW + e * M * J;
+  for (int q = 0; q < 4; ++q) {
+    const int64_t m = m0 + ty + 8 * q, j = j0 + tx;
+    if (m < M && j < J) D[m * J + j] += acc[q];
+  }
+}
+
+template <bool kBf16, bool kWT>
+void grouped_rows_gemm(float* C, const float* A, const float* w, const int32_t* offsets, int64_t Nk,
+                       int64_t E, int64_t K, int64_t J) {
+  const dim3 grid(static_cast<unsigned>((J + kTile - 1) / kTile),
+                  static_cast<unsigned>((Nk + kTile - 1) / kTile + E));
+  launch(grouped_rows_gemm_kernel<kBf16, kWT>, grid, dim3(kTile, 8), 0, C, A, w, offsets, E, K, J);
+}
+
+template <bool kBf16>
+void grouped_weight_grad(float* dW, const float* A, const float* B, const int32_t* offsets, int64_t E,
+                         int64_t M, int64_t J) {
+  const dim3 grid(static_cast<unsigned>((J + kTile - 1) / kTile),
+                  static_cast<unsigned>((M + kTile - 1) / kTile), static_cast<unsigned>(E));
+  launch(grouped_weight_grad_kernel<kBf16>, grid, dim3(kTile, 8), 0, dW, A, B, offsets, M, J);
+}
+
+template <bool kBf16>
+void moe_forward_device(float* out, const MoeExpertsBuffers& buf, const float* x, const int32_t* idx,
+                        const float* w, const float* w_gu, const float* w_down, int64_t N, int64_t k,
+                        int64_t E, int64_t H, int64_t I) {
+  const int64_t Nk = N * k;
+  if (N == 0) return;
+  route_on_device(buf, idx, Nk, E);
+  float* xs = buf.scratch;  // (Nk, H)
+  float* y = xs + Nk * H;   // (Nk, H)
+  launch(gather_rows_kernel, Nk, 128, 0, xs, x, buf.order, k, H);
+  grouped_rows_gemm<kBf16, true>(buf.gu, xs, w_gu, buf.offsets, Nk, E, H, 2 * I);  // gu_e = xs_e W_gu_e^T
+  launch(moe_swiglu_kernel, blocks_for(Nk * I, 256), 256, 0, buf.act, buf.gu, Nk, I);
+  grouped_rows_gemm<kBf16, true>(y, buf.act, w_down, buf.offsets, Nk, E, I, H);  // y_e = act_e W_down_e^T
+  launch(combine_kernel, N, 128, 0, out, y, w, buf.row_of, k, H);
+}
+
+template <bool kBf16>
+void moe_backward_device(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeExpertsBuffers& buf,
+                         const float* dout, const float* x, const int32_t* idx, const float* w,
+                         const float* w_gu, const float* w_down, int64_t N, int64_t k, int64_t E, int64_t H,
+                         int64_t I) {
+  const int64_t Nk = N * k;
+  if (N == 0) return;
+  float* xs = buf.scratch;     // (Nk, H)
+  float* dy = xs + Nk * H;     // (Nk, H), later dxs
+  float* g = dy + Nk * H;      // (Nk, I)
+  float* wact = g + Nk * I;    // (Nk, I)
+  float* dgu = wact + Nk * I;  // (Nk, 2I)
+  launch(gather_rows_kernel, Nk, 128, 0, xs, x, buf.order, k, H);
+  launch(gather_rows_kernel, Nk, 128, 0, dy, dout, buf.order, k, H);
+  grouped_rows_gemm<kBf16, false>(g, dy, w_down, buf.offsets, Nk, E, H, I);  // g_e = dy_e W_down_e
+  launch(moe_backward_rows_kernel, Nk, 128, 0, dw, wact, dgu, g, buf.act, buf.gu, w, buf.order, I);
+  grouped_weight_grad<kBf16>(dw_down, dy, wact, buf.offsets, E, H, I);   // dW_down_e += dy_e^T (w act)_e
+  grouped_weight_grad<kBf16>(dw_gu, dgu, xs, buf.offsets, E, 2 * I, H);  // dW_gu_e += dgu_e^T xs_e
+  grouped_rows_gemm<kBf16, false>(dy, dgu, w_gu, buf.offsets, Nk, E, 2 * I, H);  // dxs_e = dgu_e W_gu_e
+  launch(scatter_dx_kernel, N, 128, 0, dx, dy, buf.row_of, k, H);
+}
+
 const MoeExpertsKernels kMoe{moe_forward<false>, moe_backward<false>};
 const MoeExpertsBf16Kernels kMoeBf16{{moe_forward<true>, moe_backward<true>}};
 TITAN_REGISTER_KERNEL(MoeExpertsKernels, CUDA, "grouped", kMoe, 10);
 TITAN_REGISTER_KERNEL(MoeExpertsBf16Kernels, CUDA, "grouped", kMoeBf16, 10);
+const MoeExpertsKernels kMoeDevice{moe_forward_device<false>, moe_backward_device<false>};
+const MoeExpertsBf16Kernels kMoeDeviceBf16{{moe_forward_device<true>, moe_backward_device<true>}};
+TITAN_REGISTER_KERNEL(MoeExpertsKernels, CUDA, "device_routed", kMoeDevice, 5);
+TITAN_REGISTER_KERNEL(MoeExpertsBf16Kernels, CUDA, "device_routed", kMoeDeviceBf16, 5);
 
 }  // namespace
 }  // namespace titan::cuda
