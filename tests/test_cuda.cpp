@@ -1346,10 +1346,18 @@ TEST(Cuda, CapturedTrainingStepEqualsTheEagerStep) {
       EXPECT_EQ(host_floats(m.flat_grads()[i]), grads[i]) << "group " << i << ", batch " << salt;
   }
   gpu().graph_release(graph);
-  // The MoE aux loss is combined on the host: such a forward cannot keep its loss on the device.
-  Qwen3Model moe(tiny_qwen3(true), {}, nullptr, true, Device{DeviceType::CUDA, 0});
+  // A MoE model keeps its aux loss on the device too: the eager forward's CE sum and aux loss.
+  Qwen3Model moe(tiny_qwen3(true), {{"moe_experts", "device_routed"}}, nullptr, true,
+                 Device{DeviceType::CUDA, 0});
   moe.init_weights(3);
-  EXPECT_THROW(moe.forward(ids.data(), labels.data(), B, T, opts), Error);
+  const ForwardResult eager =
+      moe.forward(ids.data(), labels.data(), B, T, ForwardOptions{.position_ids = pos.data()});
+  moe.stage_inputs(ids.data(), labels.data(), B, T, opts);
+  const ForwardResult staged = moe.forward(ids.data(), labels.data(), B, T, opts);
+  EXPECT_TRUE(std::isnan(staged.aux_loss));
+  EXPECT_EQ(moe.device_loss_sum(), eager.loss_sum);
+  EXPECT_EQ(moe.device_aux_loss(), eager.aux_loss);
+  EXPECT_GT(eager.aux_loss, 0.0);
 }
 
 // The whole step in the graph: the gradient norm on the device and AdamW reading the staged learning rate

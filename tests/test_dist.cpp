@@ -1215,11 +1215,12 @@ TEST(DistCuda, TrainOnTwoGpusMatchesOneRankOnCpu) {
   }
 }
 
-// Compile mode on two GPUs: DDP with gradient accumulation (two micro-batches per step), FSDP, tensor
-// parallel (sequence parallel, loss parallel) and context parallel, each rank's step captured into a CUDA
-// graph (the NCCL all-reduce / reduce-scatter / all-gather, the sequence-parallel gathers, loss parallel's
-// max and sum of the row statistics, the ring attention's grouped sends and receives and the norm's
-// all-reduces inside it), give the eager runs' losses and gradient norms bit for bit (metrics.jsonl as
+// Compile mode on two GPUs: DDP with gradient accumulation (two micro-batches per step), DDP with a MoE model
+// (device-routed experts, the aux loss on the device, the expert-bias counts all-reduced inside the graph),
+// FSDP, tensor parallel (sequence parallel, loss parallel) and context parallel, each rank's step captured
+// into a CUDA graph (the NCCL all-reduce / reduce-scatter / all-gather, the sequence-parallel gathers, loss
+// parallel's max and sum of the row statistics, the ring attention's grouped sends and receives and the
+// norm's all-reduces inside it), give the eager runs' losses and gradient norms bit for bit (metrics.jsonl as
 // written); pipeline parallel is refused naming the reason.
 TEST(DistCuda, CompileModeEqualsEagerOnTwoGpus) {
   if (!testing::have_cuda_gpu() || device_interface(DeviceType::CUDA).device_count() < 2)
@@ -1238,6 +1239,10 @@ TEST(DistCuda, CompileModeEqualsEagerOnTwoGpus) {
   };
   for (const auto& [name, args] : std::vector<std::pair<std::string, std::string>>{
            {"ddp2_accum2", " --parallelism.data_parallel_replicate_degree=2 --training.local_batch_size=1"},
+           {"moe_ddp2",
+            " --parallelism.data_parallel_replicate_degree=2 --training.local_batch_size=2"
+            " --model.flavor=debug_moe --kernels.moe_experts=device_routed --model.moe_aux_loss=on"
+            " --model.load_balance_coeff=0.001"},
            {"fsdp2", " --parallelism.data_parallel_shard_degree=2 --training.local_batch_size=2"},
            {"tp2", " --parallelism.tensor_parallel_degree=2 --training.local_batch_size=2"},
            {"cp2", " --parallelism.context_parallel_degree=2 --training.local_batch_size=2"}}) {

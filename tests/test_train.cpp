@@ -959,6 +959,53 @@ TEST(Trainer, CudaCompileModeEqualsEagerBitForBit) {
             std::string::npos);
 }
 
+// Compile mode with a MoE model: the routed experts' 'device_routed' kernels (routing and GEMM sizes on the
+// device), the aux loss kept on the device per micro-batch, the aux-loss-free bias update inside the graph.
+// Losses and norms equal eager mode's on the same kernels bit for bit: with the HF aux loss over two
+// micro-batches, and with the expert bias under bf16 mixed precision.
+TEST(Trainer, CudaCompileModeTrainsMoeBitForBit) {
+  TITAN_SKIP_WITHOUT_CUDA_GPU();
+  const std::string moe =
+      " --model.flavor=debug_moe --kernels.moe_experts=device_routed"
+      " --kernels.moe_experts_bf16=device_routed";
+  for (const std::string mode :
+       {moe + " --model.moe_aux_loss=on --training.global_batch_size=4",
+        moe + " --model.load_balance_coeff=0.001 --training.mixed_precision_param=bfloat16"}) {
+    TempDir tmp;
+    std::vector<std::string> logs;
+    for (const char* compile : {"false", "true"}) {
+      std::string args = "train";
+      for (const std::string& a : small_run_args(tmp, 3, std::string("out_") + compile)) args += " " + a;
+      args += " --job.device=cuda --metrics.log_freq=1" + mode + " --compile.enable=" + compile;
+      std::string out;
+      ASSERT_EQ(testing::run_titan(args, &out), 0) << out;
+      if (std::string(compile) == "true") {
+        EXPECT_NE(out.find("compile: the training step is captured into a CUDA graph"), std::string::npos)
+            << out;
+      }
+      logs.push_back(tmp / (std::string("out_") + compile + "/metrics.jsonl"));
+    }
+    const auto eager = logged_losses(logs[0]), compiled = logged_losses(logs[1]);
+    EXPECT_EQ(eager.size(), 2 * 3u) << mode;
+    EXPECT_EQ(compiled, eager) << mode;
+  }
+  // The host-routed kernel is swapped for the device-routed one, said once.
+  TempDir c;
+  std::string args = "train";
+  for (const std::string& a : small_run_args(c, 1)) args += " " + a;
+  std::string out;
+  ASSERT_EQ(
+      testing::run_titan(args + " --job.device=cuda --model.flavor=debug_moe --kernels.moe_experts=grouped"
+                                " --compile.enable=true",
+                         &out),
+      0)
+      << out;
+  EXPECT_NE(out.find("compile: kernels.moe_experts = 'grouped' routes on the host; the captured step runs "
+                     "'device_routed'"),
+            std::string::npos)
+      << out;
+}
+
 // Compile mode with chat data: each step's loss scale (1 / the step's assistant targets, counted on the
 // host) and, for packed rows, the RoPE rows and document starts are staged before the launch. Over two
 // micro-batches per step, unpacked and packed, the losses and norms equal eager mode's bit for bit.

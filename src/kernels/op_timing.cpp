@@ -210,7 +210,8 @@ const MoeRouterKernels* timed(const MoeRouterKernels* k) {
                                 TITAN_TIMED(0, MoeRouterKernels, count_tokens, kPointwise),
                                 TITAN_TIMED(0, MoeRouterKernels, aux_stats, kPointwise),
                                 TITAN_TIMED(0, MoeRouterKernels, backward, kPointwise),
-                                TITAN_TIMED(0, MoeRouterKernels, update_bias, kPointwise)},
+                                TITAN_TIMED(0, MoeRouterKernels, update_bias, kPointwise),
+                                TITAN_TIMED(0, MoeRouterKernels, aux_loss, kPointwise)},
                0);
 }
 

@@ -394,7 +394,24 @@ struct MoeRouterKernels {
   // torchtitan's aux-loss-free update of one layer: delta = coeff * sign(mean(counts) - counts), centred to
   // zero mean, bias += delta; then counts = 0.   bias, counts (E)
   void (*update_bias)(float* bias, float* counts, int64_t E, double coeff);
+  // HF load_balancing_loss_func from the statistics aux_stats accumulated over R routed rows (every sparse
+  // layer's): *aux = moe_aux_loss(stats, E, R, dprob), dprob (E) its gradient per row (below). On the
+  // device: nothing waits for it (compile mode's forward keeps its aux loss there).   stats (2E)
+  void (*aux_loss)(double* aux, float* dprob, const double* stats, int64_t E, double R);
 };
+
+// The MoE aux loss of HF's load_balancing_loss_func: aux = E * sum_e (slots routed to e / R) * (mean router
+// probability of e), stats = {counts (E), probability sums (E)} over R rows; dprob[e] = d aux / d probs[n,e]
+// = E * f_e / R, the same for every row (the counts are constants). The one formula of the host (Qwen3Model)
+// and of every aux_loss implementation.
+TITAN_HOST_DEVICE inline double moe_aux_loss(const double* stats, int64_t E, double R, float* dprob) {
+  const double* counts = stats;
+  const double* prob_sum = stats + E;
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e) aux += (counts[e] / R) * (prob_sum[e] / R);
+  for (int64_t e = 0; e < E; ++e) dprob[e] = (float)((double)E * (counts[e] / R) / R);
+  return aux * (double)E;
+}
 
 // Row packing of expert parallel (the all-to-all payloads). Token slot n*k+s of a rank's N tokens routes to
 // expert idx[n*k+s]; order (S = N*k) lists the slots by destination rank; El experts per rank.

@@ -24,10 +24,12 @@ namespace titan {
 // with pipeline parallel) rather than run eagerly behind the user's back.
 std::string Trainer::compile_refusal() const {
   if (plan_.pipeline.degree > 1 || plan_.expert_parallel > 1)
-    return "pipeline and expert parallel (the pipeline schedule and the experts' routing counts run on the "
+    return "pipeline and expert parallel (the pipeline schedule and the experts' all-to-all sizes run on the "
            "host inside the step); data, tensor and context parallel are captured";
   if (cfg_.lora.enable) return "LoRA";
-  if (mc_.num_experts > 0) return "MoE models (the aux loss and the expert counts are combined on the host)";
+  if (mc_.num_experts > 0 && (plan_.tensor_parallel > 1 || plan_.context_parallel > 1))
+    return "MoE models with tensor or context parallel (the aux-loss statistics of row slices and sequence "
+           "chunks are combined on the host); MoE with data parallel is captured";
   if (cfg_.training.skip_nan_inf)
     return "training.skip_nan_inf (a captured step applies the update before the host sees the loss)";
   return "";
@@ -56,6 +58,7 @@ StepOutcome Trainer::train_step_captured(int64_t step) {
     fo[k].inputs_staged = true;
     fo[k].staged_slot = k;
     if (!b.position_ids.empty()) fo[k].position_ids = b.position_ids.data();  // packed chat rows
+    fo[k].aux_loss_scale = micro_batch_aux_scale();
     model_->stage_inputs(b.input_ids.data(), b.labels.data(), b.batch_size, b.seq_len, fo[k], k, accum);
   }
   s.lr = cfg_.optimizer.lr * schedule_->factor(step - 1);
@@ -71,6 +74,7 @@ StepOutcome Trainer::train_step_captured(int64_t step) {
       model_->backward();
     }
     dp_->reduce_grads();
+    balance_experts();
     if (tp_) {
       tp_->reduce_replicated_grads(model_->params(), tp_grads());
       tp_->grad_sq_norm_device(model_->params(), tp_grads(), compile_sq_.data<double>());
@@ -96,15 +100,15 @@ StepOutcome Trainer::train_step_captured(int64_t step) {
     TITAN_CHECK(model_->buffers_epoch() == epoch, "compile: the step replaced a model buffer while captured");
     step_graph_epoch_ = epoch;
   }
-  // This rank's {CE sum, targets} summed over the micro-batches in train_step()'s order, then over the ranks.
+  // This rank's {CE sum, targets, aux-loss sum} summed over the micro-batches in train_step()'s order.
   double totals[3] = {0, 0, 0};
   for (int64_t k = 0; k < accum; ++k) {
     totals[0] += model_->device_loss_sum(k);
     totals[1] += static_cast<double>(
         std::count_if(micro[k].labels.begin(), micro[k].labels.end(), [](int32_t y) { return y >= 0; }));
+    if (mc_.num_experts > 0) totals[2] += model_->device_aux_loss(k);
   }
-  if (world_ > 1) pg_->all_reduce(totals, 3, dist::ReduceOp::Sum);
-  s.loss = totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
+  s.loss = step_loss(totals);
   double sq = 0;
   compile_sq_.view_at(3, {1}).copy_to_host(&sq);
   s.grad_norm = std::sqrt(sq);

@@ -118,12 +118,7 @@ void Trainer::forward_backward(int64_t step, double totals[3]) {
     fo.grad_scale = grad_scale;
     fo.labels_shifted = true;  // the loader's labels are the next tokens (torchtitan packing)
     if (!batch.position_ids.empty()) fo.position_ids = batch.position_ids.data();  // packed chat rows
-    // MoE aux loss: its coefficient split over the micro-batches (each contributes its own aux). Context
-    // parallel: each rank's rows carry their part of its gradient, averaged over dp x cp ranks like the CE's.
-    fo.aux_loss_scale =
-        mc_.output_router_logits
-            ? static_cast<float>(mc_.router_aux_loss_coef * plan_.context_parallel / plan_.grad_accum)
-            : 0.0f;
+    fo.aux_loss_scale = micro_batch_aux_scale();
     ForwardResult r =
         model_->forward(batch.input_ids.data(), batch.labels.data(), batch.batch_size, batch.seq_len, fo);
     model_->backward();
@@ -167,16 +162,7 @@ StepOutcome Trainer::train_step(int64_t step) {
   StepOutcome s;
   double totals[3];
   forward_backward(step, totals);
-  // Packed windows have no ignored targets (every position has its next token), so every rank's window
-  // mean above is the plain mean and the data-parallel average of the gradients is the gradient of the
-  // global mean.
-  if (world_ > 1) pg_->all_reduce(totals, 3, dist::ReduceOp::Sum);
-  s.loss = totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
-  // HF MoE loss: CE + router_aux_loss_coef x aux (aux averaged over micro-batches and the ranks reporting it:
-  // every rank, or under pipeline parallel those of the last stage).
-  if (mc_.num_experts > 0 && mc_.output_router_logits)
-    s.loss += mc_.router_aux_loss_coef * totals[2] /
-              static_cast<double>(plan_.grad_accum * (world_ / plan_.pipeline.degree));
+  s.loss = step_loss(totals);
   if (!std::isfinite(s.loss)) {
     TITAN_CHECK(cfg_.training.skip_nan_inf, "loss is ", s.loss, " at step ", step,
                 " (set training.skip_nan_inf = true to skip such steps)");
@@ -195,13 +181,7 @@ StepOutcome Trainer::train_step(int64_t step) {
   // Tensor parallel: the replicated parameters' partial gradients (q/k norms: each rank's own heads).
   const std::vector<Param>& trained = lora_ ? lora_->params() : model_->params();
   if (tp_) tp_->reduce_replicated_grads(trained, tp_grads());
-  if (mc_.num_experts > 0 && mc_.load_balance_coeff > 0) {
-    // Aux-loss-free balancing: global routed-token counts, then the expert-bias update.
-    if (dp_pg().size() > 1) dp_pg().all_reduce(model_->expert_token_counts(), dist::ReduceOp::Sum);
-    if (tp_ && tp_->experts_over_group())  // each rank of the group routed its own rows
-      tp_->group().all_reduce(model_->expert_token_counts(), dist::ReduceOp::Sum);
-    model_->update_expert_bias();
-  }
+  balance_experts();
   // Clipping (torch's clip_grad_norm_) is applied inside the optimizer step: one pass fewer over the
   // gradients.
   s.grad_norm = pipeline_ && !lora_ ? pipeline_grad_norm()
@@ -212,6 +192,38 @@ StepOutcome Trainer::train_step(int64_t step) {
   dp_->after_optimizer_step();
   refresh_bf16_model();
   return s;
+}
+
+// MoE aux loss: its coefficient split over the micro-batches (each contributes its own aux). Context
+// parallel: each rank's rows carry their part of its gradient, averaged over dp x cp ranks like the CE's.
+float Trainer::micro_batch_aux_scale() const {
+  return mc_.output_router_logits
+             ? static_cast<float>(mc_.router_aux_loss_coef * plan_.context_parallel / plan_.grad_accum)
+             : 0.0f;
+}
+
+// The step's loss from this rank's {CE sum, targets, aux-loss sum} (summed over the ranks here). Packed
+// windows have no ignored targets (every position has its next token), so every rank's window mean is the
+// plain mean and the data-parallel average of the gradients is the gradient of the global mean.
+double Trainer::step_loss(double totals[3]) {
+  if (world_ > 1) pg_->all_reduce(totals, 3, dist::ReduceOp::Sum);
+  double loss = totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
+  // HF MoE loss: CE + router_aux_loss_coef x aux (aux averaged over micro-batches and the ranks reporting it:
+  // every rank, or under pipeline parallel those of the last stage).
+  if (mc_.num_experts > 0 && mc_.output_router_logits)
+    loss += mc_.router_aux_loss_coef * totals[2] /
+            static_cast<double>(plan_.grad_accum * (world_ / plan_.pipeline.degree));
+  return loss;
+}
+
+// Aux-loss-free balancing (model.load_balance_coeff > 0): the global routed-token counts, then the
+// expert-bias update; all on the device.
+void Trainer::balance_experts() {
+  if (mc_.num_experts == 0 || mc_.load_balance_coeff <= 0) return;
+  if (dp_pg().size() > 1) dp_pg().all_reduce(model_->expert_token_counts(), dist::ReduceOp::Sum);
+  if (tp_ && tp_->experts_over_group())  // each rank of the group routed its own rows
+    tp_->group().all_reduce(model_->expert_token_counts(), dist::ReduceOp::Sum);
+  model_->update_expert_bias();
 }
 
 // The global gradient norm under pipeline parallel: each pipeline rank's part (over its data-parallel

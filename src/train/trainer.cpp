@@ -195,6 +195,16 @@ void Trainer::build_model() {
       std::printf(
           "compile: the training step is captured into a CUDA graph after one eager step and "
           "launched on every step after\n");
+    // The routed experts that a graph can hold: routing and expert GEMM sizes on the device.
+    if (mc_.num_experts > 0)
+      for (const char* op : {"moe_experts", "moe_experts_bf16"}) {
+        auto it = kernels_.find(op);
+        if (it != kernels_.end() && it->second != "device_routed" && lead_)
+          std::printf(
+              "compile: kernels.%s = '%s' routes on the host; the captured step runs 'device_routed'\n", op,
+              it->second.c_str());
+        kernels_[op] = "device_routed";
+      }
   } else if (cfg_.compile.enable && lead_) {  // (config validation refused the other devices)
     std::printf(
         "compile: the CPU device's step is already compiled native code with a fixed memory plan; "

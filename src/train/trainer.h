@@ -127,6 +127,9 @@ class Trainer {
   std::string compile_refusal() const;
   StepOutcome train_step_captured(int64_t step);
   float micro_batch_grad_scale(const std::vector<data::Batch>& micro) const;
+  float micro_batch_aux_scale() const;
+  double step_loss(double totals[3]);
+  void balance_experts();
   void next_micro_batches(int64_t step, std::vector<data::Batch>& micro);
   bool validation_due(int64_t step) const;
   void log_step(int64_t step, const StepOutcome& s, double seconds);

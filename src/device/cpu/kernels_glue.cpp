@@ -191,8 +191,12 @@ void scale(float* x, float a, int64_t n) {
 }
 
 const ElementwiseKernels kElementwise{add, round_bf16, to_bf16, from_bf16, fill, scale};
-const MoeRouterKernels kMoeRouter{softmax_rows, select_topk,     count_tokens,
-                                  aux_stats,    router_backward, update_bias};
+void aux_loss(double* aux, float* dprob, const double* stats, int64_t E, double R) {
+  *aux = moe_aux_loss(stats, E, R, dprob);
+}
+
+const MoeRouterKernels kMoeRouter{softmax_rows,    select_topk, count_tokens, aux_stats,
+                                  router_backward, update_bias, aux_loss};
 const ExpertParallelKernels kExpertParallel{ep_pack, ep_unpack, ep_gather_rows, ep_pack_grads, ep_combine};
 
 }  // namespace

@@ -400,8 +400,15 @@ void dropout_backward_add(float* dx, const float* g, int64_t rows, int64_t cols,
 
 const DropoutKernels kDropout{dropout_forward, dropout_backward_add};
 const ElementwiseKernels kElementwise{add, round_bf16, to_bf16, from_bf16, fill, scale};
-const MoeRouterKernels kMoeRouter{softmax,   select_topk,     count_tokens,
-                                  aux_stats, router_backward, update_bias};
+__global__ void aux_loss_kernel(double* aux, float* dprob, const double* stats, int64_t E, double R) {
+  *aux = moe_aux_loss(stats, E, R, dprob);
+}
+void aux_loss(double* aux, float* dprob, const double* stats, int64_t E, double R) {
+  launch(aux_loss_kernel, 1, 1, 0, aux, dprob, stats, E, R);
+}
+
+const MoeRouterKernels kMoeRouter{softmax,         select_topk, count_tokens, aux_stats,
+                                  router_backward, update_bias, aux_loss};
 const ExpertParallelKernels kExpertParallel{ep_pack, ep_unpack, ep_gather_rows, ep_pack_grads, ep_combine};
 
 TITAN_REGISTER_KERNEL(ElementwiseKernels, CUDA, "cuda", kElementwise, 10);

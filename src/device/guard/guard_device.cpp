@@ -157,7 +157,8 @@ const ElementwiseKernels kElementwise{
 const MoeRouterKernels kMoeRouter{
     TITAN_GUARD(MoeRouterKernels, softmax),      TITAN_GUARD(MoeRouterKernels, select_topk),
     TITAN_GUARD(MoeRouterKernels, count_tokens), TITAN_GUARD(MoeRouterKernels, aux_stats),
-    TITAN_GUARD(MoeRouterKernels, backward),     TITAN_GUARD(MoeRouterKernels, update_bias)};
+    TITAN_GUARD(MoeRouterKernels, backward),     TITAN_GUARD(MoeRouterKernels, update_bias),
+    TITAN_GUARD(MoeRouterKernels, aux_loss)};
 const ExpertParallelKernels kExpertParallel{
     TITAN_GUARD(ExpertParallelKernels, pack), TITAN_GUARD(ExpertParallelKernels, unpack),
     TITAN_GUARD(ExpertParallelKernels, gather_rows), TITAN_GUARD(ExpertParallelKernels, pack_grads),

@@ -168,6 +168,8 @@ class Qwen3Model {
   // The CE loss sum of the last forward with loss_on_device and staged_slot = slot (a host read: waits
   // for the device).
   double device_loss_sum(int64_t slot = 0) const;
+  // The same for a MoE model's aux loss (HF load_balancing_loss_func) of that forward.
+  double device_aux_loss(int64_t slot = 0) const;
   // Changes whenever the model replaces a buffer its steps use (the activations re-planned for another
   // shape, a scratch buffer grown): a graph captured before holds stale addresses then.
   int64_t buffers_epoch() const { return buffers_epoch_; }
@@ -497,7 +499,9 @@ class Qwen3Model {
   std::vector<double> aux_host_;
   std::vector<float> aux_dprob_;  // (E) d aux / d probs[n,e] (same for every row)
   Tensor aux_scaled_;             // (E) aux_scale_ * aux_dprob_ (backward, on the device)
-  float aux_scale_ = 0.0f;        // d loss / d aux of the last forward
+  Tensor aux_loss_dev_;         // (slots, f64) the aux losses of forwards with loss_on_device, by staged_slot
+  bool aux_on_device_ = false;  // the last forward left its aux loss and aux_scaled_ on the device
+  float aux_scale_ = 0.0f;      // d loss / d aux of the last forward
   double aux_loss_ = 0;
   // Expert parallel.
   dist::ProcessGroup* ep_ = nullptr;

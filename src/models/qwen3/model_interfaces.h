@@ -50,9 +50,11 @@ struct ForwardOptions {
   const float* stage_input = nullptr;
   const double* aux_stats_in = nullptr;
   // The loss stays on the device: nothing in the forward waits for it (a graph can hold the forward:
-  // compile mode). The result's loss, loss_sum and ce_loss are then NaN; Qwen3Model::device_loss_sum()
-  // reads the sum once the device is done. Dense models (the MoE aux loss combines its statistics on the
-  // host); loss parallel combines the ranks' statistics with all-reduces on the device.
+  // compile mode). The result's loss, loss_sum, ce_loss and aux_loss are then NaN;
+  // Qwen3Model::device_loss_sum() and device_aux_loss() read them once the device is done. MoE models take
+  // their whole sequences in one stage (the aux-loss statistics of tensor-parallel row slices, context-
+  // parallel chunks and pipeline stages are combined on the host); loss parallel combines the ranks'
+  // statistics with all-reduces on the device.
   bool loss_on_device = false;
   // The ids, targets, gradient scale and (packed rows) position tables are on the device already
   // (Qwen3Model::stage_inputs with the same arrays and options): no copy of host memory in the forward, so a

@@ -23,9 +23,10 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   TITAN_CHECK(embed || opts.stage_input, "forward: stage ", opts.stage, " (layers ", range.first, "..",
               range.end - 1, ") needs the previous stage's hidden states");
   if (embed) check_ids(ids, B, T);
-  TITAN_CHECK(!opts.loss_on_device || total_moe_layers_ == 0,
-              "forward: loss_on_device takes a dense model (the MoE aux loss combines its statistics on the "
-              "host)");
+  TITAN_CHECK(!opts.loss_on_device || total_moe_layers_ == 0 || (!moe_local_ && !cp_ && num_stages() == 1),
+              "forward: loss_on_device with a MoE model takes its whole sequences on this rank in one stage "
+              "(the aux-loss statistics of tensor-parallel row slices, context-parallel chunks and pipeline "
+              "stages are combined on the host)");
   TITAN_CHECK(!(opts.keep_logits && vocab_parallel()),
               "forward: keep_logits under vocab parallel (each rank ",
               "holds a slice of the vocabulary's logits)");
@@ -164,31 +165,32 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   r.ce_loss = num_valid > 0 ? r.loss_sum / (double)num_valid : std::nan("");
   r.loss = r.ce_loss;
   aux_scale_ = 0.0f;
+  aux_on_device_ = false;
   if (total_moe_layers_ > 0) {
-    // HF load_balancing_loss_func over the concatenated router outputs of all sparse layers (R rows):
-    // aux = E * sum_e (tokens routed to e / R) * (mean router probability of e).
+    // HF load_balancing_loss_func over the concatenated router outputs of all sparse layers (R rows).
     const int64_t E = c.num_experts;
     // (context parallel: the rows of the whole sequences, every rank's statistics)
     const double R = (double)N * (cp_ ? cp_->size() : 1) * (double)total_moe_layers_;
-    aux_stats_.copy_to_host(aux_host_.data());
-    // Sparse layers on this rank's rows (experts over the tensor-parallel group): the group's statistics.
-    if (moe_local_) tp_->sum_host(aux_host_.data(), static_cast<int64_t>(aux_host_.size()));
-    if (cp_) cp_->sum_host(aux_host_.data(), static_cast<int64_t>(aux_host_.size()));
-    if (opts.aux_stats_in)  // pipeline parallel: the earlier stages' sparse layers
-      for (size_t i = 0; i < aux_host_.size(); ++i) aux_host_[i] += opts.aux_stats_in[i];
-    const double* counts = aux_host_.data();
-    const double* prob_sum = counts + E;
-    double aux = 0;
-    for (int64_t e = 0; e < E; ++e) aux += (counts[e] / R) * (prob_sum[e] / R);
-    aux *= (double)E;
-    r.aux_loss = aux_loss_ = aux;
-    if (c.output_router_logits) r.loss += c.router_aux_loss_coef * aux;
     aux_scale_ = opts.aux_loss_scale >= 0 ? opts.aux_loss_scale
                  : c.output_router_logits ? (float)c.router_aux_loss_coef
                                           : 0.0f;
-    // d aux / d probs[n,e] = E * f_e / R, the same for every row of every sparse layer (counts are
-    // constants).
-    for (int64_t e = 0; e < E; ++e) aux_dprob_[e] = (float)((double)E * (counts[e] / R) / R);
+    if (opts.loss_on_device) {
+      // The aux loss (one per staged slot, device_aux_loss()) and its scaled gradient stay on the device.
+      double* aux = ensure(aux_loss_dev_, opts.staged_slot + 1, DType::F64).data<double>() + opts.staged_slot;
+      router_->aux_loss(aux, aux_scaled_.f32(), aux_stats_.data<double>(), E, R);
+      elementwise_->scale(aux_scaled_.f32(), aux_scale_, E);  // (aux_scale_ * dprob, as backward() takes it)
+      aux_on_device_ = true;
+      r.aux_loss = std::nan("");
+    } else {
+      aux_stats_.copy_to_host(aux_host_.data());
+      // Sparse layers on this rank's rows (experts over the tensor-parallel group): the group's statistics.
+      if (moe_local_) tp_->sum_host(aux_host_.data(), static_cast<int64_t>(aux_host_.size()));
+      if (cp_) cp_->sum_host(aux_host_.data(), static_cast<int64_t>(aux_host_.size()));
+      if (opts.aux_stats_in)  // pipeline parallel: the earlier stages' sparse layers
+        for (size_t i = 0; i < aux_host_.size(); ++i) aux_host_[i] += opts.aux_stats_in[i];
+      r.aux_loss = aux_loss_ = moe_aux_loss(aux_host_.data(), E, R, aux_dprob_.data());
+      if (c.output_router_logits) r.loss += c.router_aux_loss_coef * r.aux_loss;
+    }
   }
   grad_ready_ = opts.compute_grad;
   return r;
@@ -598,7 +600,9 @@ void Qwen3Model::moe_backward_layer(int64_t l, const float* dresid, float aux_sc
     moe_->backward(dln, dtw, g.wgu, g.wdown, a.moe, dresid, a.ln2, a.topk_idx, a.topk_w, w.wgu, w.wdown, N, k,
                    E, H, Im);
   const float* dbias = nullptr;
-  if (aux_scale != 0.0f) {
+  if (aux_scale != 0.0f && aux_on_device_) {
+    dbias = aux_scaled_.f32();  // (the forward scaled it on the device)
+  } else if (aux_scale != 0.0f) {
     std::vector<float> scaled(E);
     for (int64_t e = 0; e < E; ++e) scaled[e] = aux_scale * aux_dprob_[e];
     aux_scaled_.copy_from_host(scaled.data());
@@ -768,6 +772,7 @@ void Qwen3Model::stage_inputs(const int32_t* ids, const int32_t* labels, int64_t
   const int64_t N = B * T;
   plan_activations(B, T);
   ensure(loss_sum_, slots, DType::F64);
+  if (total_moe_layers_ > 0) ensure(aux_loss_dev_, slots, DType::F64);
   if (stage_has_embedding(opts.stage)) {
     check_ids(ids, B, T);
     upload_ids(ids, N, ensure(staged_ids_, slots * N, DType::I32).view_at(slot * N, {N}));
@@ -808,6 +813,14 @@ double Qwen3Model::device_loss_sum(int64_t slot) const {
               "device_loss_sum: no forward with loss_on_device has written slot ", slot);
   double v = 0;
   loss_sum_.view_at(slot, {1}).copy_to_host(&v);
+  return v;
+}
+
+double Qwen3Model::device_aux_loss(int64_t slot) const {
+  TITAN_CHECK(aux_loss_dev_.defined() && slot >= 0 && slot < aux_loss_dev_.numel(),
+              "device_aux_loss: no MoE forward with loss_on_device has written slot ", slot);
+  double v = 0;
+  aux_loss_dev_.view_at(slot, {1}).copy_to_host(&v);
   return v;
 }
 
