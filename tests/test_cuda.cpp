@@ -1125,6 +1125,28 @@ TEST(Cuda, ExpertParallelGlueMatchesReference) {
     EXPECT_EQ(uw.read(), uw_r) << "unpack w";
     EXPECT_EQ(ui.read(), ui_r) << "unpack idx";
   }
+  // The fixed-capacity layout (3 ranks of El experts), its padded packing and unpacking, bit for bit.
+  const int64_t ranks = E / El;
+  std::vector<int64_t> forder_r(ranks * S), fpos_r(S);
+  ref.route_fixed(forder_r.data(), fpos_r.data(), idx.data(), S, El, ranks);
+  Dev<int64_t> forder(ranks * S, 7), fpos(S, 7);
+  op.route_fixed(forder.p, fpos.p, didx.p, S, El, ranks);
+  EXPECT_EQ(forder.read(), forder_r) << "route_fixed order";
+  EXPECT_EQ(fpos.read(), fpos_r) << "route_fixed pos";
+  std::vector<float> fsend_r(ranks * S * (H + 2));
+  ref.pack(fsend_r.data(), x.data(), w.data(), idx.data(), forder_r.data(), ranks * S, k, H, El);
+  DevF fsend(ranks * S * (H + 2), 9.0f);
+  op.pack(fsend.p, dx.p, dw.p, didx.p, forder.p, ranks * S, k, H, El);
+  EXPECT_EQ(fsend.read(), fsend_r) << "pack with padding";
+  std::vector<float> fx_r(ranks * S * H), fw_r(ranks * S);
+  std::vector<int32_t> fi_r(ranks * S);
+  ref.unpack_padded(fx_r.data(), fw_r.data(), fi_r.data(), fsend_r.data(), ranks * S, H);
+  DevF fx(ranks * S * H), fw(ranks * S);
+  Dev<int32_t> fi(ranks * S);
+  op.unpack_padded(fx.p, fw.p, fi.p, fsend.p, ranks * S, H);
+  EXPECT_EQ(fx.read(), fx_r) << "unpack_padded x";
+  EXPECT_EQ(fw.read(), fw_r) << "unpack_padded w";
+  EXPECT_EQ(fi.read(), fi_r) << "unpack_padded idx";
   // gather_rows
   auto src = randn(N * H, 143);
   std::vector<float> g_r(S * H);

@@ -1071,6 +1071,33 @@ TEST(Kernels, ExpertParallelPackingMatchesTheMath) {
       }
       for (int64_t s = 0; s < k; ++s) ASSERT_EQ(dtw[n * k + s], 2.0f + rows[pos[n * k + s] * (H + 1) + H]);
     }
+    // The fixed-capacity layout: 3 blocks of S rows, block d = the slots routed to rank d in ascending order,
+    // then padding (-1), which packs as [0 | 0 | -1], gathers as zeros and unpacks with expert -1.
+    std::vector<int64_t> forder(3 * S, 7), fpos(S, 7);
+    ep.route_fixed(forder.data(), fpos.data(), idx.data(), S, El, 3);
+    for (int64_t d = 0, p = 0; d < 3; ++d, p = d * S) {
+      for (int64_t s = 0; s < S; ++s)
+        if (idx[s] / El == d) {
+          ASSERT_EQ(forder[p], s) << name << " rank " << d;
+          ASSERT_EQ(fpos[s], p++);
+        }
+      for (; p < (d + 1) * S; ++p) ASSERT_EQ(forder[p], -1) << name << " rank " << d;
+    }
+    std::vector<float> fsend(3 * S * (H + 2));
+    ep.pack(fsend.data(), x.data(), w.data(), idx.data(), forder.data(), 3 * S, k, H, El);
+    std::vector<float> fx(3 * S * H), fw(3 * S), fg(3 * S * H);
+    std::vector<int32_t> fidx(3 * S);
+    ep.unpack_padded(fx.data(), fw.data(), fidx.data(), fsend.data(), 3 * S, H);
+    ep.gather_rows(fg.data(), x.data(), forder.data(), 3 * S, k, H);
+    for (int64_t i = 0; i < 3 * S; ++i) {
+      const int64_t slot = forder[i];
+      ASSERT_EQ(fidx[i], slot < 0 ? -1 : idx[slot] % El);
+      ASSERT_EQ(fw[i], slot < 0 ? 0.0f : w[slot]);
+      for (int64_t h = 0; h < H; ++h) {
+        ASSERT_EQ(fx[i * H + h], slot < 0 ? 0.0f : x[(slot / k) * H + h]);
+        ASSERT_EQ(fg[i * H + h], fx[i * H + h]);
+      }
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "distributed/expert_parallel.h"
+#include "kernels/registry.h"
 #include "optim/optimizer.h"
 
 namespace titan::dist {
@@ -174,7 +175,17 @@ double DataParallelPlan::grad_norm() {
 }
 
 void DataParallelPlan::grad_sq_norm_device(double* sq) {
-  TITAN_CHECK(!ep_group_, "grad_sq_norm_device: expert parallel sums its experts' part on the host");
+  if (ep_group_) {  // as grad_norm(): the replicated gradients once, plus the experts' sums over the group
+    const DeviceType type = optimizer_grads()[0].device().type;
+    if (!ep_sq_.defined()) ep_sq_ = Tensor::zeros({2}, DType::F64, optimizer_grads()[0].device());
+    double* parts = ep_sq_.data<double>();
+    device_interface(type).zero(parts, 2 * sizeof(double));
+    titan::grad_sq_norm_device(dense_grads_, parts);
+    titan::grad_sq_norm_device(expert_grads_, parts + 1);
+    ep_group_->all_reduce(parts + 1, 1, CommType::F64, ReduceOp::Sum);
+    get_kernel<SumSquaresKernels>(type).total_device(sq, parts, 2);
+    return;
+  }
   titan::grad_sq_norm_device(optimizer_grads(), sq);
   if (ProcessGroup* shard = grad_shard_group(); shard && shard->size() > 1)
     shard->all_reduce(sq, 1, CommType::F64, ReduceOp::Sum);

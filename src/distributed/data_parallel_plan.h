@@ -109,6 +109,7 @@ class DataParallelPlan {
   // Expert parallel: views of the non-expert and expert parts of the buffers.
   std::shared_ptr<ProcessGroup> ep_group_, expert_replicate_;
   std::vector<Tensor> dense_params_, dense_grads_, expert_params_, expert_grads_;
+  Tensor ep_sq_;  // (2, f64) grad_sq_norm_device's dense and expert sums under expert parallel
   std::unique_ptr<DdpReducer> expert_ddp_;
 };
 

@@ -414,16 +414,19 @@ TITAN_HOST_DEVICE inline double moe_aux_loss(const double* stats, int64_t E, dou
 }
 
 // Row packing of expert parallel (the all-to-all payloads). Token slot n*k+s of a rank's N tokens routes to
-// expert idx[n*k+s]; order (S = N*k) lists the slots by destination rank; El experts per rank.
+// expert idx[n*k+s]; order (S = N*k) lists the slots by destination rank; El experts per rank. An order
+// entry of -1 is a padding row (the fixed-capacity layout of route_fixed).
 struct ExpertParallelKernels {
   static constexpr const char* kOp = "expert_parallel";
-  // send row i (width H+2) = [x[slot / k] (H) | w[slot] | idx[slot] mod El], slot = order[i].
+  // send row i (width H+2) = [x[slot / k] (H) | w[slot] | idx[slot] mod El], slot = order[i]; a padding
+  // row is [0 (H) | 0 | -1].
   void (*pack)(float* send, const float* x, const float* w, const int32_t* idx, const int64_t* order,
                int64_t S, int64_t k, int64_t H, int64_t El);
   // Received rows (R, H+2) -> x (R,H), w (R), local expert (R). Returns how many rows name an expert
   // outside [0, El) (a malformed exchange; waits for the device).
   int64_t (*unpack)(float* x, float* w, int32_t* idx, const float* recv, int64_t R, int64_t H, int64_t El);
-  // send row i = src[order[i] / k]  (rows of H): the gradients of the outputs, sent back the same way.
+  // send row i = src[order[i] / k]  (rows of H; 0 for padding): the gradients of the outputs, sent the same
+  // way.
   void (*gather_rows)(float* send, const float* src, const int64_t* order, int64_t S, int64_t k, int64_t H);
   // dst row r (width H+1) = [dx[r] (H) | dw[r]].
   void (*pack_grads)(float* dst, const float* dx, const float* dw, int64_t R, int64_t H);
@@ -432,6 +435,14 @@ struct ExpertParallelKernels {
   //   dtw[n*k+s] += rows[pos[n*k+s]][H] when dtw is not null (row = H+1).
   void (*combine)(float* out, float* dtw, const float* rows, const int64_t* pos, int64_t N, int64_t k,
                   int64_t H, int64_t row, bool accumulate);
+  // The fixed-capacity layout (compile mode: the all-to-all's sizes cannot depend on the routing): `ranks`
+  // blocks of S rows, block d holding the slots routed to rank d (idx / El = d) in ascending order, then
+  // padding. order (ranks * S): the slot at each position, -1 for padding; pos (S): each slot's position.
+  // Nothing waits for the device.
+  void (*route_fixed)(int64_t* order, int64_t* pos, const int32_t* idx, int64_t S, int64_t El, int64_t ranks);
+  // unpack without the check (nothing waits for the device): padding rows keep their expert index -1 (the
+  // device-routed experts leave such rows unrouted).
+  void (*unpack_padded)(float* x, float* w, int32_t* idx, const float* recv, int64_t R, int64_t H);
 };
 
 // General GEMM as cblas_sgemm(CblasRowMajor, ...): C (M,N) = alpha op(A) op(B) + beta C with leading

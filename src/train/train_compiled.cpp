@@ -23,9 +23,9 @@ namespace titan {
 // What the captured step does not hold yet, each refused with its reason (as torchtitan refuses CUDA graphs
 // with pipeline parallel) rather than run eagerly behind the user's back.
 std::string Trainer::compile_refusal() const {
-  if (plan_.pipeline.degree > 1 || plan_.expert_parallel > 1)
-    return "pipeline and expert parallel (the pipeline schedule and the experts' all-to-all sizes run on the "
-           "host inside the step); data, tensor and context parallel are captured";
+  if (plan_.pipeline.degree > 1)
+    return "pipeline parallel (its schedule runs on the host inside the step); data, tensor, context and "
+           "expert parallel are captured";
   if (cfg_.lora.enable) return "LoRA";
   if (mc_.num_experts > 0 && (plan_.tensor_parallel > 1 || plan_.context_parallel > 1))
     return "MoE models with tensor or context parallel (the aux-loss statistics of row slices and sequence "

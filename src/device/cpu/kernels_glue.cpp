@@ -138,6 +138,11 @@ void ep_pack(float* send, const float* x, const float* w, const int32_t* idx, co
   for (int64_t i = 0; i < S; ++i) {
     const int64_t slot = order[i];
     float* r = send + i * row;
+    if (slot < 0) {  // padding
+      std::fill_n(r, H + 1, 0.0f);
+      r[H + 1] = -1.0f;
+      continue;
+    }
     std::memcpy(r, x + (slot / k) * H, H * sizeof(float));
     r[H] = w[slot];
     r[H + 1] = static_cast<float>(idx[slot] % El);
@@ -160,7 +165,31 @@ int64_t ep_unpack(float* x, float* w, int32_t* idx, const float* recv, int64_t R
 
 void ep_gather_rows(float* send, const float* src, const int64_t* order, int64_t S, int64_t k, int64_t H) {
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < S; ++i) std::memcpy(send + i * H, src + (order[i] / k) * H, H * sizeof(float));
+  for (int64_t i = 0; i < S; ++i) {
+    if (order[i] < 0)
+      std::fill_n(send + i * H, H, 0.0f);
+    else
+      std::memcpy(send + i * H, src + (order[i] / k) * H, H * sizeof(float));
+  }
+}
+
+void ep_route_fixed(int64_t* order, int64_t* pos, const int32_t* idx, int64_t S, int64_t El, int64_t ranks) {
+  std::fill_n(order, ranks * S, int64_t(-1));
+  std::vector<int64_t> next(ranks, 0);
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t d = idx[s] / El, p = d * S + next[d]++;
+    order[p] = s, pos[s] = p;
+  }
+}
+
+void ep_unpack_padded(float* x, float* w, int32_t* idx, const float* recv, int64_t R, int64_t H) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < R; ++r) {
+    const float* src = recv + r * (H + 2);
+    std::memcpy(x + r * H, src, H * sizeof(float));
+    w[r] = src[H];
+    idx[r] = static_cast<int32_t>(src[H + 1]);
+  }
 }
 
 void ep_pack_grads(float* dst, const float* dx, const float* dw, int64_t R, int64_t H) {
@@ -197,7 +226,8 @@ void aux_loss(double* aux, float* dprob, const double* stats, int64_t E, double 
 
 const MoeRouterKernels kMoeRouter{softmax_rows,    select_topk, count_tokens, aux_stats,
                                   router_backward, update_bias, aux_loss};
-const ExpertParallelKernels kExpertParallel{ep_pack, ep_unpack, ep_gather_rows, ep_pack_grads, ep_combine};
+const ExpertParallelKernels kExpertParallel{ep_pack,    ep_unpack,      ep_gather_rows,  ep_pack_grads,
+                                            ep_combine, ep_route_fixed, ep_unpack_padded};
 
 }  // namespace
 

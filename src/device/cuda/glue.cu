@@ -267,7 +267,10 @@ __global__ void ep_pack_kernel(float* send, const float* x, const float* w, cons
   const int64_t row = H + 2;
   TITAN_GRID_STRIDE(t, S * row) {
     const int64_t i = t / row, c = t % row, slot = order[i];
-    send[t] = c < H ? x[(slot / k) * H + c] : c == H ? w[slot] : static_cast<float>(idx[slot] % El);
+    if (slot < 0)  // padding
+      send[t] = c <= H ? 0.0f : -1.0f;
+    else
+      send[t] = c < H ? x[(slot / k) * H + c] : c == H ? w[slot] : static_cast<float>(idx[slot] % El);
   }
 }
 
@@ -314,7 +317,7 @@ __global__ void ep_gather_rows_kernel(float* send, const float* src, const int64
                                       int64_t k, int64_t H) {
   TITAN_GRID_STRIDE(t, S * H) {
     const int64_t i = t / H, c = t % H;
-    send[t] = src[(order[i] / k) * H + c];
+    send[t] = order[i] < 0 ? 0.0f : src[(order[i] / k) * H + c];
   }
 }
 
@@ -396,6 +399,60 @@ void dropout_backward_add(float* dx, const float* g, int64_t rows, int64_t cols,
          1.0f / (1.0f - p));
 }
 
+// route_fixed: order = -1, then block d = blockIdx.x ranks its slots (idx / El = d) in slot order, 256 at a
+// time by a block prefix sum.  grid ranks, block 256.
+__global__ void ep_route_fixed_kernel(int64_t* order, int64_t* pos, const int32_t* idx, int64_t S,
+                                      int64_t El) {
+  __shared__ int32_t scan[256];
+  const int64_t d = blockIdx.x;
+  for (int64_t i = threadIdx.x; i < S; i += blockDim.x) order[d * S + i] = -1;
+  __syncthreads();
+  int64_t base = d * S;
+  for (int64_t s0 = 0; s0 < S; s0 += 256) {
+    const int64_t s = s0 + threadIdx.x;
+    const int32_t mine = s < S && idx[s] / El == d;
+    scan[threadIdx.x] = mine;
+    __syncthreads();
+    for (int o = 1; o < 256; o <<= 1) {  // inclusive scan
+      const int32_t add = threadIdx.x >= o ? scan[threadIdx.x - o] : 0;
+      __syncthreads();
+      scan[threadIdx.x] += add;
+      __syncthreads();
+    }
+    if (mine) {
+      const int64_t p = base + scan[threadIdx.x] - 1;
+      order[p] = s, pos[s] = p;
+    }
+    base += scan[255];
+    __syncthreads();
+  }
+}
+
+void ep_route_fixed(int64_t* order, int64_t* pos, const int32_t* idx, int64_t S, int64_t El, int64_t ranks) {
+  if (S > 0) launch(ep_route_fixed_kernel, ranks, 256, 0, order, pos, idx, S, El);
+}
+
+__global__ void ep_unpack_padded_kernel(float* x, float* w, int32_t* idx, const float* recv, int64_t R,
+                                        int64_t H) {
+  const int64_t row = H + 2;
+  TITAN_GRID_STRIDE(t, R * row) {
+    const int64_t r = t / row, c = t % row;
+    const float v = recv[t];
+    if (c < H)
+      x[r * H + c] = v;
+    else if (c == H)
+      w[r] = v;
+    else
+      idx[r] = __float2int_rz(v);
+  }
+}
+
+void ep_unpack_padded(float* x, float* w, int32_t* idx, const float* recv, int64_t R, int64_t H) {
+  const int64_t total = R * (H + 2);
+  if (total > 0)
+    launch(ep_unpack_padded_kernel, blocks_for(total, kThreads), kThreads, 0, x, w, idx, recv, R, H);
+}
+
 #undef TITAN_GRID_STRIDE
 
 const DropoutKernels kDropout{dropout_forward, dropout_backward_add};
@@ -409,7 +466,8 @@ void aux_loss(double* aux, float* dprob, const double* stats, int64_t E, double 
 
 const MoeRouterKernels kMoeRouter{softmax,         select_topk, count_tokens, aux_stats,
                                   router_backward, update_bias, aux_loss};
-const ExpertParallelKernels kExpertParallel{ep_pack, ep_unpack, ep_gather_rows, ep_pack_grads, ep_combine};
+const ExpertParallelKernels kExpertParallel{ep_pack,    ep_unpack,      ep_gather_rows,  ep_pack_grads,
+                                            ep_combine, ep_route_fixed, ep_unpack_padded};
 
 TITAN_REGISTER_KERNEL(ElementwiseKernels, CUDA, "cuda", kElementwise, 10);
 TITAN_REGISTER_KERNEL(DropoutKernels, CUDA, "cuda", kDropout, 10);

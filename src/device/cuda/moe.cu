@@ -15,7 +15,9 @@
 // device: a stable counting sort by kernels (each expert's slots in ascending slot order, as route() does)
 // and grouped GEMM kernels that find each expert's rows from the offsets in device memory. Nothing waits for
 // the device, reads it from the host or depends on the routing's counts on the host, so a CUDA graph holds
-// the MoE layer and replays it for any routing (compile mode). The GEMMs run on CUDA cores (32 x 32 tiles,
+// the MoE layer and replays it for any routing (compile mode). A slot whose expert index lies outside
+// [0, E) is left unrouted: it contributes nothing and gets no gradient (expert parallel's fixed-capacity
+// exchange pads with such rows). The GEMMs run on CUDA cores (32 x 32 tiles,
 // f32 accumulation; bf16 rounds the operands first), each output summed in index order: deterministic, its
 // bits those of neither cuBLAS path.
 #include <cuda_runtime.h>
@@ -54,15 +56,24 @@ std::vector<int32_t> route(const MoeExpertsBuffers& buf, const int32_t* idx, int
   return offsets;
 }
 
+// The device-routed kernels may leave slots unrouted (an expert index outside [0, E): expert parallel's
+// padding rows): the sorted rows end at *rows_end (offsets[E]; null: every row is routed) and such a slot's
+// row_of is -1. The element kernels below skip the rows past the end and the unrouted slots.
+
 // dst[r] = src[order[r] / k] (rows of H), r < Nk.  grid Nk, block 128.
-__global__ void gather_rows_kernel(float* dst, const float* src, const int32_t* order, int64_t k, int64_t H) {
-  const int64_t r = blockIdx.x, n = order[r] / k;
+__global__ void gather_rows_kernel(float* dst, const float* src, const int32_t* order, int64_t k, int64_t H,
+                                   const int32_t* rows_end) {
+  const int64_t r = blockIdx.x;
+  if (rows_end && r >= *rows_end) return;
+  const int64_t n = order[r] / k;
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x) dst[r * H + h] = src[n * H + h];
 }
 
 // act = silu(gu[:, :I]) * gu[:, I:], rows of the sorted layout.
-__global__ void moe_swiglu_kernel(float* act, const float* gu, int64_t rows, int64_t I) {
-  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < rows * I;
+__global__ void moe_swiglu_kernel(float* act, const float* gu, int64_t rows, int64_t I,
+                                  const int32_t* rows_end) {
+  const int64_t used = rows_end ? *rows_end : rows;
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < used * I;
        e += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = e / I, i = e % I;
     const float g = gu[r * 2 * I + i], u = gu[r * 2 * I + I + i];
@@ -76,7 +87,10 @@ __global__ void combine_kernel(float* out, const float* y, const float* w, const
   const int64_t n = blockIdx.x;
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
     float acc = 0.0f;
-    for (int64_t s = 0; s < k; ++s) acc += w[n * k + s] * y[row_of[n * k + s] * H + h];
+    for (int64_t s = 0; s < k; ++s) {
+      const int32_t r = row_of[n * k + s];
+      if (r >= 0) acc += w[n * k + s] * y[r * H + h];
+    }
     out[n * H + h] = acc;
   }
 }
@@ -84,9 +98,11 @@ __global__ void combine_kernel(float* out, const float* y, const float* w, const
 // Per sorted row r (slot = order[r], weight ws): dw[slot] += <g_r, act_r>; wact_r = ws act_r;
 // dgu_r = swiglu'(ws g_r).  grid Nk, block 128.
 __global__ void moe_backward_rows_kernel(float* dw, float* wact, float* dgu, const float* g, const float* act,
-                                         const float* gu, const float* w, const int32_t* order, int64_t I) {
+                                         const float* gu, const float* w, const int32_t* order, int64_t I,
+                                         const int32_t* rows_end) {
   __shared__ float red[32];
   const int64_t r = blockIdx.x;
+  if (rows_end && r >= *rows_end) return;
   const int32_t slot = order[r];
   const float ws = w[slot];
   float dot = 0.0f;
@@ -107,10 +123,15 @@ __global__ void scatter_dx_kernel(float* dx, const float* dxs, const int32_t* ro
   const int64_t n = blockIdx.x;
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
     float acc = 0.0f;
-    for (int64_t s = 0; s < k; ++s) acc += dxs[row_of[n * k + s] * H + h];
+    for (int64_t s = 0; s < k; ++s) {
+      const int32_t r = row_of[n * k + s];
+      if (r >= 0) acc += dxs[r * H + h];
+    }
     dx[n * H + h] += acc;
   }
 }
+
+const int32_t* const kAll = nullptr;  // (rows_end: every slot routed)
 
 template <bool kBf16>
 void moe_forward(float* out, const MoeExpertsBuffers& buf, const float* x, const int32_t* idx, const float* w,
@@ -121,13 +142,13 @@ void moe_forward(float* out, const MoeExpertsBuffers& buf, const float* x, const
   const auto off = route(buf, idx, Nk, E);
   float* xs = buf.scratch;  // (Nk, H)
   float* y = xs + Nk * H;   // (Nk, H)
-  launch(gather_rows_kernel, Nk, 128, 0, xs, x, buf.order, k, H);
+  launch(gather_rows_kernel, Nk, 128, 0, xs, x, buf.order, k, H, kAll);
   for (int64_t e = 0; e < E; ++e) {  // gu_e (c,2I) = xs_e W_gu_e^T
     const int64_t r0 = off[e], c = off[e + 1] - off[e];
     gemm_f32_or_bf16(kBf16, true, false, 2 * I, c, H, w_gu + e * 2 * I * H, H, xs + r0 * H, H,
                      buf.gu + r0 * 2 * I, 2 * I, 0.0f);
   }
-  launch(moe_swiglu_kernel, blocks_for(Nk * I, 256), 256, 0, buf.act, buf.gu, Nk, I);
+  launch(moe_swiglu_kernel, blocks_for(Nk * I, 256), 256, 0, buf.act, buf.gu, Nk, I, kAll);
   for (int64_t e = 0; e < E; ++e) {  // y_e (c,H) = act_e W_down_e^T
     const int64_t r0 = off[e], c = off[e + 1] - off[e];
     gemm_f32_or_bf16(kBf16, true, false, H, c, I, w_down + e * H * I, I, buf.act + r0 * I, I, y + r0 * H, H,
@@ -151,14 +172,14 @@ void moe_backward(float* dx, float* dw, float* dw_gu, float* dw_down, const MoeE
   float* g = dy + Nk * H;      // (Nk, I)
   float* wact = g + Nk * I;    // (Nk, I)
   float* dgu = wact + Nk * I;  // (Nk, 2I)
-  launch(gather_rows_kernel, Nk, 128, 0, xs, x, buf.order, k, H);
-  launch(gather_rows_kernel, Nk, 128, 0, dy, dout, buf.order, k, H);
+  launch(gather_rows_kernel, Nk, 128, 0, xs, x, buf.order, k, H, kAll);
+  launch(gather_rows_kernel, Nk, 128, 0, dy, dout, buf.order, k, H, kAll);
   for (int64_t e = 0; e < E; ++e) {  // g_e (c,I) = dy_e W_down_e
     const int64_t r0 = off[e], c = off[e + 1] - off[e];
     gemm_f32_or_bf16(kBf16, false, false, I, c, H, w_down + e * H * I, I, dy + r0 * H, H, g + r0 * I, I,
                      0.0f);
   }
-  launch(moe_backward_rows_kernel, Nk, 128, 0, dw, wact, dgu, g, buf.act, buf.gu, w, buf.order, I);
+  launch(moe_backward_rows_kernel, Nk, 128, 0, dw, wact, dgu, g, buf.act, buf.gu, w, buf.order, I, kAll);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = off[e], c = off[e + 1] - off[e];
     if (c == 0) continue;
@@ -222,7 +243,15 @@ __global__ void place_slots_kernel(int32_t* order, int32_t* row_of, const int32_
   }
 }
 
+// row_of[s] = -1 for the slots naming no expert in [0, E) (unrouted).
+__global__ void mark_unrouted_kernel(int32_t* row_of, const int32_t* idx, int64_t Nk, int64_t E) {
+  TITAN_GRID_STRIDE(s, Nk) {
+    if (idx[s] < 0 || idx[s] >= E) row_of[s] = -1;
+  }
+}
+
 void route_on_device(const MoeExpertsBuffers& buf, const int32_t* idx, int64_t Nk, int64_t E) {
+  launch(mark_unrouted_kernel, blocks_for(Nk, 256), 256, 0, buf.row_of, idx, Nk, E);
   launch(count_slots_kernel, E, 256, 0, buf.offsets, idx, Nk);
   launch(prefix_offsets_kernel, 1, 1, 0, buf.offsets, E);
   launch(place_slots_kernel, E, 256, 0, buf.order, buf.row_of, static_cast<const int32_t*>(buf.offsets), idx,
@@ -342,11 +371,12 @@ void moe_forward_device(float* out, const MoeExpertsBuffers& buf, const float* x
   const int64_t Nk = N * k;
   if (N == 0) return;
   route_on_device(buf, idx, Nk, E);
-  float* xs = buf.scratch;  // (Nk, H)
-  float* y = xs + Nk * H;   // (Nk, H)
-  launch(gather_rows_kernel, Nk, 128, 0, xs, x, buf.order, k, H);
+  const int32_t* end = buf.offsets + E;  // (slots outside [0, E) unrouted)
+  float* xs = buf.scratch;               // (Nk, H)
+  float* y = xs + Nk * H;                // (Nk, H)
+  launch(gather_rows_kernel, Nk, 128, 0, xs, x, buf.order, k, H, end);
   grouped_rows_gemm<kBf16, true>(buf.gu, xs, w_gu, buf.offsets, Nk, E, H, 2 * I);  // gu_e = xs_e W_gu_e^T
-  launch(moe_swiglu_kernel, blocks_for(Nk * I, 256), 256, 0, buf.act, buf.gu, Nk, I);
+  launch(moe_swiglu_kernel, blocks_for(Nk * I, 256), 256, 0, buf.act, buf.gu, Nk, I, end);
   grouped_rows_gemm<kBf16, true>(y, buf.act, w_down, buf.offsets, Nk, E, I, H);  // y_e = act_e W_down_e^T
   launch(combine_kernel, N, 128, 0, out, y, w, buf.row_of, k, H);
 }
@@ -363,10 +393,11 @@ void moe_backward_device(float* dx, float* dw, float* dw_gu, float* dw_down, con
   float* g = dy + Nk * H;      // (Nk, I)
   float* wact = g + Nk * I;    // (Nk, I)
   float* dgu = wact + Nk * I;  // (Nk, 2I)
-  launch(gather_rows_kernel, Nk, 128, 0, xs, x, buf.order, k, H);
-  launch(gather_rows_kernel, Nk, 128, 0, dy, dout, buf.order, k, H);
+  const int32_t* end = buf.offsets + E;
+  launch(gather_rows_kernel, Nk, 128, 0, xs, x, buf.order, k, H, end);
+  launch(gather_rows_kernel, Nk, 128, 0, dy, dout, buf.order, k, H, end);
   grouped_rows_gemm<kBf16, false>(g, dy, w_down, buf.offsets, Nk, E, H, I);  // g_e = dy_e W_down_e
-  launch(moe_backward_rows_kernel, Nk, 128, 0, dw, wact, dgu, g, buf.act, buf.gu, w, buf.order, I);
+  launch(moe_backward_rows_kernel, Nk, 128, 0, dw, wact, dgu, g, buf.act, buf.gu, w, buf.order, I, end);
   grouped_weight_grad<kBf16>(dw_down, dy, wact, buf.offsets, E, H, I);   // dW_down_e += dy_e^T (w act)_e
   grouped_weight_grad<kBf16>(dw_gu, dgu, xs, buf.offsets, E, 2 * I, H);  // dW_gu_e += dgu_e^T xs_e
   grouped_rows_gemm<kBf16, false>(dy, dgu, w_gu, buf.offsets, Nk, E, 2 * I, H);  // dxs_e = dgu_e W_gu_e

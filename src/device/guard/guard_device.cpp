@@ -160,9 +160,10 @@ const MoeRouterKernels kMoeRouter{
     TITAN_GUARD(MoeRouterKernels, backward),     TITAN_GUARD(MoeRouterKernels, update_bias),
     TITAN_GUARD(MoeRouterKernels, aux_loss)};
 const ExpertParallelKernels kExpertParallel{
-    TITAN_GUARD(ExpertParallelKernels, pack), TITAN_GUARD(ExpertParallelKernels, unpack),
-    TITAN_GUARD(ExpertParallelKernels, gather_rows), TITAN_GUARD(ExpertParallelKernels, pack_grads),
-    TITAN_GUARD(ExpertParallelKernels, combine)};
+    TITAN_GUARD(ExpertParallelKernels, pack),         TITAN_GUARD(ExpertParallelKernels, unpack),
+    TITAN_GUARD(ExpertParallelKernels, gather_rows),  TITAN_GUARD(ExpertParallelKernels, pack_grads),
+    TITAN_GUARD(ExpertParallelKernels, combine),      TITAN_GUARD(ExpertParallelKernels, route_fixed),
+    TITAN_GUARD(ExpertParallelKernels, unpack_padded)};
 
 const GemmKernels kGemm{TITAN_GUARD(GemmKernels, gemm)};
 const DropoutKernels kDropout{TITAN_GUARD(DropoutKernels, forward),

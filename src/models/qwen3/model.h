@@ -312,6 +312,9 @@ class Qwen3Model {
   void moe_backward_layer(int64_t l, const float* dresid, float aux_scale, bool accumulate_dw);
   // Expert-parallel experts of sparse layer l: exchange, local experts, exchange back.
   void moe_experts_ep_forward(int64_t l, float* out);
+  // Expert parallel's fixed-capacity exchange (a forward with inputs_staged: compile mode) routes on the
+  // device; the experts must then be the device-routed kernels.
+  bool ep_fixed_ = false;
   void moe_experts_ep_backward(int64_t l, const float* dresid, float* dln, float* dtw);
   void plan_activations(int64_t B, int64_t T);
   // With a streamer: gather group g into flat_params_[g] / drop it; a gradient buffer into

@@ -61,10 +61,11 @@ struct LayerActs {
 // Expert parallel: one sparse layer's exchange and saved expert-side activations.
 struct EpLayer {
   std::unique_ptr<dist::AllToAllExchange> exchange;  // rows out: (token, expert) pairs by owner rank
-  Tensor pos_of_slot;                                // i64 (S): token slot n*k+s -> row in the send order
-  Tensor send_order;                                 // i64 (S): send row i -> token slot
-  Tensor x, w, gu, act;                              // received rows (R,H), weights (R), saved acts
-  Tensor idx, order, row_of, offsets;                // i32: local expert of each row, kernel tables
+  bool fixed = false;                  // exchange is the fixed-capacity one (S rows to every rank, padded)
+  Tensor pos_of_slot;                  // i64 (S): token slot n*k+s -> row in the send order
+  Tensor send_order;                   // i64 (S): send row i -> token slot
+  Tensor x, w, gu, act;                // received rows (R,H), weights (R), saved acts
+  Tensor idx, order, row_of, offsets;  // i32: local expert of each row, kernel tables
 };
 
 }  // namespace qwen3_detail

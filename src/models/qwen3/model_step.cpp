@@ -45,6 +45,11 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
     for (int g = c.tie_word_embeddings ? 0 : 1; g < num_groups(); ++g) make_bf16_image(g);
   if (embed && !opts.inputs_staged) upload_ids(ids, N, ids_);
   if (embed && opts.inputs_staged) copy_staged(ids_, staged_ids_, opts.staged_slot, N);
+  ep_fixed_ = ep_ && opts.inputs_staged;
+  TITAN_CHECK(!ep_fixed_ || kernel_names_["moe_experts"].ends_with("device_routed"),
+              "forward: inputs_staged under expert parallel takes the device-routed experts "
+              "(kernels.moe_experts = 'device_routed'), not '",
+              kernel_names_["moe_experts"], "'");
   ForwardResult r;
   if (total_moe_layers_ > 0) aux_stats_.zero_();
   // The stage's input: the embedding (vocab parallel: each token's row from the rank holding it, summed over
@@ -628,6 +633,10 @@ MoeExpertsBuffers Qwen3Model::ep_buffers(EpLayer& s) {
 // grouped kernel on its rows with k = 1 (so it applies the weights) and sends the weighted outputs back;
 // out[n] = sum over s (in slot order, as the single-rank kernel) of the returned rows. The send order is
 // worked out on the host (the exchange's row counts are host data anyway); rows move by device ops.
+// With ep_fixed_ (compile mode) the exchange has a fixed capacity instead, S rows to every rank (the
+// slots routed there in order, then padding rows naming no expert), laid out on the device: nothing waits
+// for the routing, and the device-routed experts skip the padding. Each real row meets the same kernels in
+// the same relative order as in the exact exchange, so both give the same bits.
 void Qwen3Model::moe_experts_ep_forward(int64_t l, float* out) {
   const auto& c = config_;
   const int64_t N = moe_rows(), H = c.hidden_size, k = c.num_experts_per_tok, Im = c.moe_intermediate_size,
@@ -635,24 +644,40 @@ void Qwen3Model::moe_experts_ep_forward(int64_t l, float* out) {
   LayerActs& a = layer_acts_[l];
   LayerView w = layer_view(l);
   EpLayer& s = ep_layers_[moe_row_[l]];
-  ep_idx_host_.resize(S);
-  dev_->copy_to_host(ep_idx_host_.data(), a.topk_idx, S * sizeof(int32_t));
-  std::vector<int> dest(S);
-  for (int64_t i = 0; i < S; ++i) dest[i] = static_cast<int>(ep_idx_host_[i] / El);
-  auto [order, counts] = dist::group_rows_by_destination(dest, ep_size_);
-  std::vector<int64_t> pos(S);
-  for (int64_t i = 0; i < S; ++i) pos[order[i]] = i;
-  ensure(s.send_order, S, DType::I64).view_at(0, {S}).copy_from_host(order.data());
-  ensure(s.pos_of_slot, S, DType::I64).view_at(0, {S}).copy_from_host(pos.data());
-  ep_kernels_->pack(ensure(ep_send_, S * row).f32(), a.ln2, a.topk_w, a.topk_idx,
-                    s.send_order.data<int64_t>(), S, k, H, El);
-  s.exchange = std::make_unique<dist::AllToAllExchange>(*ep_, counts, row);
-  const int64_t R = s.exchange->total_recv();
+  if (ep_fixed_) {
+    const int64_t cap = ep_size_ * S;  // send rows: S per rank
+    if (!s.exchange || !s.fixed || s.exchange->total_send() != cap) {
+      s.exchange = std::make_unique<dist::AllToAllExchange>(*ep_, std::vector<int64_t>(ep_size_, S), row);
+      s.fixed = true;
+    }
+    ep_kernels_->route_fixed(ensure(s.send_order, cap, DType::I64).data<int64_t>(),
+                             ensure(s.pos_of_slot, S, DType::I64).data<int64_t>(), a.topk_idx, S, El,
+                             ep_size_);
+  } else {
+    ep_idx_host_.resize(S);
+    dev_->copy_to_host(ep_idx_host_.data(), a.topk_idx, S * sizeof(int32_t));
+    std::vector<int> dest(S);
+    for (int64_t i = 0; i < S; ++i) dest[i] = static_cast<int>(ep_idx_host_[i] / El);
+    auto [order, counts] = dist::group_rows_by_destination(dest, ep_size_);
+    std::vector<int64_t> pos(S);
+    for (int64_t i = 0; i < S; ++i) pos[order[i]] = i;
+    ensure(s.send_order, S, DType::I64).view_at(0, {S}).copy_from_host(order.data());
+    ensure(s.pos_of_slot, S, DType::I64).view_at(0, {S}).copy_from_host(pos.data());
+    s.exchange = std::make_unique<dist::AllToAllExchange>(*ep_, counts, row);
+    s.fixed = false;
+  }
+  const int64_t sent = s.exchange->total_send(), R = s.exchange->total_recv();
+  ep_kernels_->pack(ensure(ep_send_, sent * row).f32(), a.ln2, a.topk_w, a.topk_idx,
+                    s.send_order.data<int64_t>(), sent, k, H, El);
   s.exchange->dispatch(ep_send_.f32(), ensure(ep_recv_, R * row).f32());
   ensure(s.x, R * H), ensure(s.w, R), ensure(s.idx, R, DType::I32);
-  const int64_t bad =
-      ep_kernels_->unpack(s.x.f32(), s.w.f32(), s.idx.data<int32_t>(), ep_recv_.f32(), R, H, El);
-  TITAN_CHECK(bad == 0, "expert parallel: received ", bad, " rows for experts outside this rank's ", El);
+  if (s.fixed) {
+    ep_kernels_->unpack_padded(s.x.f32(), s.w.f32(), s.idx.data<int32_t>(), ep_recv_.f32(), R, H);
+  } else {
+    const int64_t bad =
+        ep_kernels_->unpack(s.x.f32(), s.w.f32(), s.idx.data<int32_t>(), ep_recv_.f32(), R, H, El);
+    TITAN_CHECK(bad == 0, "expert parallel: received ", bad, " rows for experts outside this rank's ", El);
+  }
   ensure(s.gu, R * 2 * Im), ensure(s.act, R * Im);
   ensure(s.order, R, DType::I32), ensure(s.row_of, R, DType::I32);
   ensure(s.offsets, El + 1, DType::I32).view_at(0, {El + 1}).zero_();
@@ -664,7 +689,7 @@ void Qwen3Model::moe_experts_ep_forward(int64_t l, float* out) {
                   H, Im);
   }
   dist::AllToAllExchange back(*s.exchange, H);
-  back.combine(ep_rows_.f32(), ensure(ep_send_, S * H).f32());
+  back.combine(ep_rows_.f32(), ensure(ep_send_, sent * H).f32());
   ep_kernels_->combine(out, nullptr, ep_send_.f32(), s.pos_of_slot.data<int64_t>(), N, k, H, H, false);
 }
 
@@ -679,8 +704,9 @@ void Qwen3Model::moe_experts_ep_backward(int64_t l, const float* dresid, float* 
   LayerView g = layer_view(l, flat_grads_[l + 1].f32());
   EpLayer& s = ep_layers_[moe_row_[l]];
   TITAN_CHECK(s.exchange, "expert parallel: backward without a forward");
-  const int64_t R = s.exchange->total_recv();
-  ep_kernels_->gather_rows(ensure(ep_send_, S * H).f32(), dresid, s.send_order.data<int64_t>(), S, k, H);
+  const int64_t R = s.exchange->total_recv(), sent = s.exchange->total_send();  // (sent = S unless fixed)
+  ep_kernels_->gather_rows(ensure(ep_send_, sent * H).f32(), dresid, s.send_order.data<int64_t>(), sent, k,
+                           H);
   dist::AllToAllExchange out_rows(*s.exchange, H);
   out_rows.dispatch(ep_send_.f32(), ensure(ep_rows_, R * H).f32());  // d(out) of every received row
   const int64_t row = H + 1;
@@ -696,7 +722,7 @@ void Qwen3Model::moe_experts_ep_backward(int64_t l, const float* dresid, float* 
     ep_kernels_->pack_grads(ep_recv_.f32(), ep_dx_.f32(), ep_dw_.f32(), R, H);
   }
   dist::AllToAllExchange grads_back(*s.exchange, row);
-  grads_back.combine(ep_recv_.f32(), ensure(ep_send_, S * row).f32());
+  grads_back.combine(ep_recv_.f32(), ensure(ep_send_, sent * row).f32());
   ep_kernels_->combine(dln, dtw, ep_send_.f32(), s.pos_of_slot.data<int64_t>(), N, k, H, row, true);
 }
 
