@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "device/device.h"
 #include "distributed/data_parallel_plan.h"
+#include "models/qwen3/lora.h"
 #include "models/qwen3/model.h"
 #include "optim/optimizer.h"
 #include "train/trainer.h"
@@ -26,7 +27,8 @@ std::string Trainer::compile_refusal() const {
   if (plan_.pipeline.degree > 1)
     return "pipeline parallel (its schedule runs on the host inside the step); data, tensor, context and "
            "expert parallel are captured";
-  if (cfg_.lora.enable) return "LoRA";
+  if (cfg_.lora.enable && cfg_.lora.dropout > 0)
+    return "lora.dropout > 0 (its masks' keys count the forwards on the host)";
   if (mc_.num_experts > 0 && (plan_.tensor_parallel > 1 || plan_.context_parallel > 1))
     return "MoE models with tensor or context parallel (the aux-loss statistics of row slices and sequence "
            "chunks are combined on the host); MoE with data parallel is captured";
@@ -66,6 +68,7 @@ StepOutcome Trainer::train_step_captured(int64_t step) {
   // The gradients' sum of squares in [3] (tensor parallel: its three partial sums before it).
   if (!compile_sq_.defined()) compile_sq_ = Tensor::zeros({4}, DType::F64, device_);
   const float max_norm = static_cast<float>(cfg_.training.max_norm);
+  const std::vector<Param>& trained = lora_ ? lora_->params() : model_->params();
   auto step_ops = [&] {
     model_->zero_grad();
     for (int64_t k = 0; k < accum; ++k) {
@@ -76,8 +79,8 @@ StepOutcome Trainer::train_step_captured(int64_t step) {
     dp_->reduce_grads();
     balance_experts();
     if (tp_) {
-      tp_->reduce_replicated_grads(model_->params(), tp_grads());
-      tp_->grad_sq_norm_device(model_->params(), tp_grads(), compile_sq_.data<double>());
+      tp_->reduce_replicated_grads(trained, tp_grads());
+      tp_->grad_sq_norm_device(trained, tp_grads(), compile_sq_.data<double>());
     } else {
       dp_->grad_sq_norm_device(compile_sq_.data<double>() + 3);
     }
