@@ -115,11 +115,11 @@ TEST(Cuda, GemmAndDropoutMatchReference) {
   auto x = randn(n, 64), g = randn(n, 65);
   std::vector<float> out(n), dx(n, 0.5f);
   // (rows of 1001 keyed with a stride of 3003: a column slice's masks)
-  dref.forward(out.data(), x.data(), n / 1001, 1001, 987654321, 3003, 0.1f);
-  dref.backward_add(dx.data(), g.data(), n / 1001, 1001, 987654321, 3003, 0.1f);
+  dref.forward(out.data(), x.data(), n / 1001, 1001, 987654321, 3003, 0.1f, nullptr);
+  dref.backward_add(dx.data(), g.data(), n / 1001, 1001, 987654321, 3003, 0.1f, nullptr);
   DevF dx_in(x), dout(n), dg(g), ddx(n, 0.5f);
-  dop.forward(dout.p, dx_in.p, n / 1001, 1001, 987654321, 3003, 0.1f);
-  dop.backward_add(ddx.p, dg.p, n / 1001, 1001, 987654321, 3003, 0.1f);
+  dop.forward(dout.p, dx_in.p, n / 1001, 1001, 987654321, 3003, 0.1f, nullptr);
+  dop.backward_add(ddx.p, dg.p, n / 1001, 1001, 987654321, 3003, 0.1f, nullptr);
   EXPECT_EQ(dout.read(), out) << "dropout forward: the mask and the scaling must be the CPU's bits";
   // (dx += g * keep may be one fused multiply-add on either side)
   EXPECT_LT(rel(ddx.read(), dx), 1e-7) << "dropout backward";

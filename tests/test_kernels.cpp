@@ -1140,8 +1140,8 @@ TEST(Kernels, DropoutMaskIsTheCounterHash) {
     const auto& d = variant<DropoutKernels>(name);
     const float p = 0.25f, keep = 1.0f / (1.0f - p);
     std::vector<float> out(n), dx(n, 1.0f);
-    d.forward(out.data(), x.data(), 1, n, 12345, n, p);
-    d.backward_add(dx.data(), g.data(), 1, n, 12345, n, p);
+    d.forward(out.data(), x.data(), 1, n, 12345, n, p, nullptr);
+    d.backward_add(dx.data(), g.data(), 1, n, 12345, n, p, nullptr);
     int64_t kept = 0;
     for (int64_t i = 0; i < n; ++i) {
       const bool k = counter_uniform(12345 + i) >= p;
@@ -1151,17 +1151,21 @@ TEST(Kernels, DropoutMaskIsTheCounterHash) {
     }
     EXPECT_NEAR(double(kept) / n, 1.0 - p, 0.01);  // the counter hash is uniform
     std::vector<float> other(n);
-    d.forward(other.data(), x.data(), 1, n, 12346, n, p);
+    d.forward(other.data(), x.data(), 1, n, 12346, n, p, nullptr);
     EXPECT_NE(other, out) << "another key draws another mask";
+    const uint64_t add = 1;  // a part of the key in the op's memory: the mask of the sum
+    std::vector<float> added(n);
+    d.forward(added.data(), x.data(), 1, n, 12345, n, p, &add);
+    EXPECT_EQ(added, other) << name;
     // A column slice (rows 0..99 of a 100 x 1000 matrix, columns [250, 500)) keyed with the full matrix's
     // stride draws the full matrix's masks at those columns.
     std::vector<float> full(n), slice(100 * 250), back(100 * 250, 1.0f);
-    d.forward(full.data(), x.data(), 100, 1000, 777, 1000, p);
+    d.forward(full.data(), x.data(), 100, 1000, 777, 1000, p, nullptr);
     std::vector<float> xs(100 * 250), gs(100 * 250, 1.0f);
     for (int64_t r = 0; r < 100; ++r)
       for (int64_t c = 0; c < 250; ++c) xs[r * 250 + c] = x[r * 1000 + 250 + c];
-    d.forward(slice.data(), xs.data(), 100, 250, 777 + 250, 1000, p);
-    d.backward_add(back.data(), gs.data(), 100, 250, 777 + 250, 1000, p);
+    d.forward(slice.data(), xs.data(), 100, 250, 777 + 250, 1000, p, nullptr);
+    d.backward_add(back.data(), gs.data(), 100, 250, 777 + 250, 1000, p, nullptr);
     for (int64_t r = 0; r < 100; ++r)
       for (int64_t c = 0; c < 250; ++c) {
         ASSERT_EQ(slice[r * 250 + c], full[r * 1000 + 250 + c]) << name << " " << r << "," << c;

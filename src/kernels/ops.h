@@ -459,12 +459,14 @@ struct GemmKernels {
 // scaled by 1 / (1 - p). key_stride = cols numbers the elements in order; a larger one gives a column slice
 // the masks of the full matrix's columns (tensor parallel: key + rank * cols, key_stride = size * cols).
 // forward: out = mask * x / (1-p);   backward_add: dx += mask * g / (1-p)  (the same key redraws the mask).
+// key_add (one u64 in the op's device memory, or null) is added to key: a part of the key that changes per
+// step without the host (compile mode's forward count).
 struct DropoutKernels {
   static constexpr const char* kOp = "dropout";
   void (*forward)(float* out, const float* x, int64_t rows, int64_t cols, uint64_t key, uint64_t key_stride,
-                  float p);
+                  float p, const uint64_t* key_add);
   void (*backward_add)(float* dx, const float* g, int64_t rows, int64_t cols, uint64_t key,
-                       uint64_t key_stride, float p);
+                       uint64_t key_stride, float p, const uint64_t* key_add);
 };
 
 }  // namespace titan

@@ -27,8 +27,6 @@ std::string Trainer::compile_refusal() const {
   if (plan_.pipeline.degree > 1)
     return "pipeline parallel (its schedule runs on the host inside the step); data, tensor, context and "
            "expert parallel are captured";
-  if (cfg_.lora.enable && cfg_.lora.dropout > 0)
-    return "lora.dropout > 0 (its masks' keys count the forwards on the host)";
   if (mc_.num_experts > 0 && (plan_.tensor_parallel > 1 || plan_.context_parallel > 1))
     return "MoE models with tensor or context parallel (the aux-loss statistics of row slices and sequence "
            "chunks are combined on the host); MoE with data parallel is captured";
@@ -62,6 +60,7 @@ StepOutcome Trainer::train_step_captured(int64_t step) {
     if (!b.position_ids.empty()) fo[k].position_ids = b.position_ids.data();  // packed chat rows
     fo[k].aux_loss_scale = micro_batch_aux_scale();
     model_->stage_inputs(b.input_ids.data(), b.labels.data(), b.batch_size, b.seq_len, fo[k], k, accum);
+    if (lora_) lora_->stage_pass(k, accum);  // (dropout masks: the forward's pass number)
   }
   s.lr = cfg_.optimizer.lr * schedule_->factor(step - 1);
   optimizer_->stage_step(static_cast<float>(s.lr));

@@ -33,7 +33,8 @@ inline uint64_t dropout_counter(int64_t i, int64_t cols, uint64_t key, uint64_t 
 }
 
 void dropout_forward(float* out, const float* x, int64_t rows, int64_t cols, uint64_t key,
-                     uint64_t key_stride, float p) {
+                     uint64_t key_stride, float p, const uint64_t* key_add) {
+  if (key_add) key += *key_add;
   const float keep = 1.0f / (1.0f - p);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < rows * cols; ++i)
@@ -41,7 +42,8 @@ void dropout_forward(float* out, const float* x, int64_t rows, int64_t cols, uin
 }
 
 void dropout_backward_add(float* dx, const float* g, int64_t rows, int64_t cols, uint64_t key,
-                          uint64_t key_stride, float p) {
+                          uint64_t key_stride, float p, const uint64_t* key_add) {
+  if (key_add) key += *key_add;
   const float keep = 1.0f / (1.0f - p);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < rows * cols; ++i)

@@ -375,28 +375,30 @@ __device__ inline uint64_t dropout_counter(int64_t i, int64_t cols, uint64_t key
   return key + static_cast<uint64_t>(i / cols) * key_stride + static_cast<uint64_t>(i % cols);
 }
 __global__ void dropout_forward_kernel(float* out, const float* x, int64_t n, int64_t cols, uint64_t key,
-                                       uint64_t key_stride, float p, float keep) {
+                                       uint64_t key_stride, float p, float keep, const uint64_t* key_add) {
+  if (key_add) key += *key_add;
   TITAN_GRID_STRIDE(i, n)
   out[i] = counter_uniform(dropout_counter(i, cols, key, key_stride)) >= p ? x[i] * keep : 0.0f;
 }
 __global__ void dropout_backward_kernel(float* dx, const float* g, int64_t n, int64_t cols, uint64_t key,
-                                        uint64_t key_stride, float p, float keep) {
+                                        uint64_t key_stride, float p, float keep, const uint64_t* key_add) {
+  if (key_add) key += *key_add;
   TITAN_GRID_STRIDE(i, n)
   if (counter_uniform(dropout_counter(i, cols, key, key_stride)) >= p) dx[i] += g[i] * keep;
 }
 void dropout_forward(float* out, const float* x, int64_t rows, int64_t cols, uint64_t key,
-                     uint64_t key_stride, float p) {
+                     uint64_t key_stride, float p, const uint64_t* key_add) {
   const int64_t n = rows * cols;
   if (n <= 0) return;
   launch(dropout_forward_kernel, blocks_for(n, kThreads), kThreads, 0, out, x, n, cols, key, key_stride, p,
-         1.0f / (1.0f - p));
+         1.0f / (1.0f - p), key_add);
 }
 void dropout_backward_add(float* dx, const float* g, int64_t rows, int64_t cols, uint64_t key,
-                          uint64_t key_stride, float p) {
+                          uint64_t key_stride, float p, const uint64_t* key_add) {
   const int64_t n = rows * cols;
   if (n <= 0) return;
   launch(dropout_backward_kernel, blocks_for(n, kThreads), kThreads, 0, dx, g, n, cols, key, key_stride, p,
-         1.0f / (1.0f - p));
+         1.0f / (1.0f - p), key_add);
 }
 
 // route_fixed: order = -1, then block d = blockIdx.x ranks its slots (idx / El = d) in slot order, 256 at a

@@ -134,8 +134,31 @@ void LoraAdapters::init(uint64_t seed) {
   flat_params_[0].copy_from_host(w.data());
 }
 
+// The pass enters the key by an addition (the rows' and slices' offsets too), so that a pass number held in
+// device memory (a staged forward) can be added by the dropout kernel itself.
 uint64_t LoraAdapters::mask_key(int slot) const {
-  return (cfg_.seed * 0x100000001b3ull) ^ (pass_ << 40) ^ (static_cast<uint64_t>(slot) << 52);
+  const uint64_t pass = staged_pass_ ? 0 : pass_ << 40;
+  return ((cfg_.seed * 0x100000001b3ull) ^ (static_cast<uint64_t>(slot) << 52)) + pass;
+}
+
+void LoraAdapters::begin_forward(bool training, int64_t staged_slot) {
+  training_ = training || pinned_;
+  staged_pass_ = nullptr;
+  if (staged_slot >= 0) {
+    TITAN_CHECK(staged_passes_.defined() && staged_slot < staged_passes_.numel(),
+                "LoRA: a staged forward of micro-batch ", staged_slot, " that stage_pass() did not stage");
+    staged_pass_ = reinterpret_cast<const uint64_t*>(staged_passes_.data<int64_t>()) + staged_slot;
+  } else if (!pinned_) {
+    ++pass_;
+  }
+}
+
+void LoraAdapters::stage_pass(int64_t slot, int64_t slots) {
+  TITAN_CHECK(slot >= 0 && slot < slots, "LoRA stage_pass: slot ", slot, " of ", slots);
+  if (!staged_passes_.defined() || staged_passes_.numel() < slots)
+    staged_passes_ = Tensor::zeros({slots}, DType::I64, device_);
+  const int64_t bits = static_cast<int64_t>(++pass_ << 40);
+  staged_passes_.view_at(slot, {1}).copy_from_host(&bits);
 }
 
 namespace {
@@ -166,9 +189,9 @@ void LoraAdapters::apply_dropout(const Slot& s, int si, float* out, const float*
   auto rows = [&](int64_t n0, int64_t count, int64_t batch_row) {  // rows [n0, n0 + count) of this call
     const uint64_t k = key + static_cast<uint64_t>(batch_row) * stride;
     if (backward)
-      dropout_->backward_add(out + n0 * s.in, x + n0 * s.in, count, s.in, k, stride, p);
+      dropout_->backward_add(out + n0 * s.in, x + n0 * s.in, count, s.in, k, stride, p, staged_pass_);
     else
-      dropout_->forward(out + n0 * s.in, x + n0 * s.in, count, s.in, k, stride, p);
+      dropout_->forward(out + n0 * s.in, x + n0 * s.in, count, s.in, k, stride, p, staged_pass_);
   };
   if (cp_size_ == 1) return rows(0, N, row0_);
   // Context parallel: runs of rows inside one chunk are consecutive rows of one rank's batch.

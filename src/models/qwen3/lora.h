@@ -102,10 +102,12 @@ class LoraAdapters {
   // ---- hooks called by Qwen3Model (N rows) ----
   // Marks the start of a forward: training applies dropout (masks keyed by seed and pass number, so the
   // activation-checkpointing recompute draws the same ones).
-  void begin_forward(bool training) {
-    training_ = training || pinned_;
-    if (!pinned_) ++pass_;
-  }
+  // staged_slot >= 0: the forward of a micro-batch staged by stage_pass(slot) (compile mode): its pass
+  // number is read from device memory, and nothing is counted here.
+  void begin_forward(bool training, int64_t staged_slot = -1);
+  // Counts the forward of micro-batch `slot` of a step ahead of it (before a graph's launch) and stages its
+  // pass number on the device for the forward with staged_slot = slot (slots per step: `slots`).
+  void stage_pass(int64_t slot, int64_t slots);
   // Pipeline parallel: until unpin_masks, every forward is a training forward that draws the masks of pass
   // `pass` at rows [row0, row0 + N) of that pass's batch (a micro-batch of the batch one rank's forward
   // would run; a stage forward run again before its backward draws the same masks).
@@ -162,7 +164,9 @@ class LoraAdapters {
   int64_t cp_local_len_ = 0, cp_seq_len_ = 0;
   bool training_ = false, pinned_ = false;
   uint64_t pass_ = 0;
-  int64_t row0_ = 0;  // pinned: the first row's index in its pass's batch
+  Tensor staged_passes_;                   // (slots, i64) stage_pass()' pass numbers, as mask key parts
+  const uint64_t* staged_pass_ = nullptr;  // this forward's, or null (pass_ is)
+  int64_t row0_ = 0;                       // pinned: the first row's index in its pass's batch
 };
 
 // Adds (alpha / r) B A of the PEFT adapter in `adapter_dir` to the model's base weights in place (what PEFT's

@@ -38,7 +38,7 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   plan_activations(B, T);
   build_rope_tables(cp_ ? T * cp_->size() : T);  // (context parallel: the whole sequence's positions)
   set_packing(opts.position_ids, opts.inputs_staged ? opts.staged_slot : -1);
-  if (lora_) lora_->begin_forward(opts.compute_grad);
+  if (lora_) lora_->begin_forward(opts.compute_grad, opts.inputs_staged ? opts.staged_slot : -1);
   // bf16 GEMMs: the weights converted once here (they may have changed since the last forward); streamed
   // groups are converted when gathered.
   if (bf16_ && matmul_ == &matmul_bf16_ && !streamer_)
