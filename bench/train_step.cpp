@@ -185,6 +185,8 @@ int main(int argc, char** argv) try {
   auto sync = [&] {
     if (dev.synchronize) dev.synchronize();
   };
+  if (graph && c.num_experts > 0)  // (as compile mode: the routed experts a graph can hold)
+    for (const char* op : {"moe_experts", "moe_experts_bf16"}) kernels.emplace(op, "device_routed");
   titan::Qwen3Model model(c, kernels, nullptr, true, device);
   if (init == "tiled")
     init_tiled(model, 0);

@@ -237,6 +237,9 @@ struct VocabParallelCrossEntropyKernels {
 struct AdamWStepScalars {
   float lr = 0, decay = 1, step_size = 0, bc2_sqrt = 1;  // decay = 1 - lr wd; lr / (1 - b1^t); sqrt(1 - b2^t)
   int64_t step = 0;
+  // step_device leaves everything as it is when this is not 0 (training.skip_nan_inf in compile mode: the
+  // step's non-finite losses, counted on the device after the host staged 0).
+  double nonfinite = 0;
 };
 AdamWStepScalars adamw_step_scalars(float lr, float beta1, float beta2, float weight_decay, int64_t step);
 
@@ -271,6 +274,7 @@ template <void (*F)(float*, const float*, float*, float*, int64_t, float, float,
 void adamw_step_from_scalars(float* p, const float* g, float* m, float* v, int64_t n, float beta1,
                              float beta2, float eps, float wd, const AdamWStepScalars* s,
                              const double* sq_sum, float max_norm) {
+  if (s->nonfinite != 0) return;
   F(p, g, m, v, n, s->lr, beta1, beta2, eps, wd, s->step, sq_sum ? clip_scale(*sq_sum, max_norm) : 1.0f);
 }
 
@@ -285,6 +289,8 @@ struct SumSquaresKernels {
   // *out = ((parts[0] + parts[1]) + ...) + parts[n-1] (n doubles in the op's device memory): a total of
   // partial sums taken on the device in the order the host adds them.
   void (*total_device)(double* out, const double* parts, int64_t n);
+  // *out += the number of x[0..n) that are not finite (one double in the op's device memory; nothing waits).
+  void (*count_nonfinite)(double* out, const double* x, int64_t n);
 };
 
 template <double (*F)(const float*, int64_t)>
@@ -303,6 +309,12 @@ inline void total_on_host(double* out, const double* parts, int64_t n) {
   double t = n > 0 ? parts[0] : 0.0;
   for (int64_t i = 1; i < n; ++i) t += parts[i];
   *out = t;
+}
+// count_nonfinite's formula (every device's).
+TITAN_HOST_DEVICE inline void count_nonfinite_into(double* out, const double* x, int64_t n) {
+  double c = 0;
+  for (int64_t i = 0; i < n; ++i) c += x[i] - x[i] == 0.0 ? 0.0 : 1.0;  // (inf - inf and NaN: NaN)
+  *out += c;
 }
 
 // ---- Mixture of experts -------------------------------------------------------------------------------

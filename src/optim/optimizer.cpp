@@ -41,6 +41,11 @@ void AdamW::stage_step(float lr) {
   scalars_.copy_from_host(&s);
 }
 
+double* AdamW::staged_nonfinite() {
+  TITAN_CHECK(scalars_.defined(), "AdamW::staged_nonfinite before stage_step");
+  return &scalars_.data<AdamWStepScalars>()->nonfinite;  // (a device address: never dereferenced here)
+}
+
 void AdamW::step_staged(const double* sq_sum, float max_norm) {
   TITAN_CHECK(scalars_.defined(), "AdamW::step_staged before stage_step");
   const auto* s = scalars_.data<AdamWStepScalars>();

@@ -34,6 +34,9 @@ class AdamW {
   // step(lr, clip_coefficient(sqrt(sum), max_norm)), bit for bit.
   void stage_step(float lr);
   void step_staged(const double* sq_sum, float max_norm);
+  // The staged step's `nonfinite` count (device memory, 0 as staged): step_staged leaves everything as it is
+  // when it is not 0 by then (training.skip_nan_inf in compile mode).
+  double* staged_nonfinite();
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
   const AdamWConfig& config() const { return config_; }

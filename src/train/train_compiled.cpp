@@ -30,8 +30,9 @@ std::string Trainer::compile_refusal() const {
   if (mc_.num_experts > 0 && (plan_.tensor_parallel > 1 || plan_.context_parallel > 1))
     return "MoE models with tensor or context parallel (the aux-loss statistics of row slices and sequence "
            "chunks are combined on the host); MoE with data parallel is captured";
-  if (cfg_.training.skip_nan_inf)
-    return "training.skip_nan_inf (a captured step applies the update before the host sees the loss)";
+  if (cfg_.training.skip_nan_inf && mc_.num_experts > 0 && mc_.load_balance_coeff > 0)
+    return "training.skip_nan_inf with model.load_balance_coeff > 0 (the expert-bias update is not skipped "
+           "on the device)";
   return "";
 }
 
@@ -75,6 +76,11 @@ StepOutcome Trainer::train_step_captured(int64_t step) {
       model_->forward(b.input_ids.data(), b.labels.data(), b.batch_size, b.seq_len, fo[k]);
       model_->backward();
     }
+    if (cfg_.training.skip_nan_inf) {  // a non-finite loss on any rank: AdamW leaves everything as it is
+      double* nonfinite = optimizer_->staged_nonfinite();
+      model_->count_nonfinite_losses(nonfinite, accum);
+      if (world_ > 1) tensor_pg().all_reduce(nonfinite, 1, dist::ReduceOp::Sum);
+    }
     dp_->reduce_grads();
     balance_experts();
     if (tp_) {
@@ -111,10 +117,20 @@ StepOutcome Trainer::train_step_captured(int64_t step) {
     if (mc_.num_experts > 0) totals[2] += model_->device_aux_loss(k);
   }
   s.loss = step_loss(totals);
+  if (!std::isfinite(s.loss)) {
+    TITAN_CHECK(cfg_.training.skip_nan_inf, "loss is ", s.loss, " at step ", step,
+                " (compile mode; set training.skip_nan_inf = true to skip such steps)");
+    // The graph's AdamW saw the count and left the parameters and moments alone; the step is not counted.
+    optimizer_->set_step_count(optimizer_->step_count() - 1);
+    if (lead_)
+      std::printf("step %lld: loss is %f, step skipped (training.skip_nan_inf)\n", (long long)step, s.loss);
+    s.lr = 0;
+    s.skipped = true;
+    return s;
+  }
   double sq = 0;
   compile_sq_.view_at(3, {1}).copy_to_host(&sq);
   s.grad_norm = std::sqrt(sq);
-  TITAN_CHECK(std::isfinite(s.loss), "loss is ", s.loss, " at step ", step, " (compile mode)");
   return s;
 }
 

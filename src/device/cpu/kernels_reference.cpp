@@ -413,7 +413,8 @@ const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{
     cross_entropy_shard_stats, cross_entropy_shard_grad, shard_row_max_on_host, shard_rescale_on_host,
     shard_loss_on_host};
 const AdamWKernels kAdamW{adamw_step, adamw_step_from_scalars<adamw_step>};
-const SumSquaresKernels kSumSquares{sum_squares, add_sum_squares<sum_squares>, total_on_host};
+const SumSquaresKernels kSumSquares{sum_squares, add_sum_squares<sum_squares>, total_on_host,
+                                    count_nonfinite_into};
 
 TITAN_REGISTER_KERNEL(MatmulKernels, CPU, "reference", kMatmul, 0);
 TITAN_REGISTER_KERNEL(RmsNormKernels, CPU, "reference", kRmsNorm, 0);

@@ -151,6 +151,18 @@ __device__ inline float block_max(float v, float* shared) {
   return r;
 }
 
+// Inclusive prefix sum of scan[0, blockDim.x) in shared memory, each thread holding its own entry
+// (Hillis-Steele). Call with the entries written and unsynchronized; ends with the block synchronized.
+__device__ inline void block_inclusive_scan(int32_t* scan) {
+  __syncthreads();
+  for (unsigned o = 1; o < blockDim.x; o <<= 1) {
+    const int32_t add = threadIdx.x >= o ? scan[threadIdx.x - o] : 0;
+    __syncthreads();
+    scan[threadIdx.x] += add;
+    __syncthreads();
+  }
+}
+
 // ---- deterministic reductions ----
 // The reductions across blocks write one partial result per block (or per row chunk) and a second kernel
 // adds the partials in a fixed order: no atomics, so a step's gradients and norms repeat bit for bit from

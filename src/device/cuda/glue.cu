@@ -414,13 +414,7 @@ __global__ void ep_route_fixed_kernel(int64_t* order, int64_t* pos, const int32_
     const int64_t s = s0 + threadIdx.x;
     const int32_t mine = s < S && idx[s] / El == d;
     scan[threadIdx.x] = mine;
-    __syncthreads();
-    for (int o = 1; o < 256; o <<= 1) {  // inclusive scan
-      const int32_t add = threadIdx.x >= o ? scan[threadIdx.x - o] : 0;
-      __syncthreads();
-      scan[threadIdx.x] += add;
-      __syncthreads();
-    }
+    block_inclusive_scan(scan);
     if (mine) {
       const int64_t p = base + scan[threadIdx.x] - 1;
       order[p] = s, pos[s] = p;

@@ -395,6 +395,7 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float l
 __global__ void adamw_device_kernel(float* p, const float* g, float* m, float* v, int64_t n, float beta1,
                                     float beta2, float eps, const AdamWStepScalars* s, const double* sq_sum,
                                     float max_norm) {
+  if (s->nonfinite != 0) return;  // (a skipped step: training.skip_nan_inf)
   const float grad_scale = sq_sum ? clip_scale(*sq_sum, max_norm) : 1.0f;
   adamw_update(p, g, m, v, n, beta1, beta2, eps, s->decay, s->step_size, s->bc2_sqrt, grad_scale);
 }
@@ -461,6 +462,13 @@ void total_device(double* out, const double* parts, int64_t n) {
   launch(total_kernel, 1, 1, 0, out, parts, n);
 }
 
+__global__ void count_nonfinite_kernel(double* out, const double* x, int64_t n) {
+  count_nonfinite_into(out, x, n);
+}
+void count_nonfinite(double* out, const double* x, int64_t n) {
+  launch(count_nonfinite_kernel, 1, 1, 0, out, x, n);
+}
+
 const RmsNormKernels kRmsNorm{rmsnorm_forward<float, float>, rmsnorm_backward<float>,
                               rmsnorm_forward<float, uint16_t>, rmsnorm_forward<uint16_t, float>,
                               rmsnorm_backward<uint16_t>};
@@ -474,7 +482,7 @@ const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{
     cross_entropy_shard_stats, cross_entropy_shard_grad, cross_entropy_shard_row_max,
     cross_entropy_shard_rescale, cross_entropy_shard_loss};
 const AdamWKernels kAdamW{adamw_step, adamw_step_device};
-const SumSquaresKernels kSumSquares{sum_squares, sum_squares_device, total_device};
+const SumSquaresKernels kSumSquares{sum_squares, sum_squares_device, total_device, count_nonfinite};
 
 TITAN_REGISTER_KERNEL(RmsNormKernels, CUDA, "cuda", kRmsNorm, 10);
 TITAN_REGISTER_KERNEL(RopeKernels, CUDA, "cuda", kRope, 10);

@@ -227,13 +227,7 @@ __global__ void place_slots_kernel(int32_t* order, int32_t* row_of, const int32_
     const int64_t s = s0 + threadIdx.x;
     const int32_t mine = s < Nk && idx[s] == e;
     scan[threadIdx.x] = mine;
-    __syncthreads();
-    for (int o = 1; o < 256; o <<= 1) {  // inclusive scan (Hillis-Steele)
-      const int32_t add = threadIdx.x >= o ? scan[threadIdx.x - o] : 0;
-      __syncthreads();
-      scan[threadIdx.x] += add;
-      __syncthreads();
-    }
+    block_inclusive_scan(scan);
     if (mine) {
       const int32_t r = base + scan[threadIdx.x] - 1;
       order[r] = static_cast<int32_t>(s), row_of[s] = r;

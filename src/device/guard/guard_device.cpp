@@ -143,9 +143,9 @@ const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{
     TITAN_GUARD(VocabParallelCrossEntropyKernels, rescale),
     TITAN_GUARD(VocabParallelCrossEntropyKernels, loss)};
 const AdamWKernels kAdamW{TITAN_GUARD(AdamWKernels, step), TITAN_GUARD(AdamWKernels, step_device)};
-const SumSquaresKernels kSumSquares{TITAN_GUARD(SumSquaresKernels, sum_squares),
-                                    TITAN_GUARD(SumSquaresKernels, sum_squares_device),
-                                    TITAN_GUARD(SumSquaresKernels, total_device)};
+const SumSquaresKernels kSumSquares{
+    TITAN_GUARD(SumSquaresKernels, sum_squares), TITAN_GUARD(SumSquaresKernels, sum_squares_device),
+    TITAN_GUARD(SumSquaresKernels, total_device), TITAN_GUARD(SumSquaresKernels, count_nonfinite)};
 const MoeExpertsKernels kMoe{TITAN_GUARD(MoeExpertsKernels, forward),
                              TITAN_GUARD(MoeExpertsKernels, backward)};
 const MoeExpertsBf16Kernels kMoeBf16{

@@ -170,6 +170,9 @@ class Qwen3Model {
   double device_loss_sum(int64_t slot = 0) const;
   // The same for a MoE model's aux loss (HF load_balancing_loss_func) of that forward.
   double device_aux_loss(int64_t slot = 0) const;
+  // *out (device memory) += how many of the device loss sums (and MoE aux losses) of slots [0, slots) are
+  // not finite; nothing waits for the device (training.skip_nan_inf in compile mode).
+  void count_nonfinite_losses(double* out, int64_t slots) const;
   // Changes whenever the model replaces a buffer its steps use (the activations re-planned for another
   // shape, a scratch buffer grown): a graph captured before holds stale addresses then.
   int64_t buffers_epoch() const { return buffers_epoch_; }

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "distributed/expert_parallel.h"
+#include "kernels/registry.h"
 #include "models/qwen3/lora.h"
 #include "models/qwen3/model.h"
 
@@ -699,7 +700,7 @@ void Qwen3Model::moe_experts_ep_forward(int64_t l, float* out) {
 void Qwen3Model::moe_experts_ep_backward(int64_t l, const float* dresid, float* dln, float* dtw) {
   const auto& c = config_;
   const int64_t N = moe_rows(), H = c.hidden_size, k = c.num_experts_per_tok, Im = c.moe_intermediate_size,
-                El = local_experts_, S = N * k;
+                El = local_experts_;
   LayerView w = layer_view(l);
   LayerView g = layer_view(l, flat_grads_[l + 1].f32());
   EpLayer& s = ep_layers_[moe_row_[l]];
@@ -840,6 +841,14 @@ double Qwen3Model::device_loss_sum(int64_t slot) const {
   double v = 0;
   loss_sum_.view_at(slot, {1}).copy_to_host(&v);
   return v;
+}
+
+void Qwen3Model::count_nonfinite_losses(double* out, int64_t slots) const {
+  TITAN_CHECK(loss_sum_.defined() && slots <= loss_sum_.numel(),
+              "count_nonfinite_losses: stage_inputs() staged fewer than ", slots, " micro-batches");
+  const auto& k = get_kernel<SumSquaresKernels>(device_.type);
+  k.count_nonfinite(out, loss_sum_.data<double>(), slots);
+  if (total_moe_layers_ > 0) k.count_nonfinite(out, aux_loss_dev_.data<double>(), slots);
 }
 
 double Qwen3Model::device_aux_loss(int64_t slot) const {
