@@ -815,6 +815,42 @@ TEST(Cuda, MoeExpertsDeviceRoutedMatchReferenceAndReplay) {
     EXPECT_EQ(again.dwgu, got.dwgu) << shape;
     EXPECT_EQ(again.dwdown, got.dwdown) << shape;
   }
+  // Slots naming no expert (expert parallel's padding rows, index -1) are left unrouted: nothing out, no
+  // gradient; the others get the reference's results on the routed tokens alone.
+  {
+    MoeCase padded(40, 1, 5, 16, 24, 92);
+    std::vector<int64_t> kept;
+    for (int64_t n = 0; n < padded.N; ++n)
+      if (n % 3 == 0)
+        padded.idx[n] = -1;
+      else
+        kept.push_back(n);
+    MoeCase alone(static_cast<int64_t>(kept.size()), 1, 5, 16, 24, 92);
+    alone.wgu = padded.wgu, alone.wdown = padded.wdown;
+    for (size_t j = 0; j < kept.size(); ++j) {
+      const int64_t n = kept[j], H = padded.H;
+      std::copy_n(padded.x.begin() + n * H, H, alone.x.begin() + j * H);
+      std::copy_n(padded.dout.begin() + n * H, H, alone.dout.begin() + j * H);
+      alone.idx[j] = padded.idx[n], alone.w[j] = padded.w[n];
+    }
+    const auto got = run_moe_on_gpu(padded, f32), want = alone.run(cpu_ref<MoeExpertsKernels>());
+    MoeCase::Result routed{std::vector<float>(kept.size() * padded.H),
+                           std::vector<float>(kept.size() * padded.H), std::vector<float>(kept.size()),
+                           got.dwgu, got.dwdown};
+    for (int64_t n = 0, j = 0; n < padded.N; ++n) {
+      const int64_t H = padded.H;
+      if (n % 3 == 0) {  // (the kernel's outputs start at 9, dx at 0.5, dw at 0.25)
+        for (int64_t h = 0; h < H; ++h) ASSERT_EQ(got.out[n * H + h], 0.0f) << n;
+        for (int64_t h = 0; h < H; ++h) ASSERT_EQ(got.dx[n * H + h], 0.5f) << n;
+        ASSERT_EQ(got.dw[n], 0.25f) << n;
+        continue;
+      }
+      std::copy_n(got.out.begin() + n * H, H, routed.out.begin() + j * H);
+      std::copy_n(got.dx.begin() + n * H, H, routed.dx.begin() + j * H);
+      routed.dw[j++] = got.dw[n];
+    }
+    MoeCase::expect_near(routed, want, kTol, "unrouted slots");
+  }
   // The sorted layout equals the host-routed kernel's (each expert's slots in ascending order).
   const MoeCase c(37, 2, 8, 16, 24, 70), other(37, 2, 8, 16, 24, 71);
   const int64_t S = c.R();

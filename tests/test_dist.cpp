@@ -1215,19 +1215,10 @@ TEST(DistCuda, TrainOnTwoGpusMatchesOneRankOnCpu) {
   }
 }
 
-// Compile mode on two GPUs: DDP with gradient accumulation (two micro-batches per step), DDP with a MoE model
-// (device-routed experts, the aux loss on the device, the expert-bias counts all-reduced inside the graph),
-// expert parallel 2 (the fixed-capacity all-to-all, routed on the device; eager mode's exact exchange gives
-// the same bits),
-// FSDP, tensor parallel (sequence parallel, loss parallel) and context parallel, each rank's step captured
-// into a CUDA graph (the NCCL all-reduce / reduce-scatter / all-gather, the sequence-parallel gathers, loss
-// parallel's max and sum of the row statistics, the ring attention's grouped sends and receives and the
-// norm's all-reduces inside it), give the eager runs' losses and gradient norms bit for bit (metrics.jsonl as
-// written); pipeline parallel is refused naming the reason.
-TEST(DistCuda, CompileModeEqualsEagerOnTwoGpus) {
-  if (!testing::have_cuda_gpu() || device_interface(DeviceType::CUDA).device_count() < 2)
-    GTEST_SKIP() << "needs 2 CUDA GPUs (none or one here, or a build without CUDA)";
-  if (!nccl_available()) GTEST_SKIP() << "titan was built without NCCL";
+// Each configuration trained on two (emulated) GPUs eagerly and in compile mode, 4 steps: the losses and
+// gradient norms of metrics.jsonl are equal as written.
+void expect_compile_equals_eager_on_two_gpus(
+    const std::vector<std::pair<std::string, std::string>>& configs) {
   testing::TempDir tmp;
   const std::string common = train_args(tmp, 4) + " --model.flavor=debug --job.device=cuda";
   auto logged = [](const std::string& path) {
@@ -1239,19 +1230,7 @@ TEST(DistCuda, CompileModeEqualsEagerOnTwoGpus) {
           out.push_back(line.substr(at, line.find_first_of(",}", at) - at));
     return out;
   };
-  for (const auto& [name, args] : std::vector<std::pair<std::string, std::string>>{
-           {"ddp2_accum2", " --parallelism.data_parallel_replicate_degree=2 --training.local_batch_size=1"},
-           {"moe_ddp2",
-            " --parallelism.data_parallel_replicate_degree=2 --training.local_batch_size=2"
-            " --model.flavor=debug_moe --kernels.moe_experts=device_routed --model.moe_aux_loss=on"
-            " --model.load_balance_coeff=0.001"},
-           {"ep2",
-            " --parallelism.expert_parallel_degree=2 --parallelism.data_parallel_replicate_degree=2"
-            " --training.local_batch_size=2 --model.flavor=debug_moe --kernels.moe_experts=device_routed"
-            " --model.moe_aux_loss=on"},
-           {"fsdp2", " --parallelism.data_parallel_shard_degree=2 --training.local_batch_size=2"},
-           {"tp2", " --parallelism.tensor_parallel_degree=2 --training.local_batch_size=2"},
-           {"cp2", " --parallelism.context_parallel_degree=2 --training.local_batch_size=2"}}) {
+  for (const auto& [name, args] : configs) {
     std::vector<std::string> runs;
     for (const char* compile : {"false", "true"}) {
       const std::string dir = tmp / (name + "_" + compile);
@@ -1269,13 +1248,57 @@ TEST(DistCuda, CompileModeEqualsEagerOnTwoGpus) {
     EXPECT_EQ(eager.size(), 2 * 4u) << name;
     EXPECT_EQ(compiled, eager) << name;
   }
+}
+
+#define SKIP_WITHOUT_TWO_GPUS_AND_NCCL()                                                  \
+  if (!testing::have_cuda_gpu() || device_interface(DeviceType::CUDA).device_count() < 2) \
+    GTEST_SKIP() << "needs 2 CUDA GPUs (none or one here, or a build without CUDA)";      \
+  if (!nccl_available()) GTEST_SKIP() << "titan was built without NCCL"
+
+// Compile mode on two GPUs: DDP with gradient accumulation (two micro-batches per step), FSDP, tensor
+// parallel (sequence parallel, loss parallel) and context parallel, each rank's step captured into a CUDA
+// graph (the NCCL all-reduce / reduce-scatter / all-gather, the sequence-parallel gathers, loss parallel's
+// max and sum of the row statistics, the ring attention's grouped sends and receives and the norm's
+// all-reduces inside it), give the eager runs' losses and gradient norms bit for bit; pipeline parallel is
+// refused naming the reason.
+TEST(DistCuda, CompileModeEqualsEagerOnTwoGpus) {
+  SKIP_WITHOUT_TWO_GPUS_AND_NCCL();
+  expect_compile_equals_eager_on_two_gpus({
+      {"ddp2_accum2", " --parallelism.data_parallel_replicate_degree=2 --training.local_batch_size=1"},
+      {"fsdp2", " --parallelism.data_parallel_shard_degree=2 --training.local_batch_size=2"},
+      {"tp2", " --parallelism.tensor_parallel_degree=2 --training.local_batch_size=2"},
+      {"cp2", " --parallelism.context_parallel_degree=2 --training.local_batch_size=2"},
+  });
+  testing::TempDir tmp;
   RunResult r = run_shell(
-      "timeout 300 " + kTitan + " run --nproc-per-node 2 train" + common +
+      "timeout 300 " + kTitan + " run --nproc-per-node 2 train" + train_args(tmp, 4) +
+      " --model.flavor=debug --job.device=cuda"
       " --parallelism.pipeline_parallel_degree=2 --training.local_batch_size=2 --compile.enable=true"
       " --job.dump_folder=" +
       (tmp / "pp2"));
   EXPECT_NE(r.rc, 0) << r.output;
   EXPECT_NE(r.output.find("compile.enable = true: pipeline parallel"), std::string::npos) << r.output;
+}
+
+// Compile mode with the MoE model on two GPUs (device-routed experts, the aux loss on the device): DDP with
+// the expert bias (its counts all-reduced inside the graph), expert parallel 2 (the fixed-capacity
+// all-to-all routed on the device; eager mode's exact exchange gives the same bits), tensor parallel 2 (the
+// experts over the group, each rank routing its rows) and context parallel 2 (the aux-loss statistics of
+// the ranks' rows / chunks all-reduced on the device).
+TEST(DistCuda, CompileModeTrainsMoeOnTwoGpus) {
+  SKIP_WITHOUT_TWO_GPUS_AND_NCCL();
+  const std::string moe =
+      " --model.flavor=debug_moe --kernels.moe_experts=device_routed --model.moe_aux_loss=on";
+  expect_compile_equals_eager_on_two_gpus({
+      {"moe_ddp2", " --parallelism.data_parallel_replicate_degree=2 --training.local_batch_size=2" + moe +
+                       " --model.load_balance_coeff=0.001"},
+      {"ep2",
+       " --parallelism.expert_parallel_degree=2 --parallelism.data_parallel_replicate_degree=2"
+       " --training.local_batch_size=2" +
+           moe},
+      {"moe_tp2", " --parallelism.tensor_parallel_degree=2 --training.local_batch_size=2" + moe},
+      {"moe_cp2", " --parallelism.context_parallel_degree=2 --training.local_batch_size=2" + moe},
+  });
 }
 
 // Pipeline parallel 2 (1F1B, Interleaved1F1B; GPipe on the MoE model), pipeline parallel 4 (two ranks per

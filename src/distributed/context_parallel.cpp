@@ -21,6 +21,10 @@ void ContextParallel::sum_host(double* x, int64_t n) {
   group_->host_group().all_reduce(x, n, CommType::F64, ReduceOp::Sum);
 }
 
+void ContextParallel::sum_device(double* x, int64_t n) {
+  group_->all_reduce(x, n, CommType::F64, ReduceOp::Sum);
+}
+
 int64_t ContextParallel::padded_len(int64_t seq_len) const {
   const int64_t chunks = 2 * size();
   return (seq_len + chunks - 1) / chunks * chunks;

@@ -23,6 +23,7 @@ class ContextParallel : public ContextParallelComm {
   void ring_shift(const std::vector<const float*>& sends, const std::vector<float*>& recvs,
                   int64_t n) override;
   void sum_host(double* x, int64_t n) override;
+  void sum_device(double* x, int64_t n) override;
   ProcessGroup& group() { return *group_; }
 
   // A sequence of seq_len tokens padded to a multiple of 2 x size.

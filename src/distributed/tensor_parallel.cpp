@@ -92,6 +92,10 @@ void TensorParallel::sum_host(double* x, int64_t n) {
   if (group_->size() > 1) group_->host_group().all_reduce(x, n, CommType::F64, ReduceOp::Sum);
 }
 
+void TensorParallel::sum_device(double* x, int64_t n) {
+  if (group_->size() > 1) group_->all_reduce(x, n, CommType::F64, ReduceOp::Sum);
+}
+
 void TensorParallel::all_gather(const float* local, float* full, int64_t n) {
   group_->all_gather(local, full, std::vector<int64_t>(size(), n), CommType::F32);
 }

@@ -55,6 +55,7 @@ class TensorParallel : public TensorParallelComm {
   void sum(float* x, int64_t n) override;
   void max(float* x, int64_t n) override;
   void sum_host(double* x, int64_t n) override;
+  void sum_device(double* x, int64_t n) override;
   void all_gather(const float* local, float* full, int64_t n) override;
   void reduce_scatter(const float* full, float* local, int64_t n) override;
 

@@ -27,9 +27,6 @@ std::string Trainer::compile_refusal() const {
   if (plan_.pipeline.degree > 1)
     return "pipeline parallel (its schedule runs on the host inside the step); data, tensor, context and "
            "expert parallel are captured";
-  if (mc_.num_experts > 0 && (plan_.tensor_parallel > 1 || plan_.context_parallel > 1))
-    return "MoE models with tensor or context parallel (the aux-loss statistics of row slices and sequence "
-           "chunks are combined on the host); MoE with data parallel is captured";
   if (cfg_.training.skip_nan_inf && mc_.num_experts > 0 && mc_.load_balance_coeff > 0)
     return "training.skip_nan_inf with model.load_balance_coeff > 0 (the expert-bias update is not skipped "
            "on the device)";

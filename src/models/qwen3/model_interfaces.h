@@ -52,9 +52,9 @@ struct ForwardOptions {
   // The loss stays on the device: nothing in the forward waits for it (a graph can hold the forward:
   // compile mode). The result's loss, loss_sum, ce_loss and aux_loss are then NaN;
   // Qwen3Model::device_loss_sum() and device_aux_loss() read them once the device is done. MoE models take
-  // their whole sequences in one stage (the aux-loss statistics of tensor-parallel row slices, context-
-  // parallel chunks and pipeline stages are combined on the host); loss parallel combines the ranks'
-  // statistics with all-reduces on the device.
+  // all their layers in one stage (the aux-loss statistics of pipeline stages are combined on the host);
+  // loss parallel, and the aux-loss statistics of tensor-parallel row slices and context-parallel chunks,
+  // combine the ranks' values with all-reduces on the device.
   bool loss_on_device = false;
   // The ids, targets, gradient scale and (packed rows) position tables are on the device already
   // (Qwen3Model::stage_inputs with the same arrays and options): no copy of host memory in the forward, so a
@@ -104,9 +104,10 @@ class TensorParallelComm {
   virtual ~TensorParallelComm() = default;
   virtual int size() const = 0;
   virtual int rank() const = 0;
-  virtual void sum(float* x, int64_t n) = 0;        // in place, over the group, x on the model's device
-  virtual void max(float* x, int64_t n) = 0;        // elementwise max, the same
-  virtual void sum_host(double* x, int64_t n) = 0;  // in place, over the group, x on the host
+  virtual void sum(float* x, int64_t n) = 0;          // in place, over the group, x on the model's device
+  virtual void max(float* x, int64_t n) = 0;          // elementwise max, the same
+  virtual void sum_host(double* x, int64_t n) = 0;    // in place, over the group, x on the host
+  virtual void sum_device(double* x, int64_t n) = 0;  // the same with x on the model's device
   // Sequence parallel (device buffers): full := the ranks' n-float blocks in rank order; local := the sum
   // over the ranks of their full[rank() * n, (rank() + 1) * n).
   virtual void all_gather(const float* local, float* full, int64_t n) = 0;
@@ -129,7 +130,8 @@ class ContextParallelComm {
   // this rank's were delivered. Every rank passes as many blocks; a recv buffer is not a send buffer.
   virtual void ring_shift(const std::vector<const float*>& sends, const std::vector<float*>& recvs,
                           int64_t n) = 0;
-  virtual void sum_host(double* x, int64_t n) = 0;  // in place over the group, x on the host
+  virtual void sum_host(double* x, int64_t n) = 0;    // in place over the group, x on the host
+  virtual void sum_device(double* x, int64_t n) = 0;  // the same with x on the model's device
 };
 
 // Position in the whole sequence of row t of rank `rank`'s rows (local_len = 2c rows per sequence).

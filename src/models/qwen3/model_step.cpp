@@ -24,10 +24,9 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   TITAN_CHECK(embed || opts.stage_input, "forward: stage ", opts.stage, " (layers ", range.first, "..",
               range.end - 1, ") needs the previous stage's hidden states");
   if (embed) check_ids(ids, B, T);
-  TITAN_CHECK(!opts.loss_on_device || total_moe_layers_ == 0 || (!moe_local_ && !cp_ && num_stages() == 1),
-              "forward: loss_on_device with a MoE model takes its whole sequences on this rank in one stage "
-              "(the aux-loss statistics of tensor-parallel row slices, context-parallel chunks and pipeline "
-              "stages are combined on the host)");
+  TITAN_CHECK(!opts.loss_on_device || total_moe_layers_ == 0 || num_stages() == 1,
+              "forward: loss_on_device with a MoE model takes all its layers in one stage (the aux-loss "
+              "statistics of pipeline stages are combined on the host)");
   TITAN_CHECK(!(opts.keep_logits && vocab_parallel()),
               "forward: keep_logits under vocab parallel (each rank ",
               "holds a slice of the vocabulary's logits)");
@@ -181,9 +180,14 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
                  : c.output_router_logits ? (float)c.router_aux_loss_coef
                                           : 0.0f;
     if (opts.loss_on_device) {
-      // The aux loss (one per staged slot, device_aux_loss()) and its scaled gradient stay on the device.
+      // The aux loss (one per staged slot, device_aux_loss()) and its scaled gradient stay on the device;
+      // the statistics of the group's row slices / sequence chunks summed by all-reduces on the device.
+      double* stats = aux_stats_.data<double>();
+      const int64_t n_stats = static_cast<int64_t>(aux_host_.size());
+      if (moe_local_) tp_->sum_device(stats, n_stats);
+      if (cp_) cp_->sum_device(stats, n_stats);
       double* aux = ensure(aux_loss_dev_, opts.staged_slot + 1, DType::F64).data<double>() + opts.staged_slot;
-      router_->aux_loss(aux, aux_scaled_.f32(), aux_stats_.data<double>(), E, R);
+      router_->aux_loss(aux, aux_scaled_.f32(), stats, E, R);
       elementwise_->scale(aux_scaled_.f32(), aux_scale_, E);  // (aux_scale_ * dprob, as backward() takes it)
       aux_on_device_ = true;
       r.aux_loss = std::nan("");
