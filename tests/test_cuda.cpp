@@ -766,6 +766,22 @@ TEST(Cuda, AdamWAndSumSquaresMatchReference) {
   EXPECT_LT(clip_scale(sum, 30.0f), 1.0f);
   EXPECT_EQ(p2.read(), p3.read());
   EXPECT_EQ(v2.read(), v3.read());
+  // Non-finite losses counted on the device (training.skip_nan_inf): the count, then a step that it skips.
+  const std::vector<double> losses = {1.0, std::nan(""), INFINITY};
+  Dev<double> dlosses(losses);
+  AdamWStepScalars st = adamw_step_scalars(1e-2f, 0.9f, 0.95f, 0.1f, 4);
+  Dev<int64_t> dst(std::vector<int64_t>(sizeof(st) / sizeof(int64_t)));
+  gpu().copy_from_host(dst.p, &st, sizeof(st));
+  auto* scalars = reinterpret_cast<AdamWStepScalars*>(dst.p);
+  cuda_op<SumSquaresKernels>().count_nonfinite(&scalars->nonfinite, dlosses.p, 3);
+  gpu().copy_to_host(&st, dst.p, sizeof(st));
+  EXPECT_EQ(st.nonfinite, 2.0);
+  const auto p_before = p2.read(), m_before = m2.read(), v_before = v2.read();
+  cuda_op<AdamWKernels>().step_device(p2.p, g.p, m2.p, v2.p, n, 0.9f, 0.95f, 1e-8f, 0.1f, scalars, acc.p,
+                                      30.0f);
+  EXPECT_EQ(p2.read(), p_before);
+  EXPECT_EQ(m2.read(), m_before);
+  EXPECT_EQ(v2.read(), v_before);
 }
 
 // MoE experts: the shared case (support/moe_case.h) through the CUDA grouped kernels with all buffers on the

@@ -678,6 +678,22 @@ TEST(Kernels, SwigluEmbeddingCrossEntropyAdamWAllImplementations) {
     EXPECT_LT(clip_scale(acc, 0.25f), 1.0f);
     EXPECT_EQ(p2, p3) << name;
     EXPECT_EQ(v2, v3) << name;
+    // A staged step with non-finite losses counted (training.skip_nan_inf) leaves everything as it is.
+    AdamWStepScalars skipped = adamw_step_scalars(1e-2f, 0.9f, 0.999f, 0.1f, 4);
+    skipped.nonfinite = 1;
+    const auto p4 = p2, m4 = m2, v4 = v2;
+    variant<AdamWKernels>(name).step_device(p2.data(), g.data(), m2.data(), v2.data(), 50, 0.9f, 0.999f,
+                                            1e-8f, 0.1f, &skipped, &acc, 0.25f);
+    EXPECT_EQ(p2, p4) << name;
+    EXPECT_EQ(m2, m4) << name;
+    EXPECT_EQ(v2, v4) << name;
+  }
+  // count_nonfinite adds how many values are NaN or infinite.
+  for (auto& name : impls<SumSquaresKernels>()) {
+    const std::vector<double> x = {1.0, std::nan(""), -INFINITY, 1e308, INFINITY, -0.0};
+    double count = 2;
+    variant<SumSquaresKernels>(name).count_nonfinite(&count, x.data(), 6);
+    EXPECT_EQ(count, 5.0) << name;
   }
 }
 

@@ -163,6 +163,23 @@ __device__ inline void block_inclusive_scan(int32_t* scan) {
   }
 }
 
+// A block's stable compaction: place(s, j) for each s < n with match(s), j counting those s in ascending
+// order from 0; blockDim.x candidates at a time, ranked by block_inclusive_scan over `scan` (blockDim.x
+// entries of shared memory). Every thread of the block calls it.
+template <class Match, class Place>
+__device__ void block_stable_compact(int64_t n, int32_t* scan, Match match, Place place) {
+  int64_t base = 0;
+  for (int64_t s0 = 0; s0 < n; s0 += blockDim.x) {
+    const int64_t s = s0 + threadIdx.x;
+    const int32_t mine = s < n && match(s);
+    scan[threadIdx.x] = mine;
+    block_inclusive_scan(scan);
+    if (mine) place(s, base + scan[threadIdx.x] - 1);
+    base += scan[blockDim.x - 1];
+    __syncthreads();  // (scan is rewritten by the next chunk)
+  }
+}
+
 // ---- deterministic reductions ----
 // The reductions across blocks write one partial result per block (or per row chunk) and a second kernel
 // adds the partials in a fixed order: no atomics, so a step's gradients and norms repeat bit for bit from

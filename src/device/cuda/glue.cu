@@ -401,27 +401,17 @@ void dropout_backward_add(float* dx, const float* g, int64_t rows, int64_t cols,
          1.0f / (1.0f - p), key_add);
 }
 
-// route_fixed: order = -1, then block d = blockIdx.x ranks its slots (idx / El = d) in slot order, 256 at a
-// time by a block prefix sum.  grid ranks, block 256.
+// route_fixed: order = -1, then block d = blockIdx.x places its slots (idx / El = d) in slot order
+// (block_stable_compact).  grid ranks, block 256.
 __global__ void ep_route_fixed_kernel(int64_t* order, int64_t* pos, const int32_t* idx, int64_t S,
                                       int64_t El) {
   __shared__ int32_t scan[256];
-  const int64_t d = blockIdx.x;
-  for (int64_t i = threadIdx.x; i < S; i += blockDim.x) order[d * S + i] = -1;
+  const int64_t d = blockIdx.x, base = d * S;
+  for (int64_t i = threadIdx.x; i < S; i += blockDim.x) order[base + i] = -1;
   __syncthreads();
-  int64_t base = d * S;
-  for (int64_t s0 = 0; s0 < S; s0 += 256) {
-    const int64_t s = s0 + threadIdx.x;
-    const int32_t mine = s < S && idx[s] / El == d;
-    scan[threadIdx.x] = mine;
-    block_inclusive_scan(scan);
-    if (mine) {
-      const int64_t p = base + scan[threadIdx.x] - 1;
-      order[p] = s, pos[s] = p;
-    }
-    base += scan[255];
-    __syncthreads();
-  }
+  block_stable_compact(
+      S, scan, [&](int64_t s) { return idx[s] / El == d; },
+      [&](int64_t s, int64_t j) { order[base + j] = s, pos[s] = base + j; });
 }
 
 void ep_route_fixed(int64_t* order, int64_t* pos, const int32_t* idx, int64_t S, int64_t El, int64_t ranks) {

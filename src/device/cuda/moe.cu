@@ -17,9 +17,9 @@
 // the device, reads it from the host or depends on the routing's counts on the host, so a CUDA graph holds
 // the MoE layer and replays it for any routing (compile mode). A slot whose expert index lies outside
 // [0, E) is left unrouted: it contributes nothing and gets no gradient (expert parallel's fixed-capacity
-// exchange pads with such rows). The GEMMs run on CUDA cores (32 x 32 tiles,
-// f32 accumulation; bf16 rounds the operands first), each output summed in index order: deterministic, its
-// bits those of neither cuBLAS path.
+// exchange pads with such rows). The GEMMs run on CUDA cores (32 x 32 tiles, f32 accumulation; bf16 rounds
+// the operands first), each output summed in index order: deterministic, its bits those of neither cuBLAS
+// path.
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -216,25 +216,17 @@ __global__ void prefix_offsets_kernel(int32_t* offsets, int64_t E) {
 }
 
 // Expert e = blockIdx.x: its slots in ascending order take rows offsets[e], offsets[e] + 1, ...
-// (order[row] = slot, row_of[slot] = row). The block walks the slots 256 at a time, ranking the chunk's
-// slots of e by a block prefix sum.  grid E, block 256.
+// (order[row] = slot, row_of[slot] = row), by block_stable_compact.  grid E, block 256.
 __global__ void place_slots_kernel(int32_t* order, int32_t* row_of, const int32_t* offsets,
                                    const int32_t* idx, int64_t Nk) {
   __shared__ int32_t scan[256];
-  const int32_t e = blockIdx.x;
-  int32_t base = offsets[e];
-  for (int64_t s0 = 0; s0 < Nk; s0 += 256) {
-    const int64_t s = s0 + threadIdx.x;
-    const int32_t mine = s < Nk && idx[s] == e;
-    scan[threadIdx.x] = mine;
-    block_inclusive_scan(scan);
-    if (mine) {
-      const int32_t r = base + scan[threadIdx.x] - 1;
-      order[r] = static_cast<int32_t>(s), row_of[s] = r;
-    }
-    base += scan[255];
-    __syncthreads();  // (scan is rewritten by the next chunk)
-  }
+  const int32_t e = blockIdx.x, base = offsets[e];
+  block_stable_compact(
+      Nk, scan, [&](int64_t s) { return idx[s] == e; },
+      [&](int64_t s, int64_t j) {
+        const int32_t r = base + static_cast<int32_t>(j);
+        order[r] = static_cast<int32_t>(s), row_of[s] = r;
+      });
 }
 
 // row_of[s] = -1 for the slots naming no expert in [0, E) (unrouted).
@@ -252,8 +244,8 @@ void route_on_device(const MoeExpertsBuffers& buf, const int32_t* idx, int64_t N
          Nk);
 }
 
-constexpr int kTile =
-    32;  // grouped GEMM tiles: 32 x 32 outputs per block of 32 x 8 threads, k in steps of 32
+// Grouped GEMM tiles: 32 x 32 outputs per block of 32 x 8 threads, k in steps of 32.
+constexpr int kTile = 32;
 
 // An operand element as the GEMM multiplies it: f32, or rounded to bf16 (nearest even) first.
 template <bool kBf16>
