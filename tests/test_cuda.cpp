@@ -302,6 +302,79 @@ TEST(Cuda, RopeAndRopeQKMatchReference) {
   EXPECT_LE(rel(gk.read(), gk_r), kTol);
 }
 
+// qk_norm_rope equals the CUDA rmsnorm (bf16 input), rope_qk and to_bf16 run in turn, bit for bit, and the
+// CPU reference within bf16's rounding (q16/k16) and f32 noise (the rest).
+TEST(Cuda, QKNormRopeEqualsTheOpsInTurn) {
+  SKIP_WITHOUT_GPU();
+  const int64_t N = 2 * 11, T = 11, nH = 4, nKV = 2, hd = 128, half = hd / 2, nq = N * nH * hd,
+                nk = N * nKV * hd;
+  auto bits = [](const std::vector<float>& x) {
+    std::vector<uint16_t> r(x.size());
+    for (size_t i = 0; i < x.size(); ++i) r[i] = f32_to_bf16(x[i]);
+    return r;
+  };
+  const auto q_raw = bits(randn(nq, 70)), k_raw = bits(randn(nk, 71)), dq16 = bits(randn(nq, 72)),
+             dk16 = bits(randn(nk, 73));
+  const auto qw = randn(hd, 74), kw = randn(hd, 75), cos = randn(T * half, 76), sin = randn(T * half, 77);
+  Dev<uint16_t> dq_raw(q_raw), dk_raw(k_raw), ddq16(dq16), ddk16(dk16);
+  DevF dqw(qw), dkw(kw), dcos(cos), dsin(sin);
+  // in turn
+  DevF q(nq), k(nk), q_rstd(N * nH), k_rstd(N * nKV), gq(nq), gk(nk), dq_rot(nq), dk_rot(nk), dq(nq, 0.5f),
+      dk(nk, -0.5f), gqw(hd, 0.25f), gkw(hd, -0.25f);
+  Dev<uint16_t> q16(nq), k16(nk);
+  const auto& norm = cuda_op<RmsNormKernels>();
+  const auto& glue = cuda_op<ElementwiseKernels>();
+  norm.forward_bf16_input(q.p, q_rstd.p, dq_raw.p, dqw.p, N * nH, hd, 1e-6f);
+  norm.forward_bf16_input(k.p, k_rstd.p, dk_raw.p, dkw.p, N * nKV, hd, 1e-6f);
+  cuda_op<RopeQKKernels>().forward(q.p, k.p, dcos.p, dsin.p, N, T, nH, nKV, hd);
+  glue.to_bf16(q16.p, q.p, nq);
+  glue.to_bf16(k16.p, k.p, nk);
+  glue.from_bf16(dq_rot.p, ddq16.p, nq);
+  glue.from_bf16(dk_rot.p, ddk16.p, nk);
+  cuda_op<RopeQKKernels>().backward(gq.p, gk.p, dq_rot.p, dk_rot.p, dcos.p, dsin.p, N, T, nH, nKV, hd);
+  norm.backward_bf16_input(dq.p, gqw.p, gq.p, dq_raw.p, dqw.p, q_rstd.p, N * nH, hd);
+  norm.backward_bf16_input(dk.p, gkw.p, gk.p, dk_raw.p, dkw.p, k_rstd.p, N * nKV, hd);
+  // fused
+  DevF fq_rstd(N * nH, -1.0f), fk_rstd(N * nKV, -1.0f), fdq(nq, 0.5f), fdk(nk, -0.5f), fqw(hd, 0.25f),
+      fkw(hd, -0.25f);
+  Dev<uint16_t> fq16(nq, 0xffff), fk16(nk, 0xffff);
+  const auto& op = cuda_op<QKNormRopeKernels>();
+  op.forward(fq16.p, fk16.p, fq_rstd.p, fk_rstd.p, dq_raw.p, dk_raw.p, dqw.p, dkw.p, dcos.p, dsin.p, N, T, nH,
+             nKV, hd, 1e-6f);
+  op.backward(fdq.p, fdk.p, fqw.p, fkw.p, ddq16.p, ddk16.p, dq_raw.p, dk_raw.p, dqw.p, dkw.p, fq_rstd.p,
+              fk_rstd.p, dcos.p, dsin.p, N, T, nH, nKV, hd);
+  EXPECT_EQ(fq16.read(), q16.read());
+  EXPECT_EQ(fk16.read(), k16.read());
+  EXPECT_EQ(fq_rstd.read(), q_rstd.read());
+  EXPECT_EQ(fk_rstd.read(), k_rstd.read());
+  EXPECT_EQ(fdq.read(), dq.read());
+  EXPECT_EQ(fdk.read(), dk.read());
+  EXPECT_EQ(fqw.read(), gqw.read());
+  EXPECT_EQ(fkw.read(), gkw.read());
+  // the CPU reference
+  std::vector<uint16_t> rq16(nq), rk16(nk);
+  std::vector<float> rq_rstd(N * nH), rk_rstd(N * nKV), rdq(nq, 0.5f), rdk(nk, -0.5f), rqw(hd, 0.25f),
+      rkw(hd, -0.25f);
+  const auto& ref = cpu_ref<QKNormRopeKernels>();
+  ref.forward(rq16.data(), rk16.data(), rq_rstd.data(), rk_rstd.data(), q_raw.data(), k_raw.data(), qw.data(),
+              kw.data(), cos.data(), sin.data(), N, T, nH, nKV, hd, 1e-6f);
+  ref.backward(rdq.data(), rdk.data(), rqw.data(), rkw.data(), dq16.data(), dk16.data(), q_raw.data(),
+               k_raw.data(), qw.data(), kw.data(), rq_rstd.data(), rk_rstd.data(), cos.data(), sin.data(), N,
+               T, nH, nKV, hd);
+  auto widen = [](const std::vector<uint16_t>& x) {
+    std::vector<float> r(x.size());
+    for (size_t i = 0; i < x.size(); ++i) r[i] = bf16_to_f32(x[i]);
+    return r;
+  };
+  EXPECT_LE(rel(widen(fq16.read()), widen(rq16)), 8e-3);
+  EXPECT_LE(rel(widen(fk16.read()), widen(rk16)), 8e-3);
+  EXPECT_LE(rel(fq_rstd.read(), rq_rstd), kTol);
+  EXPECT_LE(rel(fdq.read(), rdq), kTol);
+  EXPECT_LE(rel(fdk.read(), rdk), kTol);
+  EXPECT_LE(rel(fqw.read(), rqw), kTol);
+  EXPECT_LE(rel(fkw.read(), rkw), kTol);
+}
+
 void check_attention(int64_t B, int64_t T, int64_t nH, int64_t nKV, int64_t hd, uint64_t seed,
                      const std::vector<int32_t>& docs = {}) {
   auto q = randn(B * T * nH * hd, seed), k = randn(B * T * nKV * hd, seed + 1),
@@ -539,6 +612,17 @@ TEST(Cuda, Bf16ActivationFormsEqualTheF32FormsOfTheSameValues) {
   EXPECT_EQ(fr16.read(), fr.read());
   EXPECT_EQ(fd16.read(), fd.read());
   EXPECT_EQ(fdw16.read(), fdw.read());
+  // backward with a bf16 output gradient: backward_bf16_input on its values
+  std::vector<uint16_t> g16(N * OC);
+  std::vector<float> gv(N * OC);
+  const auto gr = randn(N * OC, 39);
+  for (int64_t i = 0; i < N * OC; ++i) g16[i] = f32_to_bf16(gr[i]), gv[i] = bf16_to_f32(g16[i]);
+  Dev<uint16_t> dg16(g16);
+  DevF dgv(gv), bx(N * C, 0.5f), bx16(N * C, 0.5f), bw(OC * C, 0.25f), bw16(OC * C, 0.25f);
+  mm.backward_bf16_input(bx.p, bw.p, dgv.p, dx16.p, dw_.p, N, C, OC, true);
+  mm.backward_bf16_io(bx16.p, bw16.p, dg16.p, dx16.p, dw_.p, N, C, OC, true);
+  EXPECT_EQ(bx16.read(), bx.read());
+  EXPECT_EQ(bw16.read(), bw.read());
 
   auto gu = randn(N * 2 * I, 35), dout = randn(N * I, 36);
   std::vector<uint16_t> gu16(gu.size());
@@ -556,6 +640,15 @@ TEST(Cuda, Bf16ActivationFormsEqualTheF32FormsOfTheSameValues) {
   for (int64_t i = 0; i < N * I; ++i) want[i] = f32_to_bf16(of[i]);
   EXPECT_EQ(o16.read(), want);
   EXPECT_EQ(d16.read(), d.read());
+  // d(gate/up) written as bf16: backward_bf16 into zeros, rounded
+  DevF z(N * 2 * I);
+  Dev<uint16_t> z16(N * 2 * I, 0xffff);
+  sw.backward_bf16(z.p, ddout.p, dgu16.p, N, I);
+  sw.backward_bf16_output(z16.p, ddout.p, dgu16.p, N, I);
+  std::vector<uint16_t> zwant(N * 2 * I);
+  const auto zf = z.read();
+  for (int64_t i = 0; i < N * 2 * I; ++i) zwant[i] = f32_to_bf16(zf[i]);
+  EXPECT_EQ(z16.read(), zwant);
 }
 
 // matmul_bf16 and the bf16 experts read a weight's registered bf16 image (ops.h register_bf16_image) instead

@@ -262,6 +262,18 @@ TEST(Kernels, Bf16ActivationFormsEqualTheF32FormsOfTheSameValues) {
       k.forward(outv.data(), xv.data(), w.data(), N, C, OC);
       k.forward_bf16_io(io16.data(), x16.data(), w.data(), N, C, OC);
       EXPECT_EQ(io16, rounded_bits(outv)) << name << " " << N << "x" << C << "x" << OC;
+      // backward with a bf16 output gradient: backward_bf16_input on its values
+      ASSERT_TRUE(k.backward_bf16_io) << name;
+      const std::vector<uint16_t> dout16 = rounded_bits(randn(N * OC, 23));
+      std::vector<float> doutv(dout16.size());
+      for (size_t i = 0; i < dout16.size(); ++i) doutv[i] = bf16_to_f32(dout16[i]);
+      for (bool acc : {false, true}) {
+        std::vector<float> dx(N * C, 0.5f), dx16(N * C, 0.5f), dw(OC * C, 0.25f), dw16(OC * C, 0.25f);
+        k.backward_bf16_input(dx.data(), dw.data(), doutv.data(), x16.data(), w.data(), N, C, OC, acc);
+        k.backward_bf16_io(dx16.data(), dw16.data(), dout16.data(), x16.data(), w.data(), N, C, OC, acc);
+        EXPECT_EQ(dx16, dx) << name << " " << N << "x" << C << "x" << OC;
+        EXPECT_EQ(dw16, dw) << name << " " << N << "x" << C << "x" << OC;
+      }
     }
   }
   for (auto [N, C] : {std::pair<int64_t, int64_t>{9, 37}, {4, 256}}) {
@@ -312,6 +324,13 @@ TEST(Kernels, Bf16ActivationFormsEqualTheF32FormsOfTheSameValues) {
       k.backward(d.data(), dout.data(), guv.data(), N, I);
       k.backward_bf16(d16.data(), dout.data(), gu16.data(), N, I);
       EXPECT_EQ(d16, d) << name << " N " << N << " I " << I;
+      // d(gate/up) written as bf16: backward_bf16 into zeros, rounded
+      ASSERT_TRUE(k.backward_bf16_output) << name;
+      std::vector<float> z(N * 2 * I, 0.0f);
+      std::vector<uint16_t> dz16(N * 2 * I, 0xffff);
+      k.backward_bf16(z.data(), dout.data(), gu16.data(), N, I);
+      k.backward_bf16_output(dz16.data(), dout.data(), gu16.data(), N, I);
+      EXPECT_EQ(dz16, rounded_bits(z)) << name << " N " << N << " I " << I;
     }
   }
 }
@@ -864,6 +883,100 @@ TEST(Kernels, RopeQKAllImplementations) {
     EXPECT_LE(rel(kq, k_r), kTol) << name;
     EXPECT_LE(rel(dq, dq_r), kTol) << name;
     EXPECT_LE(rel(dk, dk_r), kTol) << name;
+  }
+}
+
+// qk_norm_rope equals rmsnorm's bf16-input forms, rope_qk and the bf16 conversion run in turn, bit for bit:
+// "fused" against the fast rmsnorm and fused rope_qk of the same build, "reference" against the references;
+// and each against the other within bf16's rounding.
+TEST(Kernels, QKNormRopeEqualsTheOpsInTurn) {
+  for (auto [N, T, nH, nKV, hd] : {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>{6, 3, 4, 2, 8},
+                                   {9, 9, 2, 1, 128},
+                                   {5, 7, 3, 3, 6}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << N << " tokens, T " << T << ", " << nH << "/" << nKV << " heads of " << hd);
+    const int64_t half = hd / 2, nq = N * nH * hd, nk = N * nKV * hd;
+    auto bits = [](const std::vector<float>& x, float scale) {
+      std::vector<uint16_t> r(x.size());
+      for (size_t i = 0; i < x.size(); ++i) r[i] = f32_to_bf16(scale * x[i]);
+      return r;
+    };
+    const auto q_raw = bits(randn(nq, 60), 3.0f), k_raw = bits(randn(nk, 61), 0.5f),
+               dq16 = bits(randn(nq, 62), 1), dk16 = bits(randn(nk, 63), 1);
+    const auto qw = randn(hd, 64), kw = randn(hd, 65);
+    std::vector<float> cos(T * half), sin(T * half);
+    for (int64_t i = 0; i < T * half; ++i) cos[i] = std::cos(0.3f * i), sin[i] = std::sin(0.3f * i);
+    struct Result {
+      std::vector<uint16_t> q16, k16;
+      std::vector<float> q_rstd, k_rstd, dq, dk, dqw, dkw;
+    };
+    auto fresh = [&] {
+      return Result{std::vector<uint16_t>(nq, 0xffff), std::vector<uint16_t>(nk, 0xffff),
+                    std::vector<float>(N * nH, -1),    std::vector<float>(N * nKV, -1),
+                    std::vector<float>(nq, 0.5f),      std::vector<float>(nk, -0.5f),
+                    std::vector<float>(hd, 0.25f),     std::vector<float>(hd, -0.25f)};
+    };
+    // The separate ops: rmsnorm (bf16 input) into f32 q/k, rope_qk in place, the nearest bf16; backward: the
+    // bf16 gradients widened, rope_qk's backward into cleared buffers, rmsnorm's bf16-input backward.
+    auto in_turn = [&](const RmsNormKernels& norm, const RopeQKKernels& rope) {
+      Result r = fresh();
+      std::vector<float> q(nq), k(nk), gq(nq, 0.0f), gk(nk, 0.0f), dq_rot(nq), dk_rot(nk);
+      norm.forward_bf16_input(q.data(), r.q_rstd.data(), q_raw.data(), qw.data(), N * nH, hd, 1e-6f);
+      norm.forward_bf16_input(k.data(), r.k_rstd.data(), k_raw.data(), kw.data(), N * nKV, hd, 1e-6f);
+      rope.forward(q.data(), k.data(), cos.data(), sin.data(), N, T, nH, nKV, hd);
+      for (int64_t i = 0; i < nq; ++i) r.q16[i] = f32_to_bf16(q[i]), dq_rot[i] = bf16_to_f32(dq16[i]);
+      for (int64_t i = 0; i < nk; ++i) r.k16[i] = f32_to_bf16(k[i]), dk_rot[i] = bf16_to_f32(dk16[i]);
+      rope.backward(gq.data(), gk.data(), dq_rot.data(), dk_rot.data(), cos.data(), sin.data(), N, T, nH, nKV,
+                    hd);
+      norm.backward_bf16_input(r.dq.data(), r.dqw.data(), gq.data(), q_raw.data(), qw.data(), r.q_rstd.data(),
+                               N * nH, hd);
+      norm.backward_bf16_input(r.dk.data(), r.dkw.data(), gk.data(), k_raw.data(), kw.data(), r.k_rstd.data(),
+                               N * nKV, hd);
+      return r;
+    };
+    auto fused = [&](const QKNormRopeKernels& op) {
+      Result r = fresh();
+      op.forward(r.q16.data(), r.k16.data(), r.q_rstd.data(), r.k_rstd.data(), q_raw.data(), k_raw.data(),
+                 qw.data(), kw.data(), cos.data(), sin.data(), N, T, nH, nKV, hd, 1e-6f);
+      op.backward(r.dq.data(), r.dk.data(), r.dqw.data(), r.dkw.data(), dq16.data(), dk16.data(),
+                  q_raw.data(), k_raw.data(), qw.data(), kw.data(), r.q_rstd.data(), r.k_rstd.data(),
+                  cos.data(), sin.data(), N, T, nH, nKV, hd);
+      return r;
+    };
+    auto widen = [](const std::vector<uint16_t>& x) {
+      std::vector<float> r(x.size());
+      for (size_t i = 0; i < x.size(); ++i) r[i] = bf16_to_f32(x[i]);
+      return r;
+    };
+    const Result ref = fused(variant<QKNormRopeKernels>("reference"));
+    ASSERT_GE(impls<QKNormRopeKernels>().size(), 2u);
+    for (auto& name : impls<QKNormRopeKernels>()) {
+      SCOPED_TRACE(name);
+      const auto at = name.find('@');
+      const std::string isa = at == std::string::npos ? "" : name.substr(at);
+      const bool is_ref = name == "reference";
+      const Result want = in_turn(variant<RmsNormKernels>(is_ref ? "reference" : "fast" + isa),
+                                  variant<RopeQKKernels>(is_ref ? "reference" : "fused" + isa));
+      const Result got = fused(variant<QKNormRopeKernels>(name));
+      EXPECT_EQ(got.q16, want.q16);
+      EXPECT_EQ(got.k16, want.k16);
+      EXPECT_EQ(got.q_rstd, want.q_rstd);
+      EXPECT_EQ(got.k_rstd, want.k_rstd);
+      EXPECT_EQ(got.dq, want.dq);
+      EXPECT_EQ(got.dk, want.dk);
+      EXPECT_EQ(got.dqw, want.dqw);
+      EXPECT_EQ(got.dkw, want.dkw);
+      // against the reference: within one bf16 rounding for the bf16 outputs, f32 noise for the rest
+      EXPECT_LE(rel(widen(got.q16), widen(ref.q16)), 8e-3);
+      EXPECT_LE(rel(widen(got.k16), widen(ref.k16)), 8e-3);
+      for (auto [a, b] : {std::pair{&got.q_rstd, &ref.q_rstd},
+                          {&got.k_rstd, &ref.k_rstd},
+                          {&got.dq, &ref.dq},
+                          {&got.dk, &ref.dk},
+                          {&got.dqw, &ref.dqw},
+                          {&got.dkw, &ref.dkw}})
+        EXPECT_LE(rel(*a, *b), kTol);
+    }
   }
 }
 

@@ -136,7 +136,8 @@ const MatmulBf16Kernels* timed(const MatmulBf16Kernels* k) {
                                  TITAN_TIMED(0, MatmulBf16Kernels, forward_bf16_input, kGemm),
                                  TITAN_TIMED(0, MatmulBf16Kernels, backward_bf16_input, kGemm),
                                  TITAN_TIMED(0, MatmulBf16Kernels, forward_bf16_output, kGemm),
-                                 TITAN_TIMED(0, MatmulBf16Kernels, forward_bf16_io, kGemm)},
+                                 TITAN_TIMED(0, MatmulBf16Kernels, forward_bf16_io, kGemm),
+                                 TITAN_TIMED(0, MatmulBf16Kernels, backward_bf16_io, kGemm)},
                0);
 }
 const RmsNormKernels* timed(const RmsNormKernels* k) {
@@ -157,6 +158,11 @@ const RopeQKKernels* timed(const RopeQKKernels* k) {
                              TITAN_TIMED(0, RopeQKKernels, backward, kPointwise)},
                0);
 }
+const QKNormRopeKernels* timed(const QKNormRopeKernels* k) {
+  return store(QKNormRopeKernels{TITAN_TIMED(0, QKNormRopeKernels, forward, kPointwise),
+                                 TITAN_TIMED(0, QKNormRopeKernels, backward, kPointwise)},
+               0);
+}
 const AttentionKernels* timed(const AttentionKernels* k) {
   return store(
       AttentionKernels{TITAN_TIMED(0, AttentionKernels, forward, kAttentionForward),
@@ -172,7 +178,8 @@ const SwigluKernels* timed(const SwigluKernels* k) {
   return store(SwigluKernels{TITAN_TIMED(0, SwigluKernels, forward, kPointwise),
                              TITAN_TIMED(0, SwigluKernels, backward, kPointwise),
                              TITAN_TIMED(0, SwigluKernels, forward_bf16, kPointwise),
-                             TITAN_TIMED(0, SwigluKernels, backward_bf16, kPointwise)},
+                             TITAN_TIMED(0, SwigluKernels, backward_bf16, kPointwise),
+                             TITAN_TIMED(0, SwigluKernels, backward_bf16_output, kPointwise)},
                0);
 }
 const EmbeddingKernels* timed(const EmbeddingKernels* k) {

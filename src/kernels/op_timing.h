@@ -59,6 +59,7 @@ const MatmulBf16Kernels* timed(const MatmulBf16Kernels* k);
 const RmsNormKernels* timed(const RmsNormKernels* k);
 const RopeKernels* timed(const RopeKernels* k);
 const RopeQKKernels* timed(const RopeQKKernels* k);
+const QKNormRopeKernels* timed(const QKNormRopeKernels* k);
 const AttentionKernels* timed(const AttentionKernels* k);
 const AttentionBf16Kernels* timed(const AttentionBf16Kernels* k);
 const SwigluKernels* timed(const SwigluKernels* k);

@@ -44,6 +44,11 @@ struct MatmulBf16Kernels {
   // Both: bf16 input and bf16 output (a dense layer's gate/up from its bf16 norm output).
   void (*forward_bf16_io)(uint16_t* out16, const uint16_t* inp16, const float* weight, int64_t N, int64_t C,
                           int64_t OC);
+  // backward with the output gradient held as bf16 as well (dout16: N x OC bit patterns; the bf16 engines
+  // round dout to bf16 anyway, so a gradient kept in bf16 loses nothing): equal to backward_bf16_input on the
+  // f32 values of dout16's bits.
+  void (*backward_bf16_io)(float* dinp, float* dweight, const uint16_t* dout16, const uint16_t* inp16,
+                           const float* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dweight);
 };
 
 // bf16 images of f32 weight ranges, kept up to date by their owner (a model under bf16 compute makes them
@@ -172,6 +177,11 @@ struct SwigluKernels {
   // nearest bf16 of forward on the f32 values of gu16; backward_bf16 = backward on those values (dgu f32).
   void (*forward_bf16)(uint16_t* out16, const uint16_t* gu16, int64_t N, int64_t I);
   void (*backward_bf16)(float* dgu, const float* dout, const uint16_t* gu16, int64_t N, int64_t I);
+  // backward_bf16 with d(gate/up) written as bf16 (dgu16 overwritten: the nearest bf16 of what backward_bf16
+  // adds to a cleared f32 buffer), for the gate/up GEMM's bf16 output gradient (matmul_bf16
+  // backward_bf16_io).
+  void (*backward_bf16_output)(uint16_t* dgu16, const float* dout, const uint16_t* gu16, int64_t N,
+                               int64_t I);
 };
 
 // out[n] = table[ids[n]]     table (V,C), out (N,C); backward: dtable[ids[n]] += dout[n]
@@ -363,6 +373,26 @@ struct RopeQKKernels {
                   int64_t nKV, int64_t hd);
   void (*backward)(float* dq, float* dk, const float* dq_rot, const float* dk_rot, const float* cos,
                    const float* sin, int64_t N, int64_t T, int64_t nH, int64_t nKV, int64_t hd);
+};
+
+// q and k of a layer under bf16 activations, from their bf16 projections to the bf16 tensors attention
+// reads, in one pass: per head row (q: N x nH rows of hd, k: N x nKV), RMSNorm with the head's norm weight
+// (q_w or k_w, hd; HF q_norm / k_norm), rotate-half RoPE at position t = token % T (tables as for
+// RopeKernels), then the nearest bf16 (ties to even); the rows' rstd saved. Equal, bit for bit, to
+// rmsnorm.forward_bf16_input, rope_qk.forward and elementwise.to_bf16 run in turn (a device's default
+// implementations), without their f32 tensors.
+// backward, from the bf16 gradients of q16/k16 (attention_bf16's dq/dk): dq += d(q projection), dk likewise
+// (f32), dq_w += d(q_w), dk_w += d(k_w) (null: not wanted); equal to elementwise.from_bf16, rope_qk.backward
+// and rmsnorm.backward_bf16_input in turn.
+struct QKNormRopeKernels {
+  static constexpr const char* kOp = "qk_norm_rope";
+  void (*forward)(uint16_t* q16, uint16_t* k16, float* q_rstd, float* k_rstd, const uint16_t* q_raw16,
+                  const uint16_t* k_raw16, const float* q_w, const float* k_w, const float* cos,
+                  const float* sin, int64_t N, int64_t T, int64_t nH, int64_t nKV, int64_t hd, float eps);
+  void (*backward)(float* dq, float* dk, float* dq_w, float* dk_w, const uint16_t* dq16, const uint16_t* dk16,
+                   const uint16_t* q_raw16, const uint16_t* k_raw16, const float* q_w, const float* k_w,
+                   const float* q_rstd, const float* k_rstd, const float* cos, const float* sin, int64_t N,
+                   int64_t T, int64_t nH, int64_t nKV, int64_t hd);
 };
 
 }  // namespace titan

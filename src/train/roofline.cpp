@@ -82,15 +82,17 @@ GpuStepPrediction predict_gpu_step(const Qwen3Config& c, const RunPlan& plan, Ch
   }
 
   // Memory-bound ops per layer and token, in elements read + written (forward; backward):
-  // RMSNorm x2 (2H; 3H), q/k RMSNorm (2(q+kv); 3(q+kv)), RoPE (2(q+kv); 2(q+kv)), SwiGLU (3I; 5I) or the
-  // routed experts' permutation, SwiGLU and combine (k(2H + 3Im + 2H); k(2H + 5Im + 2H)), residual adds
-  // (2 x 3H; 2 x 3H). Sequence parallel: the norms and adds on N/tp rows.
+  // RMSNorm x2 (2H; 3H), q/k RMSNorm + RoPE (bf16: one op, qk_norm_rope, 2(q+kv); 3(q+kv); f32: two,
+  // 4(q+kv); 5(q+kv)), SwiGLU (3I; 5I) or the routed experts' permutation, SwiGLU and combine (k(2H + 3Im +
+  // 2H); k(2H + 5Im + 2H)), residual adds (2 x 3H; 2 x 3H). Sequence parallel: the norms and adds on N/tp
+  // rows.
   const double sp = plan.sequence_parallel ? 1.0 / tp : 1.0;
   const double qk = (double)lc.q_dim() + lc.kv_dim();
+  const double qk_fwd = bf16 ? 2 * qk : 4 * qk, qk_bwd = bf16 ? 3 * qk : 5 * qk;
   double fwd_elems = 0, bwd_elems = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    double f = 2 * 2 * H * sp + 2 * qk + 2 * qk + 2 * 3 * H * sp;
-    double b = 2 * 3 * H * sp + 3 * qk + 2 * qk + 2 * 3 * H * sp;
+    double f = 2 * 2 * H * sp + qk_fwd + 2 * 3 * H * sp;
+    double b = 2 * 3 * H * sp + qk_bwd + 2 * 3 * H * sp;
     if (c.is_moe_layer(l)) {
       const double k = (double)c.num_experts_per_tok, Im = (double)c.moe_intermediate_size;
       f += k * (4 * H + 3 * Im), b += k * (4 * H + 5 * Im);
@@ -101,7 +103,7 @@ GpuStepPrediction predict_gpu_step(const Qwen3Config& c, const RunPlan& plan, Ch
     const bool pointwise_again = ac.recompute_ops && !again;  // norms, q/k norm + RoPE, SwiGLU recomputed
     fwd_elems +=
         f * (again ? 2 : 1) +
-        (pointwise_again ? 2 * 2 * H * sp + 4 * qk + (c.is_moe_layer(l) ? 0 : 3.0 * lc.intermediate_size)
+        (pointwise_again ? 2 * 2 * H * sp + qk_fwd + (c.is_moe_layer(l) ? 0 : 3.0 * lc.intermediate_size)
                          : 0);
     bwd_elems += b;
   }

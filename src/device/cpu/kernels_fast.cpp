@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "device/cpu/row_ops.h"
 #include "device/cpu/vec_math.h"
 #include "kernels/ops.h"
 #include "kernels/registry.h"
@@ -29,19 +30,10 @@ void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp
                 accumulate_dw ? 1.0f : 0.0f, dw, C);
 }
 
-// A row of inp as f32: the row itself, or (bf16 bits) its values widened into buf.
-inline const float* row_f32(const float* inp, int64_t n, int64_t C, float*) {
-  return inp + n * C;
-}
-inline const float* row_f32(const uint16_t* inp, int64_t n, int64_t C, float* buf) {
-  const uint16_t* x = inp + n * C;
-#pragma omp simd
-  for (int64_t c = 0; c < C; ++c) buf[c] = bf16_to_f32(x[c]);
-  return buf;
-}
+using cpu_rows::row_f32;
 
 // inp: f32 or bf16 bits; out: f32, or bf16 bits (each value the nearest bf16 of the f32 one). The same
-// arithmetic on the same values whichever the types.
+// arithmetic on the same values whichever the types (the row loops of row_ops.h).
 template <class In, class Out>
 void rmsnorm_forward_t(Out* out, float* rstd, const In* inp, const float* w, int64_t N, int64_t C,
                        float eps) {
@@ -51,19 +43,9 @@ void rmsnorm_forward_t(Out* out, float* rstd, const In* inp, const float* w, int
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const float* x = row_f32(inp, n, C, buf.data());
-      float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t c = 0; c < C; ++c) ss += x[c] * x[c];
-      const float r = 1.0f / std::sqrt(ss / (float)C + eps);
+      const float r = cpu_rows::rms_row_rstd(x, C, eps);
       rstd[n] = r;
-      Out* y = out + n * C;
-      if constexpr (std::is_same_v<Out, float>) {
-#pragma omp simd
-        for (int64_t c = 0; c < C; ++c) y[c] = w[c] * (x[c] * r);
-      } else {
-#pragma omp simd
-        for (int64_t c = 0; c < C; ++c) y[c] = f32_to_bf16(w[c] * (x[c] * r));
-      }
+      cpu_rows::rms_row_scale(out + n * C, x, w, r, C);
     }
   }
 }
@@ -80,22 +62,9 @@ void rmsnorm_backward_t(float* dinp, float* dw, const float* dout, const In* inp
     float* pdw = dw ? partial.data() + (size_t)tid * C : nullptr;
     std::vector<float> buf(std::is_same_v<In, float> ? 0 : (size_t)C);
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      const float* x = row_f32(inp, n, C, buf.data());
-      const float* dy = dout + n * C;
-      const float r = rstd[n];
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t c = 0; c < C; ++c) dot += dy[c] * w[c] * x[c];
-      const float k = r * r * r * dot / (float)C;
-      float* dx = dinp + n * C;
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) dx[c] += r * dy[c] * w[c] - x[c] * k;
-      if (pdw) {
-#pragma omp simd
-        for (int64_t c = 0; c < C; ++c) pdw[c] += dy[c] * x[c] * r;
-      }
-    }
+    for (int64_t n = 0; n < N; ++n)
+      cpu_rows::rms_row_backward(dinp + n * C, pdw, dout + n * C, row_f32(inp, n, C, buf.data()), w, rstd[n],
+                                 C);
   }
   if (dw)
     for (int t = 0; t < nt; ++t)
@@ -249,25 +218,38 @@ void swiglu_forward_bf16(uint16_t* out16, const uint16_t* gu16, int64_t N, int64
   }
 }
 
-// gate/up: f32, or bf16 bits (each row widened into a buffer, row_f32); the same arithmetic either way.
-template <class In>
-void swiglu_backward_t(float* dgu, const float* dout, const In* gu, int64_t N, int64_t I) {
+// One row of the backward: dg, du (= dg + I) += d(gate), d(up); s: I floats of scratch.
+inline void swiglu_backward_row(float* dg, const float* dy, const float* g, float* s, int64_t I) {
+  const float* u = g + I;
+  float* du = dg + I;
+  vec::sigmoid(s, g, I);
+#pragma omp simd
+  for (int64_t i = 0; i < I; ++i) {
+    dg[i] += dy[i] * u[i] * s[i] * (1.0f + g[i] * (1.0f - s[i]));
+    du[i] += dy[i] * g[i] * s[i];
+  }
+}
+
+// gate/up: f32, or bf16 bits (each row widened into a buffer, row_f32); d(gate/up) added to f32, or (bf16
+// bits) the row summed into a cleared buffer and narrowed: the same arithmetic every way.
+template <class In, class Out = float>
+void swiglu_backward_t(Out* dgu, const float* dout, const In* gu, int64_t N, int64_t I) {
+  constexpr bool in16 = !std::is_same_v<In, float>, out16 = !std::is_same_v<Out, float>;
 #pragma omp parallel
   {
-    std::vector<float> buf((size_t)(std::is_same_v<In, float> ? I : 3 * I));
-    float* s = buf.data();
+    std::vector<float> buf((size_t)(I + (in16 ? 2 * I : 0) + (out16 ? 2 * I : 0)));
+    float *s = buf.data(), *acc = s + I + (in16 ? 2 * I : 0);
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const float* g = row_f32(gu, n, 2 * I, s + I);
-      const float* u = g + I;
-      const float* dy = dout + n * I;
-      float* dg = dgu + n * 2 * I;
-      float* du = dg + I;
-      vec::sigmoid(s, g, I);
+      if constexpr (out16) {
+        std::fill_n(acc, 2 * I, 0.0f);
+        swiglu_backward_row(acc, dout + n * I, g, s, I);
+        uint16_t* o = dgu + n * 2 * I;
 #pragma omp simd
-      for (int64_t i = 0; i < I; ++i) {
-        dg[i] += dy[i] * u[i] * s[i] * (1.0f + g[i] * (1.0f - s[i]));
-        du[i] += dy[i] * g[i] * s[i];
+        for (int64_t i = 0; i < 2 * I; ++i) o[i] = f32_to_bf16(acc[i]);
+      } else {
+        swiglu_backward_row(dgu + n * 2 * I, dout + n * I, g, s, I);
       }
     }
   }
@@ -386,7 +368,7 @@ int64_t attention_probs_floats(int64_t B, int64_t T, int64_t nH) {
 }
 const AttentionKernels kAttention{attention_forward, attention_backward, attention_probs_floats};
 const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward_t<float>, swiglu_forward_bf16,
-                            swiglu_backward_t<uint16_t>};
+                            swiglu_backward_t<uint16_t>, swiglu_backward_t<uint16_t, uint16_t>};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy, add_loss_sum<cross_entropy>};
 const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{

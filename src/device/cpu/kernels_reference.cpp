@@ -229,6 +229,13 @@ void swiglu_backward_bf16(float* dgu, const float* dout, const uint16_t* gu16, i
   swiglu_backward(dgu, dout, widen(gu16, N * 2 * I).data(), N, I);
 }
 
+void swiglu_backward_bf16_output(uint16_t* dgu16, const float* dout, const uint16_t* gu16, int64_t N,
+                                 int64_t I) {
+  std::vector<float> dgu((size_t)(N * 2 * I), 0.0f);
+  swiglu_backward_bf16(dgu.data(), dout, gu16, N, I);
+  narrow(dgu16, dgu);
+}
+
 void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
   for (int64_t n = 0; n < N; ++n)
     for (int64_t c = 0; c < C; ++c) out[n * C + c] = ids[n] < 0 ? 0.0f : table[(int64_t)ids[n] * C + c];
@@ -406,7 +413,8 @@ int64_t attention_probs_floats(int64_t B, int64_t T, int64_t nH) {
 const AttentionKernels kAttention{attention_forward, attention_backward, attention_probs_floats};
 const AttentionRingKernels kAttentionRing{attention_ring_forward, attention_ring_merge,
                                           attention_ring_backward};
-const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward, swiglu_forward_bf16, swiglu_backward_bf16};
+const SwigluKernels kSwiglu{swiglu_forward, swiglu_backward, swiglu_forward_bf16, swiglu_backward_bf16,
+                            swiglu_backward_bf16_output};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy, add_loss_sum<cross_entropy>};
 const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{

@@ -101,8 +101,17 @@ void forward_bf16_output(uint16_t* out16, const In* inp, const float* w, int64_t
   cpu::bf16_narrowed(out16, buf.data(), N * OC);
 }
 
+// backward_bf16_io of every CPU engine: the output gradient widened into a buffer reused across calls, then
+// the engine's bf16-input backward (which reads it as the bf16-exact f32 values they are).
+template <auto BackwardBf16Input>
+void backward_bf16_io(float* dinp, float* dw, const uint16_t* dout16, const uint16_t* inp16, const float* w,
+                      int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
+  static std::vector<float> buf;
+  BackwardBf16Input(dinp, dw, cpu::bf16_widened(buf, dout16, N * OC), inp16, w, N, C, OC, accumulate_dw);
+}
+
 // An engine's table from its four GEMMs (f32 and bf16 input); its bf16-output forms are its forwards
-// rounded.
+// rounded, its bf16-gradient backward the bf16-input one on the widened gradient.
 template <auto Forward, auto Backward, auto ForwardBf16Input, auto BackwardBf16Input>
 MatmulBf16Kernels engine_table() {
   return {Forward,
@@ -110,7 +119,8 @@ MatmulBf16Kernels engine_table() {
           ForwardBf16Input,
           BackwardBf16Input,
           forward_bf16_output<Forward, float>,
-          forward_bf16_output<ForwardBf16Input, uint16_t>};
+          forward_bf16_output<ForwardBf16Input, uint16_t>,
+          backward_bf16_io<BackwardBf16Input>};
 }
 
 const MatmulBf16Kernels kRef =

@@ -141,6 +141,117 @@ void rope_qk_backward(float* dq, float* dk, const float* dq_rot, const float* dk
   rope_launch<true>(dk, dk_rot, cos, sin, N, T, nKV, hd);
 }
 
+// ---- q/k norm + RoPE between bf16 tensors (qk_norm_rope) -----------------------------------------------
+// One block of row_threads(hd) per head row (token n = row / nh), as the RMSNorm kernels run a row: the same
+// block_sum and expressions, the normed row (forward) or the un-rotated gradient (backward) in shared memory
+// instead of an f32 tensor, then rope_kernel's rotation, so the bits equal those ops run in turn.
+__global__ void qk_norm_rope_forward_kernel(uint16_t* out16, float* rstd, const uint16_t* raw16,
+                                            const float* w, const float* cos, const float* sin, int64_t T,
+                                            int64_t nh, int64_t hd, float eps) {
+  TITAN_DYNAMIC_SHARED(float, y);
+  __shared__ float red[32];
+  const int64_t row = blockIdx.x, half = hd / 2, t = (row / nh) % T;
+  const uint16_t* x = raw16 + row * hd;
+  float ss = 0;
+  for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) ss += load_value(x, c) * load_value(x, c);
+  ss = block_sum(ss, red);
+  const float r = 1.0f / sqrtf(ss / hd + eps);
+  if (threadIdx.x == 0) rstd[row] = r;
+  for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) y[c] = w[c] * (load_value(x, c) * r);
+  __syncthreads();
+  uint16_t* o = out16 + row * hd;
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const float cs = cos[t * half + i], sn = sin[t * half + i], x1 = y[i], x2 = y[i + half];
+    o[i] = f32_to_bf16_bits(x1 * cs - x2 * sn);
+    o[i + half] = f32_to_bf16_bits(x2 * cs + x1 * sn);
+  }
+}
+
+// Element c of R^T dy for head row `row` (dy: bf16 bits), as rope_kernel's backward adds it to a cleared
+// buffer.
+__device__ inline float unrotated(const uint16_t* d16, const float* cos, const float* sin, int64_t row,
+                                  int64_t c, int64_t T, int64_t nh, int64_t hd) {
+  const int64_t half = hd / 2, i = c < half ? c : c - half, t = (row / nh) % T;
+  const float cs = cos[t * half + i], sn = sin[t * half + i];
+  const float x1 = load_value(d16, row * hd + i), x2 = load_value(d16, row * hd + i + half);
+  return c < half ? 0.0f + (x1 * cs + x2 * sn) : 0.0f + (x2 * cs - x1 * sn);
+}
+
+__global__ void qk_norm_rope_backward_dx_kernel(float* dinp, const uint16_t* d16, const uint16_t* raw16,
+                                                const float* w, const float* rstd, const float* cos,
+                                                const float* sin, int64_t T, int64_t nh, int64_t hd) {
+  TITAN_DYNAMIC_SHARED(float, g);
+  __shared__ float red[32];
+  const int64_t row = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) g[c] = unrotated(d16, cos, sin, row, c, T, nh, hd);
+  __syncthreads();
+  const uint16_t* x = raw16 + row * hd;
+  float dot = 0;
+  for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) dot += g[c] * w[c] * load_value(x, c);
+  dot = block_sum(dot, red);
+  const float r = rstd[row], k = r * r * r * dot / hd;
+  float* dx = dinp + row * hd;
+  for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) dx[c] += r * g[c] * w[c] - load_value(x, c) * k;
+}
+
+// rmsnorm_backward_dw_kernel with the gradient rows un-rotated on the fly.
+__global__ void qk_norm_rope_backward_dw_kernel(float* out, const uint16_t* d16, const uint16_t* raw16,
+                                                const float* rstd, const float* cos, const float* sin,
+                                                int64_t rows, int64_t T, int64_t nh, int64_t hd,
+                                                int64_t rows_per_chunk) {
+  __shared__ float part[8][33];
+  const int64_t c = blockIdx.x * 32 + threadIdx.x;
+  const int64_t n0 = blockIdx.y * rows_per_chunk, n1 = min(rows, n0 + rows_per_chunk);
+  float acc = 0;
+  if (c < hd)
+    for (int64_t n = n0 + threadIdx.y; n < n1; n += 8)
+      acc += unrotated(d16, cos, sin, n, c, T, nh, hd) * load_value(raw16, n * hd + c) * rstd[n];
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < hd) {
+    float s = 0;
+    for (int i = 0; i < 8; ++i) s += part[i][threadIdx.x];
+    out[blockIdx.y * hd + c] = s;
+  }
+}
+
+void qk_norm_rope_forward(uint16_t* q16, uint16_t* k16, float* q_rstd, float* k_rstd, const uint16_t* q_raw16,
+                          const uint16_t* k_raw16, const float* q_w, const float* k_w, const float* cos,
+                          const float* sin, int64_t N, int64_t T, int64_t nH, int64_t nKV, int64_t hd,
+                          float eps) {
+  if (N == 0) return;
+  const size_t smem = hd * sizeof(float);
+  launch(qk_norm_rope_forward_kernel, N * nH, row_threads(hd), smem, q16, q_rstd, q_raw16, q_w, cos, sin, T,
+         nH, hd, eps);
+  launch(qk_norm_rope_forward_kernel, N * nKV, row_threads(hd), smem, k16, k_rstd, k_raw16, k_w, cos, sin, T,
+         nKV, hd, eps);
+}
+
+void qk_norm_rope_backward_rows(float* dinp, float* dw, const uint16_t* d16, const uint16_t* raw16,
+                                const float* w, const float* rstd, const float* cos, const float* sin,
+                                int64_t rows, int64_t T, int64_t nh, int64_t hd) {
+  if (rows == 0) return;
+  launch(qk_norm_rope_backward_dx_kernel, rows, row_threads(hd), hd * sizeof(float), dinp, d16, raw16, w,
+         rstd, cos, sin, T, nh, hd);
+  if (!dw) return;
+  // (the chunking of rmsnorm_backward's weight gradient, so the partial sums are the same)
+  const int64_t chunks = std::min<int64_t>((rows + 63) / 64, 256), per = (rows + chunks - 1) / chunks;
+  Scratch<float> part(chunks * hd);
+  dim3 grid((hd + 31) / 32, chunks), block(32, 8);
+  launch(qk_norm_rope_backward_dw_kernel, grid, block, 0, part.p, d16, raw16, rstd, cos, sin, rows, T, nh, hd,
+         per);
+  add_column_sums(dw, part.p, chunks, hd);
+}
+
+void qk_norm_rope_backward(float* dq, float* dk, float* dq_w, float* dk_w, const uint16_t* dq16,
+                           const uint16_t* dk16, const uint16_t* q_raw16, const uint16_t* k_raw16,
+                           const float* q_w, const float* k_w, const float* q_rstd, const float* k_rstd,
+                           const float* cos, const float* sin, int64_t N, int64_t T, int64_t nH, int64_t nKV,
+                           int64_t hd) {
+  qk_norm_rope_backward_rows(dq, dq_w, dq16, q_raw16, q_w, q_rstd, cos, sin, N * nH, T, nH, hd);
+  qk_norm_rope_backward_rows(dk, dk_w, dk16, k_raw16, k_w, k_rstd, cos, sin, N * nKV, T, nKV, hd);
+}
+
 // ---- SwiGLU --------------------------------------------------------------------------------------------
 // gate/up read as f32 or bf16 bits (bf16 compute), the forward's output written as either.
 
@@ -155,15 +266,22 @@ __global__ void swiglu_forward_kernel(Out* out, const In* gu, int64_t N, int64_t
 }
 
 // d/dg silu(g) = s (1 + g (1 - s)), s = sigmoid(g)
-template <class In>
-__global__ void swiglu_backward_kernel(float* dgu, const float* dout, const In* gu, int64_t N, int64_t I) {
+// d(gate/up) added to dgu (f32), or written as bf16 bits: the nearest bf16 of the sum into a cleared buffer.
+__device__ inline void add_grad(float* p, int64_t i, float v) {
+  p[i] += v;
+}
+__device__ inline void add_grad(uint16_t* p, int64_t i, float v) {
+  p[i] = f32_to_bf16_bits(0.0f + v);
+}
+template <class In, class Out>
+__global__ void swiglu_backward_kernel(Out* dgu, const float* dout, const In* gu, int64_t N, int64_t I) {
   for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < N * I;
        idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t n = idx / I, i = idx % I;
     const float g = load_value(gu, n * 2 * I + i), u = load_value(gu, n * 2 * I + I + i), dy = dout[idx];
     const float s = 1.0f / (1.0f + expf(-g));
-    dgu[n * 2 * I + i] += dy * u * s * (1.0f + g * (1.0f - s));
-    dgu[n * 2 * I + I + i] += dy * g * s;
+    add_grad(dgu, n * 2 * I + i, dy * u * s * (1.0f + g * (1.0f - s)));
+    add_grad(dgu, n * 2 * I + I + i, dy * g * s);
   }
 }
 
@@ -172,10 +290,10 @@ void swiglu_forward_t(Out* out, const In* gu, int64_t N, int64_t I) {
   if (N * I == 0) return;
   launch(swiglu_forward_kernel<In, Out>, blocks_for(N * I, 256), 256, 0, out, gu, N, I);
 }
-template <class In>
-void swiglu_backward_t(float* dgu, const float* dout, const In* gu, int64_t N, int64_t I) {
+template <class In, class Out = float>
+void swiglu_backward_t(Out* dgu, const float* dout, const In* gu, int64_t N, int64_t I) {
   if (N * I == 0) return;
-  launch(swiglu_backward_kernel<In>, blocks_for(N * I, 256), 256, 0, dgu, dout, gu, N, I);
+  launch(swiglu_backward_kernel<In, Out>, blocks_for(N * I, 256), 256, 0, dgu, dout, gu, N, I);
 }
 
 // ---- Embedding -----------------------------------------------------------------------------------------
@@ -474,8 +592,10 @@ const RmsNormKernels kRmsNorm{rmsnorm_forward<float, float>, rmsnorm_backward<fl
                               rmsnorm_backward<uint16_t>};
 const RopeKernels kRope{rope_forward, rope_backward};
 const RopeQKKernels kRopeQK{rope_qk_forward, rope_qk_backward};
+const QKNormRopeKernels kQKNormRope{qk_norm_rope_forward, qk_norm_rope_backward};
 const SwigluKernels kSwiglu{swiglu_forward_t<float, float>, swiglu_backward_t<float>,
-                            swiglu_forward_t<uint16_t, uint16_t>, swiglu_backward_t<uint16_t>};
+                            swiglu_forward_t<uint16_t, uint16_t>, swiglu_backward_t<uint16_t>,
+                            swiglu_backward_t<uint16_t, uint16_t>};
 const EmbeddingKernels kEmbedding{embedding_forward, embedding_backward};
 const CrossEntropyKernels kCrossEntropy{cross_entropy, cross_entropy_device};
 const VocabParallelCrossEntropyKernels kVocabParallelCrossEntropy{
@@ -487,6 +607,7 @@ const SumSquaresKernels kSumSquares{sum_squares, sum_squares_device, total_devic
 TITAN_REGISTER_KERNEL(RmsNormKernels, CUDA, "cuda", kRmsNorm, 10);
 TITAN_REGISTER_KERNEL(RopeKernels, CUDA, "cuda", kRope, 10);
 TITAN_REGISTER_KERNEL(RopeQKKernels, CUDA, "cuda", kRopeQK, 10);
+TITAN_REGISTER_KERNEL(QKNormRopeKernels, CUDA, "cuda", kQKNormRope, 10);
 TITAN_REGISTER_KERNEL(SwigluKernels, CUDA, "cuda", kSwiglu, 10);
 TITAN_REGISTER_KERNEL(EmbeddingKernels, CUDA, "cuda", kEmbedding, 10);
 TITAN_REGISTER_KERNEL(CrossEntropyKernels, CUDA, "cuda", kCrossEntropy, 10);

@@ -184,15 +184,19 @@ void matmul_bf16_forward_bf16_io(uint16_t* out16, const uint16_t* inp16, const f
   Bf16Operand bw(w, OC * C);
   gemm(true, false, OC, N, C, bw.p, C, inp16, C, out16, OC, 0.0f, CUDA_R_16BF, 1.0f, CUDA_R_16BF);
 }
-// bi: the input's bf16 values, read only for dw (null when dw is).
+// bd: the output gradient's bf16 values; bi: the input's, read only for dw (null when dw is).
+void matmul_bf16_backward_bf16_grad(float* dinp, float* dw, const __nv_bfloat16* bd, const __nv_bfloat16* bi,
+                                    const float* w, int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
+  if (dinp) {
+    Bf16Operand bw(w, OC * C);
+    gemm(false, false, C, N, OC, bw.p, C, bd, OC, dinp, C, 1.0f, CUDA_R_16BF);
+  }
+  if (dw) gemm(false, true, C, OC, N, bi, C, bd, OC, dw, C, accumulate_dw ? 1.0f : 0.0f, CUDA_R_16BF);
+}
 void matmul_bf16_backward_bf16(float* dinp, float* dw, const float* dout, const __nv_bfloat16* bi,
                                const float* w, int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
   Bf16Copy bd(dout, N * OC);
-  if (dinp) {
-    Bf16Operand bw(w, OC * C);
-    gemm(false, false, C, N, OC, bw.p, C, bd.p, OC, dinp, C, 1.0f, CUDA_R_16BF);
-  }
-  if (dw) gemm(false, true, C, OC, N, bi, C, bd.p, OC, dw, C, accumulate_dw ? 1.0f : 0.0f, CUDA_R_16BF);
+  matmul_bf16_backward_bf16_grad(dinp, dw, bd.p, bi, w, N, C, OC, accumulate_dw);
 }
 void matmul_bf16_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                           int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
@@ -211,6 +215,13 @@ void matmul_bf16_backward_bf16_input(float* dinp, float* dw, const float* dout, 
                                      const float* w, int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
   matmul_bf16_backward_bf16(dinp, dw, dout, reinterpret_cast<const __nv_bfloat16*>(inp16), w, N, C, OC,
                             accumulate_dw);
+}
+
+// Both bf16: the output gradient's and the input's bits go to cuBLASLt as they are.
+void matmul_bf16_backward_bf16_io(float* dinp, float* dw, const uint16_t* dout16, const uint16_t* inp16,
+                                  const float* w, int64_t N, int64_t C, int64_t OC, bool accumulate_dw) {
+  matmul_bf16_backward_bf16_grad(dinp, dw, reinterpret_cast<const __nv_bfloat16*>(dout16),
+                                 reinterpret_cast<const __nv_bfloat16*>(inp16), w, N, C, OC, accumulate_dw);
 }
 
 }  // namespace
@@ -242,7 +253,8 @@ const MatmulBf16Kernels kMatmulBf16{matmul_bf16_forward,
                                     matmul_bf16_forward_bf16_input,
                                     matmul_bf16_backward_bf16_input,
                                     matmul_bf16_forward_bf16_output,
-                                    matmul_bf16_forward_bf16_io};
+                                    matmul_bf16_forward_bf16_io,
+                                    matmul_bf16_backward_bf16_io};
 TITAN_REGISTER_KERNEL(MatmulKernels, CUDA, "cublaslt", kMatmul, 10);
 TITAN_REGISTER_KERNEL(MatmulBf16Kernels, CUDA, "cublaslt", kMatmulBf16, 10);
 

@@ -116,13 +116,16 @@ const MatmulBf16Kernels kMatmulBf16{TITAN_GUARD(MatmulBf16Kernels, forward),
                                     TITAN_GUARD(MatmulBf16Kernels, forward_bf16_input),
                                     TITAN_GUARD(MatmulBf16Kernels, backward_bf16_input),
                                     TITAN_GUARD(MatmulBf16Kernels, forward_bf16_output),
-                                    TITAN_GUARD(MatmulBf16Kernels, forward_bf16_io)};
+                                    TITAN_GUARD(MatmulBf16Kernels, forward_bf16_io),
+                                    TITAN_GUARD(MatmulBf16Kernels, backward_bf16_io)};
 const RmsNormKernels kRmsNorm{TITAN_GUARD(RmsNormKernels, forward), TITAN_GUARD(RmsNormKernels, backward),
                               TITAN_GUARD(RmsNormKernels, forward_bf16_output),
                               TITAN_GUARD(RmsNormKernels, forward_bf16_input),
                               TITAN_GUARD(RmsNormKernels, backward_bf16_input)};
 const RopeKernels kRope{TITAN_GUARD(RopeKernels, forward), TITAN_GUARD(RopeKernels, backward)};
 const RopeQKKernels kRopeQK{TITAN_GUARD(RopeQKKernels, forward), TITAN_GUARD(RopeQKKernels, backward)};
+const QKNormRopeKernels kQKNormRope{TITAN_GUARD(QKNormRopeKernels, forward),
+                                    TITAN_GUARD(QKNormRopeKernels, backward)};
 const AttentionKernels kAttention{TITAN_GUARD(AttentionKernels, forward),
                                   TITAN_GUARD(AttentionKernels, backward),
                                   TITAN_GUARD(AttentionKernels, saved_floats)};
@@ -131,7 +134,8 @@ const AttentionBf16Kernels kAttentionBf16{TITAN_GUARD(AttentionBf16Kernels, forw
 const AttentionKVKernels kAttentionKV{TITAN_GUARD(AttentionKVKernels, forward)};
 const SwigluKernels kSwiglu{TITAN_GUARD(SwigluKernels, forward), TITAN_GUARD(SwigluKernels, backward),
                             TITAN_GUARD(SwigluKernels, forward_bf16),
-                            TITAN_GUARD(SwigluKernels, backward_bf16)};
+                            TITAN_GUARD(SwigluKernels, backward_bf16),
+                            TITAN_GUARD(SwigluKernels, backward_bf16_output)};
 const EmbeddingKernels kEmbedding{TITAN_GUARD(EmbeddingKernels, forward),
                                   TITAN_GUARD(EmbeddingKernels, backward)};
 const CrossEntropyKernels kCrossEntropy{TITAN_GUARD(CrossEntropyKernels, forward_backward),
@@ -178,6 +182,7 @@ TITAN_REGISTER_KERNEL(MatmulBf16Kernels, GUARD, "cpu", kMatmulBf16, 10);
 TITAN_REGISTER_KERNEL(RmsNormKernels, GUARD, "cpu", kRmsNorm, 10);
 TITAN_REGISTER_KERNEL(RopeKernels, GUARD, "cpu", kRope, 10);
 TITAN_REGISTER_KERNEL(RopeQKKernels, GUARD, "cpu", kRopeQK, 10);
+TITAN_REGISTER_KERNEL(QKNormRopeKernels, GUARD, "cpu", kQKNormRope, 10);
 TITAN_REGISTER_KERNEL(AttentionKernels, GUARD, "cpu", kAttention, 10);
 TITAN_REGISTER_KERNEL(AttentionBf16Kernels, GUARD, "cpu", kAttentionBf16, 10);
 TITAN_REGISTER_KERNEL(AttentionKVKernels, GUARD, "cpu", kAttentionKV, 10);

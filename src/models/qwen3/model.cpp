@@ -61,6 +61,7 @@ void Qwen3Model::time_ops() {
   rmsnorm_ = timed(rmsnorm_);
   rope_ = timed(rope_);
   if (rope_qk_) rope_qk_ = timed(rope_qk_);
+  if (qk_norm_rope_) qk_norm_rope_ = timed(qk_norm_rope_);
   attention_ = timed(attention_);
   if (attention_bf16_) attention_bf16_ = timed(attention_bf16_);
   swiglu_ = timed(swiglu_);
@@ -84,6 +85,11 @@ void Qwen3Model::set_bf16_compute(bool on) {
   // Attention on bf16 q, k, v and output (op attention_bf16, cuDNN's fused attention on a GPU): the values
   // are the bf16-rounded ones the f32 kernel would see, and its output is rounded as the f32 one was.
   kernel_names_["attention"] = on && attention_bf16_ ? "bf16:" + attention_bf16_name_ : attention_f32_name_;
+  // q/k norm + RoPE between bf16 tensors (op qk_norm_rope) where the activations are bf16 (wants_act16)
+  if (on && qk_norm_rope_)
+    kernel_names_["qk_norm_rope"] = qk_norm_rope_name_;
+  else
+    kernel_names_.erase("qk_norm_rope");
   if (moe_f32_) {  // the routed experts likewise (op moe_experts_bf16)
     moe_ = on && moe_bf16_.forward ? &moe_bf16_ : moe_f32_;
     kernel_names_["moe_experts"] = on && moe_bf16_.forward ? "bf16:" + moe_bf16_name_ : moe_f32_name_;
@@ -203,6 +209,15 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const KernelChoice& kernels,
     } else {
       kernel_names_.erase("rope_qk");
     }
+  }
+  // q/k norm + RoPE in one op between bf16 tensors (bf16 activations), unless [kernels] names rmsnorm or
+  // rope without naming qk_norm_rope: those then run as named.
+  if (!KernelRegistry::global().impls(QKNormRopeKernels::kOp, dev).empty() &&
+      (kernels.count("qk_norm_rope") ||
+       (!kernels.count("rmsnorm") && !kernels.count("rope") && !kernels.count("rope_qk")))) {
+    std::map<std::string, std::string> names;  // listed under bf16 compute
+    qk_norm_rope_ = pick<QKNormRopeKernels>(dev, kernels, names);
+    qk_norm_rope_name_ = names[QKNormRopeKernels::kOp];
   }
   attention_ = pick<AttentionKernels>(dev, kernels, kernel_names_);
   if (!KernelRegistry::global().impls(AttentionBf16Kernels::kOp, dev).empty()) {

@@ -411,6 +411,7 @@ class Qwen3Model {
     return at;
   }
   void attention_bf16_forward(int64_t l);
+  // (dqr, dkr null: dq and dk stay bf16 in attn16_grads_, for qk_norm_rope's backward)
   void attention_bf16_backward(int64_t l, float* dqr, float* dkr, float* dv, const float* datt);
   ContextParallelComm* cp_ = nullptr;
   const AttentionRingKernels* ring_ = nullptr;  // null where the device has none
@@ -431,7 +432,9 @@ class Qwen3Model {
   std::string matmul_f32_name_, matmul_bf16_name_;
   const RmsNormKernels* rmsnorm_;
   const RopeKernels* rope_;
-  const RopeQKKernels* rope_qk_ = nullptr;  // null: rope_ on q, then on k
+  const RopeQKKernels* rope_qk_ = nullptr;           // null: rope_ on q, then on k
+  const QKNormRopeKernels* qk_norm_rope_ = nullptr;  // null where the device has none or [kernels] says so
+  std::string qk_norm_rope_name_;
   const MoeExpertsKernels* moe_ = nullptr;  // moe_f32_, or &moe_bf16_ under bf16 compute
   const MoeExpertsKernels* moe_f32_ = nullptr;
   MoeExpertsKernels moe_bf16_{};  // the moe_experts_bf16 engine (null when only the reference exists)
@@ -442,11 +445,14 @@ class Qwen3Model {
   bool attn16_ = false;     // this plan's layers run attention_bf16
   bool o16_ = false;        // ... and their o_proj reads att16 (a.att is null), v is written as v16 only
   bool mlp16_ = false;      // this plan's dense layers keep gu16 and act16 (wants_act16)
+  bool qk_fused_ = false;   // ... and q16/k16 come from q_raw16/k_raw16 by qk_norm_rope (no f32 q/k)
+  bool dgu16_ = false;      // ... and (with ln16_) a dense layer's d(gate/up) is bf16 (dgu_ holds bf16)
   bool bf16_acts_ = true;   // set_bf16_activations
   bool ln16_ = false;       // ... and its layers ln1_16 (every layer) and ln2_16 (dense layers)
   bool ops_timed_ = false;  // time_ops() swapped the op tables
-  Tensor attn_scratch_;     // attn16_: qr | kr | v (f32) of the layer being run
-  Tensor attn16_grads_;     // attn16_: datt | dq | dk | dv (bf16) of the layer's backward
+  Tensor attn_scratch_;  // attn16_: qr | kr (not under qk_fused_) | v (not under o16_), f32, of the layer run
+  Tensor attn16_grads_;  // attn16_: datt | dq | dk | dv (bf16) of the layer's backward
+  uint16_t* attn16_grad(int i) { return attn16_grads_.data<uint16_t>() + attn16_grad_offset(i, B_ * T_); }
   const SwigluKernels* swiglu_;
   const EmbeddingKernels* embedding_;
   const CrossEntropyKernels* cross_entropy_;

@@ -146,7 +146,9 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   const bool act16 = wants_act16();
   o16_ = attn16_ && act16;
   mlp16_ = act16;
+  qk_fused_ = o16_ && qk_norm_rope_;
   ln16_ = act16 && !sp_;
+  dgu16_ = ln16_ && swiglu_->backward_bf16_output && matmul16_.backward_bf16_io;
   const auto& c = config_;
   const int64_t N = B * T, H = c.hidden_size, I = c.intermediate_size, nH = c.num_attention_heads,
                 nKV = c.num_key_value_heads, L = c.num_hidden_layers;
@@ -181,11 +183,14 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     }
     const double recomputed =
         op_layers * pointwise + op_dense * act - (op_layers > 0 ? pointwise + (op_dense > 0 ? act : 0) : 0);
-    const double bytes = 4 * (checkpointed * n * H + (held - checkpointed) * (attn_d + mlp_d) - recomputed +
-                              (checkpointed > 0 ? attn_d + mlp_d : 0) +
-                              n * (6.0 * H + 4.0 * c.q_dim() + 4.0 * c.kv_dim() + 3.0 * I + 2) +
-                              (attn16_ ? n * (2.0 * c.q_dim() + 3.0 * c.kv_dim()) : 0) +
-                              std::min(n * c.vocab_size, double(kHeadChunkBytes) / 4));
+    const double bytes =
+        4 * (checkpointed * n * H + (held - checkpointed) * (attn_d + mlp_d) - recomputed +
+             (checkpointed > 0 ? attn_d + mlp_d : 0) +
+             n * (6.0 * H + 4.0 * c.q_dim() + 4.0 * c.kv_dim() + (dgu16_ ? 2.0 : 3.0) * I + 2) +
+             (attn16_ ? n * (c.q_dim() + c.kv_dim() + (o16_ ? 0 : c.kv_dim()) +
+                             (qk_fused_ ? -1.0 : 1.0) * (c.q_dim() + c.kv_dim()))
+                      : 0) +
+             std::min(n * c.vocab_size, double(kHeadChunkBytes) / 4));
     const double have = device_memory_bytes();
     TITAN_CHECK(have <= 0 || bytes <= have, "activations for batch ", B, " x seq_len ", T, " need ",
                 bytes / double(1 << 30), " GiB; this machine has ", have / double(1 << 30), " GiB");
@@ -193,9 +198,11 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   acts_.clear();
   layer_acts_.assign(L, {});
   if (attn16_) {
-    // qr | kr | v in f32 for the layer being run (converted to its bf16 copies; v only where its GEMM does
-    // not write v16 itself), and the backward's datt | dq | dk | dv in bf16.
-    attn_scratch_ = Tensor::empty({N * (c.q_dim() + (o16_ ? 1 : 2) * c.kv_dim())}, DType::F32, device_);
+    // qr | kr | v in f32 for the layer being run (converted to its bf16 copies; qr and kr only where
+    // qk_norm_rope does not write q16/k16 itself, v only where its GEMM does not write v16 itself), and the
+    // backward's datt | dq | dk | dv in bf16.
+    const int64_t scratch = (qk_fused_ ? 0 : N * (c.q_dim() + c.kv_dim())) + (o16_ ? 0 : N * c.kv_dim());
+    attn_scratch_ = scratch > 0 ? Tensor::empty({scratch}, DType::F32, device_) : Tensor();
     attn16_grads_ = Tensor::empty({attn16_grad_offset(3, N) + N * c.kv_dim()}, DType::BF16, device_);
   } else {
     attn_scratch_ = attn16_grads_ = Tensor();
@@ -315,9 +322,10 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     a.k_rstd = take(N * nKV);
     a.q16 = a.k16 = a.v16 = a.att16 = nullptr;
     if (attn16_) {
-      a.qr = attn_scratch_.f32();
-      a.kr = a.qr + N * c.q_dim();
-      a.v = o16_ ? nullptr : a.kr + N * c.kv_dim();
+      float* scratch = attn_scratch_.defined() ? attn_scratch_.f32() : nullptr;
+      a.qr = qk_fused_ ? nullptr : scratch;
+      a.kr = qk_fused_ ? nullptr : a.qr + N * c.q_dim();
+      a.v = o16_ ? nullptr : qk_fused_ ? scratch : a.kr + N * c.kv_dim();
       a.q16 = take_bf16(N * c.q_dim());
       a.k16 = take_bf16(N * c.kv_dim());
       a.v16 = take_bf16(N * c.kv_dim());
@@ -405,14 +413,18 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   if (held_[L + 1]) logits_ = alloc({head_rows_, c.vocab_size});  // (pipeline: only with the head)
   dresid_ = alloc({Nl, H});
   dln_ = alloc({N, H});
-  dq_ = alloc({N, c.q_dim()});
-  dk_ = alloc({N, c.kv_dim()});
+  if (!qk_fused_) {  // (RoPE's backward output; qk_norm_rope's backward needs none)
+    dq_ = alloc({N, c.q_dim()});
+    dk_ = alloc({N, c.kv_dim()});
+  } else {
+    dq_ = dk_ = Tensor();
+  }
   dv_ = alloc({N, c.kv_dim()});
   dqr_ = alloc({N, c.q_dim()});
   dkr_ = alloc({N, c.kv_dim()});
   datt_ = alloc({N, c.q_dim()});
   if (any_dense) {
-    dgu_ = alloc({N, 2 * I});
+    dgu_ = alloc({N, 2 * I}, dgu16_ ? DType::BF16 : DType::F32);
     dact_ = alloc({N, I});
   }
   if (!moe_layers_.empty()) {

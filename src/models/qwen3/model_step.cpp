@@ -330,6 +330,11 @@ void Qwen3Model::qk_norm_rope(int64_t l) {
   const float eps = static_cast<float>(c.rms_norm_eps);
   LayerActs& a = layer_acts_[l];
   LayerView w = layer_view(l);
+  if (qk_fused_) {  // bf16 in, bf16 out: no f32 q/k
+    qk_norm_rope_->forward(a.q16, a.k16, a.q_rstd, a.k_rstd, a.q_raw16, a.k_raw16, w.q_norm, w.k_norm, cos,
+                           sin, N, T, nH, nKV, hd, eps);
+    return;
+  }
   if (a.q_raw16) {  // bf16 activations
     rmsnorm_->forward_bf16_input(a.qr, a.q_rstd, a.q_raw16, w.q_norm, N * nH, hd, eps);
     rmsnorm_->forward_bf16_input(a.kr, a.k_rstd, a.k_raw16, w.k_norm, N * nKV, hd, eps);
@@ -374,16 +379,14 @@ void Qwen3Model::attention_bf16_backward(int64_t l, float* dqr, float* dkr, floa
   const auto& c = config_;
   const int64_t N = B_ * T_, qd = c.q_dim(), kvd = c.kv_dim();
   LayerActs& a = layer_acts_[l];
-  uint16_t* g = attn16_grads_.data<uint16_t>();
-  uint16_t *datt16 = g, *dq16 = g + attn16_grad_offset(1, N), *dk16 = g + attn16_grad_offset(2, N),
-           *dv16 = g + attn16_grad_offset(3, N);
+  uint16_t *datt16 = attn16_grad(0), *dq16 = attn16_grad(1), *dk16 = attn16_grad(2), *dv16 = attn16_grad(3);
   elementwise_->to_bf16(datt16, datt, N * qd);
   const AttentionBf16Shape s{B_,  T_, c.num_attention_heads, c.num_key_value_heads, c.head_dim, qd, kvd,
                              kvd, qd};
   attention_bf16_->backward(dq16, dk16, dv16, datt16, a.q16, a.k16, a.v16, a.att16, a.attn_saved, s,
                             doc_start());
-  elementwise_->from_bf16(dqr, dq16, N * qd);
-  elementwise_->from_bf16(dkr, dk16, N * kvd);
+  if (dqr) elementwise_->from_bf16(dqr, dq16, N * qd);
+  if (dkr) elementwise_->from_bf16(dkr, dk16, N * kvd);
   elementwise_->from_bf16(dv, dv16, N * kvd);
 }
 
@@ -477,21 +480,27 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
       const float* dout = full_rows(dresid);
       // MLP branch: out = resid_mid + down(swiglu(gu(ln2)))
       float* dact = dact_.f32();
-      float* dgu = dgu_.f32();
       zero(dact, N * I);
       linear_backward(dact, g.wdown, dout, a.act, a.act16, w.wdown, N, I, H, acc_dw);
       if (lora_) lora_->backward(l, LoraProj::Down, a.act, dout, H, dact, N);
-      zero(dgu, N * 2 * I);
-      if (mlp16_)
-        swiglu_->backward_bf16(dgu, dact, a.gu16, N, I);
-      else
-        swiglu_->backward(dgu, dact, a.gu, N, I);
       zero(dln, N * H);
-      const float* ln2 = a.ln2 ? gathered_ln(a.ln2) : nullptr;
-      linear_backward(dln, g.wgu, dgu, ln2, a.ln2_16, w.wgu, N, H, 2 * I, acc_dw);
-      if (lora_) {
-        lora_->backward(l, LoraProj::Gate, ln2, dgu, 2 * I, dln, N);
-        lora_->backward(l, LoraProj::Up, ln2, dgu + I, 2 * I, dln, N);
+      if (dgu16_) {  // d(gate/up) as bf16, read as it is by the gate/up GEMM (ln2 is bf16 too)
+        uint16_t* dgu = dgu_.data<uint16_t>();
+        swiglu_->backward_bf16_output(dgu, dact, a.gu16, N, I);
+        matmul16_.backward_bf16_io(dln, g.wgu, dgu, a.ln2_16, w.wgu, N, H, 2 * I, acc_dw);
+      } else {
+        float* dgu = dgu_.f32();
+        zero(dgu, N * 2 * I);
+        if (mlp16_)
+          swiglu_->backward_bf16(dgu, dact, a.gu16, N, I);
+        else
+          swiglu_->backward(dgu, dact, a.gu, N, I);
+        const float* ln2 = a.ln2 ? gathered_ln(a.ln2) : nullptr;
+        linear_backward(dln, g.wgu, dgu, ln2, a.ln2_16, w.wgu, N, H, 2 * I, acc_dw);
+        if (lora_) {
+          lora_->backward(l, LoraProj::Gate, ln2, dgu, 2 * I, dln, N);
+          lora_->backward(l, LoraProj::Up, ln2, dgu + I, 2 * I, dln, N);
+        }
       }
       dln_rows = sum_column_parallel_grad(dln);  // column-parallel gate/up: the ranks' partial d(ln2)
     }
@@ -502,8 +511,11 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
     const float* dout = full_rows(dresid);
     linear_backward(datt, g.wo, dout, a.att, a.att16, w.wo, N, c.q_dim(), H, acc_dw);
     if (lora_) lora_->backward(l, LoraProj::O, a.att, dout, H, datt, N);
-    float *dqr = dqr_.f32(), *dkr = dkr_.f32(), *dq = dq_.f32(), *dk = dk_.f32(), *dv = dv_.f32();
-    if (attn16_) {
+    float *dqr = dqr_.f32(), *dkr = dkr_.f32(), *dv = dv_.f32();
+    float *dq = dq_.defined() ? dq_.f32() : nullptr, *dk = dk_.defined() ? dk_.f32() : nullptr;
+    if (qk_fused_) {  // dq, dk stay bf16 for qk_norm_rope's backward (into dqr, dkr)
+      attention_bf16_backward(l, nullptr, nullptr, dv, datt);
+    } else if (attn16_) {
       attention_bf16_backward(l, dqr, dkr, dv, datt);  // (writes them)
     } else {
       zero(dqr, N * c.q_dim());
@@ -515,23 +527,31 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
         attention_->backward(dqr, dkr, dv, datt, a.qr, a.kr, a.v, a.att, a.attn_saved, B, T, nH, nKV, hd,
                              doc_start());
     }
-    // RoPE backward into dq/dk (as scratch), then q_norm/k_norm backward into dqr/dkr (reused).
-    zero(dq, N * c.q_dim());
-    zero(dk, N * c.kv_dim());
-    if (rope_qk_) {
-      rope_qk_->backward(dq, dk, dqr, dkr, cos, sin, N, rope_period, nH, nKV, hd);
+    if (qk_fused_) {
+      zero(dqr, N * c.q_dim());
+      zero(dkr, N * c.kv_dim());
+      qk_norm_rope_->backward(dqr, dkr, g.q_norm, g.k_norm, attn16_grad(1), attn16_grad(2), a.q_raw16,
+                              a.k_raw16, w.q_norm, w.k_norm, a.q_rstd, a.k_rstd, cos, sin, N, rope_period, nH,
+                              nKV, hd);
     } else {
-      rope_->backward(dq, dqr, cos, sin, N, rope_period, nH, hd);
-      rope_->backward(dk, dkr, cos, sin, N, rope_period, nKV, hd);
-    }
-    zero(dqr, N * c.q_dim());
-    zero(dkr, N * c.kv_dim());
-    if (a.q_raw16) {
-      rmsnorm_->backward_bf16_input(dqr, g.q_norm, dq, a.q_raw16, w.q_norm, a.q_rstd, N * nH, hd);
-      rmsnorm_->backward_bf16_input(dkr, g.k_norm, dk, a.k_raw16, w.k_norm, a.k_rstd, N * nKV, hd);
-    } else {
-      rmsnorm_->backward(dqr, g.q_norm, dq, a.q_raw, w.q_norm, a.q_rstd, N * nH, hd);
-      rmsnorm_->backward(dkr, g.k_norm, dk, a.k_raw, w.k_norm, a.k_rstd, N * nKV, hd);
+      // RoPE backward into dq/dk (as scratch), then q_norm/k_norm backward into dqr/dkr (reused).
+      zero(dq, N * c.q_dim());
+      zero(dk, N * c.kv_dim());
+      if (rope_qk_) {
+        rope_qk_->backward(dq, dk, dqr, dkr, cos, sin, N, rope_period, nH, nKV, hd);
+      } else {
+        rope_->backward(dq, dqr, cos, sin, N, rope_period, nH, hd);
+        rope_->backward(dk, dkr, cos, sin, N, rope_period, nKV, hd);
+      }
+      zero(dqr, N * c.q_dim());
+      zero(dkr, N * c.kv_dim());
+      if (a.q_raw16) {
+        rmsnorm_->backward_bf16_input(dqr, g.q_norm, dq, a.q_raw16, w.q_norm, a.q_rstd, N * nH, hd);
+        rmsnorm_->backward_bf16_input(dkr, g.k_norm, dk, a.k_raw16, w.k_norm, a.k_rstd, N * nKV, hd);
+      } else {
+        rmsnorm_->backward(dqr, g.q_norm, dq, a.q_raw, w.q_norm, a.q_rstd, N * nH, hd);
+        rmsnorm_->backward(dkr, g.k_norm, dk, a.k_raw, w.k_norm, a.k_rstd, N * nKV, hd);
+      }
     }
     zero(dln, N * H);
     const float* ln1 = a.ln1 ? gathered_ln(a.ln1) : nullptr;
