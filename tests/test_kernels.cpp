@@ -1361,6 +1361,7 @@ TEST(KernelRegistry, EveryRegisteredOpIsCoveredByATest) {
                                             "moe_experts",
                                             "moe_experts_bf16",
                                             "moe_router",
+                                            "qk_norm_rope",
                                             "rmsnorm",
                                             "rope",
                                             "rope_qk",
