@@ -907,17 +907,18 @@ TEST(Kernels, QKNormRopeEqualsTheOpsInTurn) {
     std::vector<float> cos(T * half), sin(T * half);
     for (int64_t i = 0; i < T * half; ++i) cos[i] = std::cos(0.3f * i), sin[i] = std::sin(0.3f * i);
     struct Result {
-      std::vector<uint16_t> q16, k16;
-      std::vector<float> q_rstd, k_rstd, dq, dk, dqw, dkw;
+      std::vector<uint16_t> q16, k16, dq, dk;
+      std::vector<float> q_rstd, k_rstd, dqw, dkw;
     };
     auto fresh = [&] {
       return Result{std::vector<uint16_t>(nq, 0xffff), std::vector<uint16_t>(nk, 0xffff),
+                    std::vector<uint16_t>(nq, 0xffff), std::vector<uint16_t>(nk, 0xffff),
                     std::vector<float>(N * nH, -1),    std::vector<float>(N * nKV, -1),
-                    std::vector<float>(nq, 0.5f),      std::vector<float>(nk, -0.5f),
                     std::vector<float>(hd, 0.25f),     std::vector<float>(hd, -0.25f)};
     };
     // The separate ops: rmsnorm (bf16 input) into f32 q/k, rope_qk in place, the nearest bf16; backward: the
-    // bf16 gradients widened, rope_qk's backward into cleared buffers, rmsnorm's bf16-input backward.
+    // bf16 gradients widened, rope_qk's backward and rmsnorm's bf16-input backward into cleared buffers, the
+    // nearest bf16.
     auto in_turn = [&](const RmsNormKernels& norm, const RopeQKKernels& rope) {
       Result r = fresh();
       std::vector<float> q(nq), k(nk), gq(nq, 0.0f), gk(nk, 0.0f), dq_rot(nq), dk_rot(nk);
@@ -928,10 +929,13 @@ TEST(Kernels, QKNormRopeEqualsTheOpsInTurn) {
       for (int64_t i = 0; i < nk; ++i) r.k16[i] = f32_to_bf16(k[i]), dk_rot[i] = bf16_to_f32(dk16[i]);
       rope.backward(gq.data(), gk.data(), dq_rot.data(), dk_rot.data(), cos.data(), sin.data(), N, T, nH, nKV,
                     hd);
-      norm.backward_bf16_input(r.dq.data(), r.dqw.data(), gq.data(), q_raw.data(), qw.data(), r.q_rstd.data(),
+      std::vector<float> dq(nq, 0.0f), dk(nk, 0.0f);
+      norm.backward_bf16_input(dq.data(), r.dqw.data(), gq.data(), q_raw.data(), qw.data(), r.q_rstd.data(),
                                N * nH, hd);
-      norm.backward_bf16_input(r.dk.data(), r.dkw.data(), gk.data(), k_raw.data(), kw.data(), r.k_rstd.data(),
+      norm.backward_bf16_input(dk.data(), r.dkw.data(), gk.data(), k_raw.data(), kw.data(), r.k_rstd.data(),
                                N * nKV, hd);
+      for (int64_t i = 0; i < nq; ++i) r.dq[i] = f32_to_bf16(dq[i]);
+      for (int64_t i = 0; i < nk; ++i) r.dk[i] = f32_to_bf16(dk[i]);
       return r;
     };
     auto fused = [&](const QKNormRopeKernels& op) {
@@ -967,12 +971,11 @@ TEST(Kernels, QKNormRopeEqualsTheOpsInTurn) {
       EXPECT_EQ(got.dqw, want.dqw);
       EXPECT_EQ(got.dkw, want.dkw);
       // against the reference: within one bf16 rounding for the bf16 outputs, f32 noise for the rest
-      EXPECT_LE(rel(widen(got.q16), widen(ref.q16)), 8e-3);
-      EXPECT_LE(rel(widen(got.k16), widen(ref.k16)), 8e-3);
+      for (auto [a, b] :
+           {std::pair{&got.q16, &ref.q16}, {&got.k16, &ref.k16}, {&got.dq, &ref.dq}, {&got.dk, &ref.dk}})
+        EXPECT_LE(rel(widen(*a), widen(*b)), 8e-3);
       for (auto [a, b] : {std::pair{&got.q_rstd, &ref.q_rstd},
                           {&got.k_rstd, &ref.k_rstd},
-                          {&got.dq, &ref.dq},
-                          {&got.dk, &ref.dk},
                           {&got.dqw, &ref.dqw},
                           {&got.dkw, &ref.dkw}})
         EXPECT_LE(rel(*a, *b), kTol);

@@ -659,16 +659,16 @@ TEST(Trainer, PlanCountsBf16ActivationsAsTheModelAllocatesIt) {
   const RunPlan f32 = plan(false), bf16 = plan(true);
   EXPECT_FALSE(f32.bf16_attention || f32.bf16_qk || f32.bf16_mlp || f32.bf16_norms);
   EXPECT_TRUE(bf16.bf16_attention && bf16.bf16_qk && bf16.bf16_mlp && bf16.bf16_norms);
-  // (bf16 dq/dk/dv/datt beside the model's activations; qk_norm_rope writes q16/k16 and the v GEMM v16
-  // directly, so no f32 q/k/v scratch)
+  // (bf16 dq/dk/dv/datt and the q/k projections' gradients beside the model's activations; qk_norm_rope
+  // writes q16/k16 and the v GEMM v16 directly, so no f32 q/k/v scratch)
   const int64_t H = c.hidden_size, I = c.intermediate_size, qk = c.q_dim() + c.kv_dim();
-  const int64_t scratch = 4 * N * qk;
+  const int64_t scratch = 4 * N * qk + 2 * N * qk;
   const int64_t plan_delta = f32.activation_bytes - bf16.activation_bytes + scratch;
   // (attention: q/k/v after RoPE and the output; half of q/k before their norms; MLP: half of gate/up and
   // act; half of ln1 and ln2; the f32 dq/dk of RoPE's backward, which qk_norm_rope's does not need; half
-  // of the backward's d(gate/up))
+  // of the backward's d(gate/up); the f32 d(q/k/v) the GEMMs no longer read)
   EXPECT_EQ(plan_delta, 4 * L * N * qk + 4 * L * N * qk / 2 + 4 * L * N * 3 * I / 2 + 4 * L * N * H +
-                            4 * N * qk + 4 * N * I);
+                            4 * N * qk + 4 * N * I + 4 * N * (c.q_dim() + 2 * c.kv_dim()));
   // (the model reserves up to 3 floats of alignment before each of the ten bf16 buffers of a layer)
   EXPECT_LE(std::abs(plan_delta - model_delta), 4 * L * 10 * 4) << plan_delta << " vs " << model_delta;
   EXPECT_NE(bf16.describe().find("(bf16: attention, q/k projections, MLP, norm outputs)"), std::string::npos);

@@ -381,18 +381,19 @@ struct RopeQKKernels {
 // RopeKernels), then the nearest bf16 (ties to even); the rows' rstd saved. Equal, bit for bit, to
 // rmsnorm.forward_bf16_input, rope_qk.forward and elementwise.to_bf16 run in turn (a device's default
 // implementations), without their f32 tensors.
-// backward, from the bf16 gradients of q16/k16 (attention_bf16's dq/dk): dq += d(q projection), dk likewise
-// (f32), dq_w += d(q_w), dk_w += d(k_w) (null: not wanted); equal to elementwise.from_bf16, rope_qk.backward
-// and rmsnorm.backward_bf16_input in turn.
+// backward, from the bf16 gradients of q16/k16 (attention_bf16's dq/dk): dq_raw16, dk_raw16 = the gradients
+// of the q/k projections as bf16 (overwritten; the bf16 GEMMs round their output gradient to bf16 anyway),
+// dq_w += d(q_w), dk_w += d(k_w) (null: not wanted); equal to elementwise.from_bf16, rope_qk.backward and
+// rmsnorm.backward_bf16_input (into cleared f32 buffers, then rounded) in turn.
 struct QKNormRopeKernels {
   static constexpr const char* kOp = "qk_norm_rope";
   void (*forward)(uint16_t* q16, uint16_t* k16, float* q_rstd, float* k_rstd, const uint16_t* q_raw16,
                   const uint16_t* k_raw16, const float* q_w, const float* k_w, const float* cos,
                   const float* sin, int64_t N, int64_t T, int64_t nH, int64_t nKV, int64_t hd, float eps);
-  void (*backward)(float* dq, float* dk, float* dq_w, float* dk_w, const uint16_t* dq16, const uint16_t* dk16,
-                   const uint16_t* q_raw16, const uint16_t* k_raw16, const float* q_w, const float* k_w,
-                   const float* q_rstd, const float* k_rstd, const float* cos, const float* sin, int64_t N,
-                   int64_t T, int64_t nH, int64_t nKV, int64_t hd);
+  void (*backward)(uint16_t* dq_raw16, uint16_t* dk_raw16, float* dq_w, float* dk_w, const uint16_t* dq16,
+                   const uint16_t* dk16, const uint16_t* q_raw16, const uint16_t* k_raw16, const float* q_w,
+                   const float* k_w, const float* q_rstd, const float* k_rstd, const float* cos,
+                   const float* sin, int64_t N, int64_t T, int64_t nH, int64_t nKV, int64_t hd);
 };
 
 }  // namespace titan

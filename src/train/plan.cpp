@@ -137,15 +137,19 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   const int64_t every = checkpointing.every;
   auto checkpointed = [&](int64_t l) { return every > 0 && (l + 1) % every == 0; };
   // (d(gate/up) of a dense layer: bf16 where its norm output is, bf16_mlp and bf16_norms)
-  const int64_t scratch = N * (3 * H + 2 * lc.q_dim() + 3 * lc.kv_dim() + (mlp16 && ln16 ? 2 : 3) * I) +
-                          (sp ? Nl * H + 2 * N * H : 0) +
-                          (pp > 1 ? 2 * Nl * H : 0) +           // the stage's received input and sent output
-                          (cp > 1 ? 4 * N * lc.kv_dim() : 0) +  // the ring's K/V chunks (double-buffered)
-                          // bf16 attention: datt/dq/dk/dv in bf16 (q/k come from qk_norm_rope, v from its
-                          // GEMM as bf16) in place of the f32 dq/dk RoPE's backward wrote into
-                          (attn16 && qk16 ? 0
-                           : attn16       ? N * (2 * lc.q_dim() + 2 * lc.kv_dim())
-                                          : 0);
+  const int64_t scratch =
+      N * (3 * H + 2 * lc.q_dim() + 3 * lc.kv_dim() + (mlp16 && ln16 ? 2 : 3) * I) +
+      (sp ? Nl * H + 2 * N * H : 0) +
+      (pp > 1 ? 2 * Nl * H : 0) +           // the stage's received input and sent output
+      (cp > 1 ? 4 * N * lc.kv_dim() : 0) +  // the ring's K/V chunks (double-buffered)
+      // bf16 attention: datt/dq/dk/dv in bf16 (q/k come from qk_norm_rope, v from its
+      // GEMM as bf16) in place of the f32 dq/dk RoPE's backward wrote into; with bf16
+      // norm outputs the q/k projections' gradients bf16 too, read by their GEMMs with
+      // dv as they are (no f32 d(q/k/v))
+      (attn16 && qk16 && ln16 ? (N * (lc.q_dim() + lc.kv_dim()) + 1) / 2 - N * (lc.q_dim() + 2 * lc.kv_dim())
+       : attn16 && qk16       ? 0
+       : attn16               ? N * (2 * lc.q_dim() + 2 * lc.kv_dim())
+                              : 0);
   // Selective 'op': the saved layers keep ln1, ln2, q/k after norm + RoPE (f32 attention: the bf16 copies
   // are GEMM-like saves) and act in one shared block.
   const int64_t pointwise = ln1 + ln2 + N * (attn16 ? 0 : lc.q_dim() + lc.kv_dim()) + act;

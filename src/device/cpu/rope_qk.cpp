@@ -124,19 +124,22 @@ void qk_norm_rope_forward_ref(uint16_t* q16, uint16_t* k16, float* q_rstd, float
   for (size_t i = 0; i < k.size(); ++i) k16[i] = f32_to_bf16(k[i]);
 }
 
-void qk_norm_rope_backward_ref(float* dq, float* dk, float* dq_w, float* dk_w, const uint16_t* dq16,
-                               const uint16_t* dk16, const uint16_t* q_raw16, const uint16_t* k_raw16,
-                               const float* q_w, const float* k_w, const float* q_rstd, const float* k_rstd,
-                               const float* cos, const float* sin, int64_t N, int64_t T, int64_t nH,
-                               int64_t nKV, int64_t hd) {
+void qk_norm_rope_backward_ref(uint16_t* dq_raw16, uint16_t* dk_raw16, float* dq_w, float* dk_w,
+                               const uint16_t* dq16, const uint16_t* dk16, const uint16_t* q_raw16,
+                               const uint16_t* k_raw16, const float* q_w, const float* k_w,
+                               const float* q_rstd, const float* k_rstd, const float* cos, const float* sin,
+                               int64_t N, int64_t T, int64_t nH, int64_t nKV, int64_t hd) {
   const auto& norm = get_kernel<RmsNormKernels>(DeviceType::CPU, "reference");
   std::vector<float> dq_rot(N * nH * hd), dk_rot(N * nKV * hd), gq(dq_rot.size(), 0.0f),
       gk(dk_rot.size(), 0.0f);
   for (size_t i = 0; i < dq_rot.size(); ++i) dq_rot[i] = bf16_to_f32(dq16[i]);
   for (size_t i = 0; i < dk_rot.size(); ++i) dk_rot[i] = bf16_to_f32(dk16[i]);
   rope_qk_backward_ref(gq.data(), gk.data(), dq_rot.data(), dk_rot.data(), cos, sin, N, T, nH, nKV, hd);
-  norm.backward_bf16_input(dq, dq_w, gq.data(), q_raw16, q_w, q_rstd, N * nH, hd);
-  norm.backward_bf16_input(dk, dk_w, gk.data(), k_raw16, k_w, k_rstd, N * nKV, hd);
+  std::vector<float> dq(gq.size(), 0.0f), dk(gk.size(), 0.0f);
+  norm.backward_bf16_input(dq.data(), dq_w, gq.data(), q_raw16, q_w, q_rstd, N * nH, hd);
+  norm.backward_bf16_input(dk.data(), dk_w, gk.data(), k_raw16, k_w, k_rstd, N * nKV, hd);
+  for (size_t i = 0; i < dq.size(); ++i) dq_raw16[i] = f32_to_bf16(dq[i]);
+  for (size_t i = 0; i < dk.size(); ++i) dk_raw16[i] = f32_to_bf16(dk[i]);
 }
 
 // fused: one pass over the head rows, each widened, normed, rotated and narrowed in a row buffer, with the
@@ -168,11 +171,11 @@ void qk_norm_rope_forward_fused(uint16_t* q16, uint16_t* k16, float* q_rstd, flo
   }
 }
 
-void qk_norm_rope_backward_fused(float* dq, float* dk, float* dq_w, float* dk_w, const uint16_t* dq16,
-                                 const uint16_t* dk16, const uint16_t* q_raw16, const uint16_t* k_raw16,
-                                 const float* q_w, const float* k_w, const float* q_rstd, const float* k_rstd,
-                                 const float* cos, const float* sin, int64_t N, int64_t T, int64_t nH,
-                                 int64_t nKV, int64_t hd) {
+void qk_norm_rope_backward_fused(uint16_t* dq_raw16, uint16_t* dk_raw16, float* dq_w, float* dk_w,
+                                 const uint16_t* dq16, const uint16_t* dk16, const uint16_t* q_raw16,
+                                 const uint16_t* k_raw16, const float* q_w, const float* k_w,
+                                 const float* q_rstd, const float* k_rstd, const float* cos, const float* sin,
+                                 int64_t N, int64_t T, int64_t nH, int64_t nKV, int64_t hd) {
   const int64_t half = hd / 2;
   const int nt = omp_get_max_threads();
   // Per-thread partial weight gradients, reduced in thread order at the end (as the fast rmsnorm).
@@ -180,8 +183,8 @@ void qk_norm_rope_backward_fused(float* dq, float* dk, float* dq_w, float* dk_w,
 #pragma omp parallel
   {
     const int tid = omp_get_thread_num();
-    std::vector<float> dbuf(hd), g(hd), xbuf(hd);
-    auto rows = [&](float* dx, std::vector<float>& part, const uint16_t* d16, const uint16_t* raw16,
+    std::vector<float> dbuf(hd), g(hd), xbuf(hd), dx(hd);
+    auto rows = [&](uint16_t* out16, std::vector<float>& part, const uint16_t* d16, const uint16_t* raw16,
                     const float* w, const float* rstd, int64_t nh) {
       float* pdw = part.empty() ? nullptr : part.data() + (size_t)tid * hd;
 #pragma omp for schedule(static)
@@ -190,12 +193,16 @@ void qk_norm_rope_backward_fused(float* dq, float* dk, float* dq_w, float* dk_w,
         std::fill(g.begin(), g.end(), 0.0f);
         const int64_t t = (r / nh) % T;
         unrotate_heads(g.data(), dy, cos + t * half, sin + t * half, 1, hd);
-        cpu_rows::rms_row_backward(dx + r * hd, pdw, g.data(), cpu_rows::row_f32(raw16, r, hd, xbuf.data()),
-                                   w, rstd[r], hd);
+        std::fill(dx.begin(), dx.end(), 0.0f);  // (the projection's gradient row, then rounded)
+        cpu_rows::rms_row_backward(dx.data(), pdw, g.data(), cpu_rows::row_f32(raw16, r, hd, xbuf.data()), w,
+                                   rstd[r], hd);
+        uint16_t* o = out16 + r * hd;
+#pragma omp simd
+        for (int64_t c = 0; c < hd; ++c) o[c] = f32_to_bf16(dx[c]);
       }
     };
-    rows(dq, part_q, dq16, q_raw16, q_w, q_rstd, nH);
-    rows(dk, part_k, dk16, k_raw16, k_w, k_rstd, nKV);
+    rows(dq_raw16, part_q, dq16, q_raw16, q_w, q_rstd, nH);
+    rows(dk_raw16, part_k, dk16, k_raw16, k_w, k_rstd, nKV);
   }
   for (auto [dw, part] : {std::pair{dq_w, &part_q}, {dk_w, &part_k}})
     if (dw)

@@ -177,7 +177,7 @@ __device__ inline float unrotated(const uint16_t* d16, const float* cos, const f
   return c < half ? 0.0f + (x1 * cs + x2 * sn) : 0.0f + (x2 * cs - x1 * sn);
 }
 
-__global__ void qk_norm_rope_backward_dx_kernel(float* dinp, const uint16_t* d16, const uint16_t* raw16,
+__global__ void qk_norm_rope_backward_dx_kernel(uint16_t* dinp16, const uint16_t* d16, const uint16_t* raw16,
                                                 const float* w, const float* rstd, const float* cos,
                                                 const float* sin, int64_t T, int64_t nh, int64_t hd) {
   TITAN_DYNAMIC_SHARED(float, g);
@@ -190,8 +190,9 @@ __global__ void qk_norm_rope_backward_dx_kernel(float* dinp, const uint16_t* d16
   for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) dot += g[c] * w[c] * load_value(x, c);
   dot = block_sum(dot, red);
   const float r = rstd[row], k = r * r * r * dot / hd;
-  float* dx = dinp + row * hd;
-  for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) dx[c] += r * g[c] * w[c] - load_value(x, c) * k;
+  uint16_t* dx = dinp16 + row * hd;  // (what rmsnorm's backward adds to a cleared buffer, rounded)
+  for (int64_t c = threadIdx.x; c < hd; c += blockDim.x)
+    dx[c] = f32_to_bf16_bits(0.0f + (r * g[c] * w[c] - load_value(x, c) * k));
 }
 
 // rmsnorm_backward_dw_kernel with the gradient rows un-rotated on the fly.
@@ -227,11 +228,11 @@ void qk_norm_rope_forward(uint16_t* q16, uint16_t* k16, float* q_rstd, float* k_
          nKV, hd, eps);
 }
 
-void qk_norm_rope_backward_rows(float* dinp, float* dw, const uint16_t* d16, const uint16_t* raw16,
+void qk_norm_rope_backward_rows(uint16_t* dinp16, float* dw, const uint16_t* d16, const uint16_t* raw16,
                                 const float* w, const float* rstd, const float* cos, const float* sin,
                                 int64_t rows, int64_t T, int64_t nh, int64_t hd) {
   if (rows == 0) return;
-  launch(qk_norm_rope_backward_dx_kernel, rows, row_threads(hd), hd * sizeof(float), dinp, d16, raw16, w,
+  launch(qk_norm_rope_backward_dx_kernel, rows, row_threads(hd), hd * sizeof(float), dinp16, d16, raw16, w,
          rstd, cos, sin, T, nh, hd);
   if (!dw) return;
   // (the chunking of rmsnorm_backward's weight gradient, so the partial sums are the same)
@@ -243,7 +244,7 @@ void qk_norm_rope_backward_rows(float* dinp, float* dw, const uint16_t* d16, con
   add_column_sums(dw, part.p, chunks, hd);
 }
 
-void qk_norm_rope_backward(float* dq, float* dk, float* dq_w, float* dk_w, const uint16_t* dq16,
+void qk_norm_rope_backward(uint16_t* dq, uint16_t* dk, float* dq_w, float* dk_w, const uint16_t* dq16,
                            const uint16_t* dk16, const uint16_t* q_raw16, const uint16_t* k_raw16,
                            const float* q_w, const float* k_w, const float* q_rstd, const float* k_rstd,
                            const float* cos, const float* sin, int64_t N, int64_t T, int64_t nH, int64_t nKV,

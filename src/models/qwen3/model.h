@@ -403,15 +403,16 @@ class Qwen3Model {
            swiglu_->forward_bf16 && rmsnorm_->forward_bf16_output && rmsnorm_->forward_bf16_input &&
            rmsnorm_->backward_bf16_input && !lora_;
   }
-  // Where the i-th of datt | dq | dk | dv of N rows starts in attn16_grads_ (bf16 elements; 16-byte aligned).
+  // Where the i-th of datt | dq | dk | dv | d(q projection) | d(k projection) of N rows starts in
+  // attn16_grads_ (bf16 elements; 16-byte aligned; the last two under qk_fused_).
   int64_t attn16_grad_offset(int i, int64_t N) const {
-    const int64_t sizes[] = {N * config_.q_dim(), N * config_.q_dim(), N * config_.kv_dim()};
+    const int64_t q = N * config_.q_dim(), kv = N * config_.kv_dim(), sizes[] = {q, q, kv, kv, q};
     int64_t at = 0;
     for (int j = 0; j < i; ++j) at += (sizes[j] + 7) / 8 * 8;
     return at;
   }
   void attention_bf16_forward(int64_t l);
-  // (dqr, dkr null: dq and dk stay bf16 in attn16_grads_, for qk_norm_rope's backward)
+  // (dqr, dkr null: dq and dk stay bf16 in attn16_grads_, for qk_norm_rope's backward; dv null likewise)
   void attention_bf16_backward(int64_t l, float* dqr, float* dkr, float* dv, const float* datt);
   ContextParallelComm* cp_ = nullptr;
   const AttentionRingKernels* ring_ = nullptr;  // null where the device has none
@@ -442,14 +443,15 @@ class Qwen3Model {
   const AttentionKernels* attention_;
   const AttentionBf16Kernels* attention_bf16_ = nullptr;  // null where the device has none
   std::string attention_bf16_name_, attention_f32_name_;
-  bool attn16_ = false;     // this plan's layers run attention_bf16
-  bool o16_ = false;        // ... and their o_proj reads att16 (a.att is null), v is written as v16 only
-  bool mlp16_ = false;      // this plan's dense layers keep gu16 and act16 (wants_act16)
-  bool qk_fused_ = false;   // ... and q16/k16 come from q_raw16/k_raw16 by qk_norm_rope (no f32 q/k)
-  bool dgu16_ = false;      // ... and (with ln16_) a dense layer's d(gate/up) is bf16 (dgu_ holds bf16)
-  bool bf16_acts_ = true;   // set_bf16_activations
-  bool ln16_ = false;       // ... and its layers ln1_16 (every layer) and ln2_16 (dense layers)
-  bool ops_timed_ = false;  // time_ops() swapped the op tables
+  bool attn16_ = false;       // this plan's layers run attention_bf16
+  bool o16_ = false;          // ... and their o_proj reads att16 (a.att is null), v is written as v16 only
+  bool mlp16_ = false;        // this plan's dense layers keep gu16 and act16 (wants_act16)
+  bool qk_fused_ = false;     // ... and q16/k16 come from q_raw16/k_raw16 by qk_norm_rope (no f32 q/k)
+  bool qkv16_grads_ = false;  // ... and (with ln16_) the q/k/v GEMMs' backward reads bf16 d(q/k/v) (no f32)
+  bool dgu16_ = false;        // ... and (with ln16_) a dense layer's d(gate/up) is bf16 (dgu_ holds bf16)
+  bool bf16_acts_ = true;     // set_bf16_activations
+  bool ln16_ = false;         // ... and its layers ln1_16 (every layer) and ln2_16 (dense layers)
+  bool ops_timed_ = false;    // time_ops() swapped the op tables
   Tensor attn_scratch_;  // attn16_: qr | kr (not under qk_fused_) | v (not under o16_), f32, of the layer run
   Tensor attn16_grads_;  // attn16_: datt | dq | dk | dv (bf16) of the layer's backward
   uint16_t* attn16_grad(int i) { return attn16_grads_.data<uint16_t>() + attn16_grad_offset(i, B_ * T_); }

@@ -149,6 +149,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   qk_fused_ = o16_ && qk_norm_rope_;
   ln16_ = act16 && !sp_;
   dgu16_ = ln16_ && swiglu_->backward_bf16_output && matmul16_.backward_bf16_io;
+  qkv16_grads_ = qk_fused_ && ln16_ && matmul16_.backward_bf16_io;
   const auto& c = config_;
   const int64_t N = B * T, H = c.hidden_size, I = c.intermediate_size, nH = c.num_attention_heads,
                 nKV = c.num_key_value_heads, L = c.num_hidden_layers;
@@ -188,7 +189,8 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
              (checkpointed > 0 ? attn_d + mlp_d : 0) +
              n * (6.0 * H + 4.0 * c.q_dim() + 4.0 * c.kv_dim() + (dgu16_ ? 2.0 : 3.0) * I + 2) +
              (attn16_ ? n * (c.q_dim() + c.kv_dim() + (o16_ ? 0 : c.kv_dim()) +
-                             (qk_fused_ ? -1.0 : 1.0) * (c.q_dim() + c.kv_dim()))
+                             (qk_fused_ ? -0.5 : 1.0) * (c.q_dim() + c.kv_dim()) -
+                             (qkv16_grads_ ? c.q_dim() + 2.0 * c.kv_dim() : 0))
                       : 0) +
              std::min(n * c.vocab_size, double(kHeadChunkBytes) / 4));
     const double have = device_memory_bytes();
@@ -203,7 +205,8 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     // backward's datt | dq | dk | dv in bf16.
     const int64_t scratch = (qk_fused_ ? 0 : N * (c.q_dim() + c.kv_dim())) + (o16_ ? 0 : N * c.kv_dim());
     attn_scratch_ = scratch > 0 ? Tensor::empty({scratch}, DType::F32, device_) : Tensor();
-    attn16_grads_ = Tensor::empty({attn16_grad_offset(3, N) + N * c.kv_dim()}, DType::BF16, device_);
+    attn16_grads_ =
+        Tensor::empty({attn16_grad_offset(qk_fused_ ? 5 : 3, N) + N * c.kv_dim()}, DType::BF16, device_);
   } else {
     attn_scratch_ = attn16_grads_ = Tensor();
   }
@@ -419,9 +422,13 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   } else {
     dq_ = dk_ = Tensor();
   }
-  dv_ = alloc({N, c.kv_dim()});
-  dqr_ = alloc({N, c.q_dim()});
-  dkr_ = alloc({N, c.kv_dim()});
+  if (!qkv16_grads_) {  // (f32 d(q/k/v) for the GEMMs; bf16 ones in attn16_grads_ otherwise)
+    dv_ = alloc({N, c.kv_dim()});
+    dqr_ = alloc({N, c.q_dim()});
+    dkr_ = alloc({N, c.kv_dim()});
+  } else {
+    dv_ = dqr_ = dkr_ = Tensor();
+  }
   datt_ = alloc({N, c.q_dim()});
   if (any_dense) {
     dgu_ = alloc({N, 2 * I}, dgu16_ ? DType::BF16 : DType::F32);

@@ -387,7 +387,7 @@ void Qwen3Model::attention_bf16_backward(int64_t l, float* dqr, float* dkr, floa
                             doc_start());
   if (dqr) elementwise_->from_bf16(dqr, dq16, N * qd);
   if (dkr) elementwise_->from_bf16(dkr, dk16, N * kvd);
-  elementwise_->from_bf16(dv, dv16, N * kvd);
+  if (dv) elementwise_->from_bf16(dv, dv16, N * kvd);
 }
 
 // The pointwise outputs of layer l that the op-selective policy does not keep, recomputed as forward_layer
@@ -511,10 +511,11 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
     const float* dout = full_rows(dresid);
     linear_backward(datt, g.wo, dout, a.att, a.att16, w.wo, N, c.q_dim(), H, acc_dw);
     if (lora_) lora_->backward(l, LoraProj::O, a.att, dout, H, datt, N);
-    float *dqr = dqr_.f32(), *dkr = dkr_.f32(), *dv = dv_.f32();
-    float *dq = dq_.defined() ? dq_.f32() : nullptr, *dk = dk_.defined() ? dk_.f32() : nullptr;
-    if (qk_fused_) {  // dq, dk stay bf16 for qk_norm_rope's backward (into dqr, dkr)
-      attention_bf16_backward(l, nullptr, nullptr, dv, datt);
+    auto f32_or_null = [](Tensor& t) { return t.defined() ? t.f32() : nullptr; };
+    float *dqr = f32_or_null(dqr_), *dkr = f32_or_null(dkr_), *dv = f32_or_null(dv_), *dq = f32_or_null(dq_),
+          *dk = f32_or_null(dk_);
+    if (qk_fused_) {  // dq, dk stay bf16 for qk_norm_rope's backward; dv too where the GEMMs read bf16
+      attention_bf16_backward(l, nullptr, nullptr, qkv16_grads_ ? nullptr : dv, datt);
     } else if (attn16_) {
       attention_bf16_backward(l, dqr, dkr, dv, datt);  // (writes them)
     } else {
@@ -527,12 +528,15 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
         attention_->backward(dqr, dkr, dv, datt, a.qr, a.kr, a.v, a.att, a.attn_saved, B, T, nH, nKV, hd,
                              doc_start());
     }
-    if (qk_fused_) {
-      zero(dqr, N * c.q_dim());
-      zero(dkr, N * c.kv_dim());
-      qk_norm_rope_->backward(dqr, dkr, g.q_norm, g.k_norm, attn16_grad(1), attn16_grad(2), a.q_raw16,
-                              a.k_raw16, w.q_norm, w.k_norm, a.q_rstd, a.k_rstd, cos, sin, N, rope_period, nH,
-                              nKV, hd);
+    if (qk_fused_) {  // d(q/k projection) as bf16 (widened where the GEMMs read an f32 ln1: sequence
+                      // parallel)
+      qk_norm_rope_->backward(attn16_grad(4), attn16_grad(5), g.q_norm, g.k_norm, attn16_grad(1),
+                              attn16_grad(2), a.q_raw16, a.k_raw16, w.q_norm, w.k_norm, a.q_rstd, a.k_rstd,
+                              cos, sin, N, rope_period, nH, nKV, hd);
+      if (!qkv16_grads_) {
+        elementwise_->from_bf16(dqr, attn16_grad(4), N * c.q_dim());
+        elementwise_->from_bf16(dkr, attn16_grad(5), N * c.kv_dim());
+      }
     } else {
       // RoPE backward into dq/dk (as scratch), then q_norm/k_norm backward into dqr/dkr (reused).
       zero(dq, N * c.q_dim());
@@ -555,9 +559,15 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
     }
     zero(dln, N * H);
     const float* ln1 = a.ln1 ? gathered_ln(a.ln1) : nullptr;
-    linear_backward(dln, g.wq, dqr, ln1, a.ln1_16, w.wq, N, H, c.q_dim(), acc_dw);
-    linear_backward(dln, g.wk, dkr, ln1, a.ln1_16, w.wk, N, H, c.kv_dim(), acc_dw);
-    linear_backward(dln, g.wv, dv, ln1, a.ln1_16, w.wv, N, H, c.kv_dim(), acc_dw);
+    if (qkv16_grads_) {  // bf16 d(q/k/v) and bf16 ln1: the GEMMs read both as they are
+      matmul16_.backward_bf16_io(dln, g.wq, attn16_grad(4), a.ln1_16, w.wq, N, H, c.q_dim(), acc_dw);
+      matmul16_.backward_bf16_io(dln, g.wk, attn16_grad(5), a.ln1_16, w.wk, N, H, c.kv_dim(), acc_dw);
+      matmul16_.backward_bf16_io(dln, g.wv, attn16_grad(3), a.ln1_16, w.wv, N, H, c.kv_dim(), acc_dw);
+    } else {
+      linear_backward(dln, g.wq, dqr, ln1, a.ln1_16, w.wq, N, H, c.q_dim(), acc_dw);
+      linear_backward(dln, g.wk, dkr, ln1, a.ln1_16, w.wk, N, H, c.kv_dim(), acc_dw);
+      linear_backward(dln, g.wv, dv, ln1, a.ln1_16, w.wv, N, H, c.kv_dim(), acc_dw);
+    }
     if (lora_) {
       lora_->backward(l, LoraProj::Q, ln1, dqr, c.q_dim(), dln, N);
       lora_->backward(l, LoraProj::K, ln1, dkr, c.kv_dim(), dln, N);
