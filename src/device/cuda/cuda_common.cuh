@@ -186,6 +186,26 @@ __device__ void block_stable_compact(int64_t n, int32_t* scan, Match match, Plac
 // run to run (a replayed graph equals the eager step, a resumed run the uninterrupted one), which float
 // atomics, whose order follows the blocks' scheduling, do not give.
 
+// Column sums of term(n, c) over a chunk of rows, for grid (ceil(C/32), chunks) and block (32, 8): the
+// threads of a warp take consecutive columns, the 8 rows of threads reduce in shared memory, and the chunk's
+// sums go to row blockIdx.y of out (chunks, C), which add_column_sums then adds up in chunk order.
+template <class T, class Term>
+__device__ void chunk_column_sums(T* out, int64_t N, int64_t C, int64_t rows_per_chunk, Term term) {
+  __shared__ T part[8][33];
+  const int64_t c = blockIdx.x * 32 + threadIdx.x;
+  const int64_t n0 = blockIdx.y * rows_per_chunk, n1 = min(N, n0 + rows_per_chunk);
+  T acc = 0;
+  if (c < C)
+    for (int64_t n = n0 + threadIdx.y; n < n1; n += 8) acc += term(n, c);
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    T s = 0;
+    for (int i = 0; i < 8; ++i) s += part[i][threadIdx.x];
+    out[blockIdx.y * C + c] = s;
+  }
+}
+
 // out[c] += sum over r < rows of part[r * C + c], r in order: one thread per column.
 template <class T>
 __global__ void add_column_sums_kernel(T* out, const T* part, int64_t rows, int64_t C) {

@@ -160,24 +160,12 @@ __global__ void aux_counts_kernel(double* counts, const int32_t* idx, int64_t n_
   TITAN_GRID_STRIDE(i, n_slots) atomicAdd(counts + idx[i], 1.0);
 }
 
-// prob_sum[e] += sum_n probs[n,e] in double. grid (ceil(E/32), row chunks), block (32, 8): a warp reads 32
-// consecutive experts of a row; the 8 rows of threads reduce in shared memory into the chunk's row of
-// out (chunks, E), which add_column_sums adds to prob_sum in chunk order.
+// prob_sum[e] += sum_n probs[n,e] in double: each chunk of rows summed by chunk_column_sums (grid
+// (ceil(E/32), row chunks), block (32, 8)), the chunks added to prob_sum in chunk order by add_column_sums.
 __global__ void aux_prob_sum_kernel(double* out, const float* probs, int64_t N, int64_t E,
                                     int64_t rows_per_chunk) {
-  __shared__ double part[8][33];
-  const int64_t e = blockIdx.x * 32 + threadIdx.x;
-  const int64_t n0 = blockIdx.y * rows_per_chunk, n1 = min(N, n0 + rows_per_chunk);
-  double acc = 0;
-  if (e < E)
-    for (int64_t n = n0 + threadIdx.y; n < n1; n += 8) acc += probs[n * E + e];
-  part[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && e < E) {
-    double s = 0;
-    for (int i = 0; i < 8; ++i) s += part[i][threadIdx.x];
-    out[blockIdx.y * E + e] = s;
-  }
+  chunk_column_sums(out, N, E, rows_per_chunk,
+                    [&](int64_t n, int64_t e) { return double(probs[n * E + e]); });
 }
 
 void aux_stats(double* counts, double* prob_sum, const int32_t* idx, const float* probs, int64_t N, int64_t E,

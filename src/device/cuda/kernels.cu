@@ -49,26 +49,14 @@ __global__ void rmsnorm_backward_dx_kernel(float* dinp, const float* dout, const
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dx[c] += r * dy[c] * w[c] - load_value(x, c) * k;
 }
 
-// dw[c] += sum_n dy[n,c] x[n,c] r[n]. grid (ceil(C/32), row chunks), block (32, 8): threads of a warp read
-// consecutive columns; the 8 rows of threads reduce in shared memory into the chunk's row of part
-// (chunks, C), which add_column_sums then adds to dw in chunk order.
+// dw[c] += sum_n dy[n,c] x[n,c] r[n]: each chunk of rows summed by chunk_column_sums (grid (ceil(C/32), row
+// chunks), block (32, 8)), the chunks added to dw in chunk order by add_column_sums.
 template <class In>
 __global__ void rmsnorm_backward_dw_kernel(float* out, const float* dout, const In* inp, const float* rstd,
                                            int64_t N, int64_t C, int64_t rows_per_chunk) {
-  __shared__ float part[8][33];
-  const int64_t c = blockIdx.x * 32 + threadIdx.x;
-  const int64_t n0 = blockIdx.y * rows_per_chunk, n1 = min(N, n0 + rows_per_chunk);
-  float acc = 0;
-  if (c < C)
-    for (int64_t n = n0 + threadIdx.y; n < n1; n += 8)
-      acc += dout[n * C + c] * load_value(inp, n * C + c) * rstd[n];
-  part[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float s = 0;
-    for (int i = 0; i < 8; ++i) s += part[i][threadIdx.x];
-    out[blockIdx.y * C + c] = s;
-  }
+  chunk_column_sums(out, N, C, rows_per_chunk, [&](int64_t n, int64_t c) {
+    return dout[n * C + c] * load_value(inp, n * C + c) * rstd[n];
+  });
 }
 
 template <class In, class Out>
@@ -200,20 +188,9 @@ __global__ void qk_norm_rope_backward_dw_kernel(float* out, const uint16_t* d16,
                                                 const float* rstd, const float* cos, const float* sin,
                                                 int64_t rows, int64_t T, int64_t nh, int64_t hd,
                                                 int64_t rows_per_chunk) {
-  __shared__ float part[8][33];
-  const int64_t c = blockIdx.x * 32 + threadIdx.x;
-  const int64_t n0 = blockIdx.y * rows_per_chunk, n1 = min(rows, n0 + rows_per_chunk);
-  float acc = 0;
-  if (c < hd)
-    for (int64_t n = n0 + threadIdx.y; n < n1; n += 8)
-      acc += unrotated(d16, cos, sin, n, c, T, nh, hd) * load_value(raw16, n * hd + c) * rstd[n];
-  part[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < hd) {
-    float s = 0;
-    for (int i = 0; i < 8; ++i) s += part[i][threadIdx.x];
-    out[blockIdx.y * hd + c] = s;
-  }
+  chunk_column_sums(out, rows, hd, rows_per_chunk, [&](int64_t n, int64_t c) {
+    return unrotated(d16, cos, sin, n, c, T, nh, hd) * load_value(raw16, n * hd + c) * rstd[n];
+  });
 }
 
 void qk_norm_rope_forward(uint16_t* q16, uint16_t* k16, float* q_rstd, float* k_rstd, const uint16_t* q_raw16,
