@@ -45,6 +45,6 @@ if [ -n "$SAN" ] && [ "${GPU_CHECK_SANITIZE:-1}" = 1 ]; then
   run timeout 90 "$SAN" --tool memcheck --error-exitcode 3 /tmp/tb/test_cuda --gtest_color=no \
     --gtest_filter=-Cuda.EnvListsGpus:Cuda.NcclGroupOfOneRank 2>&1 | tail -40 > "$OUT/memcheck.txt"
   run timeout 60 "$SAN" --tool racecheck --error-exitcode 3 /tmp/tb/test_cuda --gtest_color=no \
-    --gtest_filter='Cuda.FlashAttention*:Cuda.AttentionKV*:Cuda.AttentionBf16*:Cuda.MoeRouter*' 2>&1 | tail -40 > "$OUT/racecheck.txt"
+    --gtest_filter='Cuda.FlashAttention*:Cuda.AttentionKV*:Cuda.AttentionBf16*:Cuda.MoeRouter*:Cuda.QKNormRope*' 2>&1 | tail -40 > "$OUT/racecheck.txt"
 fi
 exit $rc
