@@ -4,6 +4,9 @@
 // kernel gets is decided by the flags its file is compiled with: the per-ISA builds of the kernels
 // (CMake's TITAN_ISA_VARIANT_SOURCES) get each. Used by softmax-like kernels (attention, cross-entropy) and
 // SwiGLU, whose scalar expf calls otherwise cost as much as their GEMMs.
+// Everything here has internal linkage (an anonymous namespace): the same function compiled at two ISA
+// levels in two per-ISA builds must never be merged by the linker into one (an AVX-512 copy run on an AVX2
+// CPU), as inline functions with external linkage would be wherever the compiler does not inline a call.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -19,6 +22,7 @@
 #endif
 
 namespace titan::vec {
+namespace {
 
 // exp(x) = 2^n * exp(r), n = round(x / ln2), r = x - n ln2 in [-ln2/2, ln2/2] (ln2 split in two for
 // precision); exp(r) by a degree-7 polynomial. x is clamped to [-104, 88.72]: exp overflows to inf above
@@ -243,6 +247,7 @@ inline void sigmoid(float* y, const float* x, int64_t n) {
 }
 #endif
 
+}  // namespace
 }  // namespace titan::vec
 
 #if defined(TITAN_VEC_SIMD)
