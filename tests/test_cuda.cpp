@@ -612,6 +612,15 @@ TEST(Cuda, Bf16ActivationFormsEqualTheF32FormsOfTheSameValues) {
   EXPECT_EQ(fr16.read(), fr.read());
   EXPECT_EQ(fd16.read(), fd.read());
   EXPECT_EQ(fdw16.read(), fdw.read());
+  // both bf16 (the bf16 residual stream into a bf16 norm output): the f32-input form's output, rounded
+  Dev<uint16_t> fio16(N * C, 0xffff);
+  DevF fior(N, -1.0f);
+  cuda_op<RmsNormKernels>().forward_bf16_io(fio16.p, fior.p, dx16.p, dnw.p, N, C, 1e-6f);
+  std::vector<uint16_t> fiowant(N * C);
+  const auto fof = fo.read();
+  for (int64_t i = 0; i < N * C; ++i) fiowant[i] = f32_to_bf16(fof[i]);
+  EXPECT_EQ(fio16.read(), fiowant);
+  EXPECT_EQ(fior.read(), fr.read());
   // backward with a bf16 output gradient: backward_bf16_input on its values
   std::vector<uint16_t> g16(N * OC);
   std::vector<float> gv(N * OC);
@@ -1112,6 +1121,13 @@ TEST(Cuda, ElementwiseMatchesReference) {
   EXPECT_EQ(dh.read(), h_r) << "to_bf16";
   EXPECT_EQ(h_r[0], 0x3f80u);  // the oracle's ties: to even (down), then to even (up)
   EXPECT_EQ(h_r[7], 0x3f82u);
+  // add_to_bf16: y + x's bf16 values, the sum's nearest bf16 (the residual add into the bf16 stream)
+  std::vector<uint16_t> s_r(x.size());
+  ref.add_to_bf16(s_r.data(), y.data(), h_r.data(), n);
+  Dev<uint16_t> ds(x.size(), 0xffff);
+  DevF dy0(y);
+  op.add_to_bf16(ds.p, dy0.p, dh.p, n);
+  EXPECT_EQ(ds.read(), s_r) << "add_to_bf16";
   // from_bf16: every one of the 65536 bf16 values
   std::vector<uint16_t> all(65536);
   for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);

@@ -299,6 +299,13 @@ TEST(Kernels, Bf16ActivationFormsEqualTheF32FormsOfTheSameValues) {
         k.forward_bf16_input(o16in.data(), r16.data(), x16.data(), w.data(), N, C, 1e-6f);
         EXPECT_EQ(o16in, o) << name << " " << N << "x" << C;
         EXPECT_EQ(r16, r) << name;
+        // both bf16 (the bf16 residual stream into a bf16 norm output)
+        ASSERT_TRUE(k.forward_bf16_io) << name;
+        std::vector<uint16_t> io16(N * C, 0xffff);
+        std::vector<float> rio(N, -1.0f);
+        k.forward_bf16_io(io16.data(), rio.data(), x16.data(), w.data(), N, C, 1e-6f);
+        EXPECT_EQ(io16, rounded_bits(o)) << name << " " << N << "x" << C;
+        EXPECT_EQ(rio, r) << name;
         k.backward(d.data(), with_dw ? dw.data() : nullptr, dout.data(), xv.data(), w.data(), r.data(), N, C);
         k.backward_bf16_input(d16.data(), with_dw ? dw16.data() : nullptr, dout.data(), x16.data(), w.data(),
                               r.data(), N, C);
@@ -1049,6 +1056,11 @@ TEST(Kernels, ElementwiseMatchesTheMath) {
     auto scaled = y;
     k.scale(scaled.data(), 0.75f, n);
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(scaled[i], y[i] * 0.75f) << name << " scale at " << i;
+    // the residual add into the bf16 residual stream: the f32 sum's nearest bf16 (h: x's bf16 bits)
+    std::vector<uint16_t> s16(n, 0xffff);
+    k.add_to_bf16(s16.data(), y.data(), h.data(), n);
+    for (int64_t i = 1; i < n; ++i)
+      ASSERT_EQ(s16[i], f32_to_bf16(y[i] + bf16_to_f32(h[i]))) << name << " add_to_bf16 at " << i;
   }
 }
 

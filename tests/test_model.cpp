@@ -641,10 +641,15 @@ TEST(Qwen3Model, PackedRowsEqualSeparateRows) {
 
 // Pipeline stages: a model split into stages run one after the other (outputs passed forward, their
 // gradients back) equals the whole model: the same init, loss and gradients, dense and MoE (aux-loss
-// statistics passed along), tied embeddings (the last stage's copy's gradient adds to the first's).
+// statistics passed along), tied embeddings (the last stage's copy's gradient adds to the first's), in f32
+// and under bf16 compute (whose residual stream is bf16 inside a stage and f32 at its ends).
 TEST(Qwen3Model, PipelineStagesEqualTheWholeModel) {
-  for (const char* fixture : {"qwen3/tied_gqa2", "qwen3_moe/e8k2_norm"}) {
-    SCOPED_TRACE(fixture);
+  for (const auto& [fixture, bf16] :
+       std::vector<std::pair<const char*, bool>>{{"qwen3/tied_gqa2", false},
+                                                 {"qwen3_moe/e8k2_norm", false},
+                                                 {"qwen3/tied_gqa2", true},
+                                                 {"qwen3_moe/e8k2_norm", true}}) {
+    SCOPED_TRACE(std::string(fixture) + (bf16 ? " bf16" : " f32"));
     const std::string dir = testing::source_path(std::string("tests/golden/") + fixture);
     Qwen3Config config = Qwen3Config::from_hf_file(dir + "/config.json");
     config.num_hidden_layers = 4;
@@ -653,6 +658,7 @@ TEST(Qwen3Model, PipelineStagesEqualTheWholeModel) {
     const int64_t N = batch.B * batch.T, H = config.hidden_size;
     Qwen3Model whole(config);
     whole.init_weights(7);
+    whole.set_bf16_compute(bf16);
     ForwardOptions fo;
     fo.aux_loss_scale = 0.25f;
     const ForwardResult want =
@@ -676,6 +682,7 @@ TEST(Qwen3Model, PipelineStagesEqualTheWholeModel) {
       }
       for (auto& m : models) {
         m->init_weights(7);
+        m->set_bf16_compute(bf16);
         for (const Param& p : m->params())
           EXPECT_EQ(rel_error(p.value, whole.param(p.name).value), 0.0) << "init of " << p.name;
       }

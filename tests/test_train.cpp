@@ -638,9 +638,10 @@ TEST(Trainer, PlanCountsEachActivationCheckpointingMode) {
 TEST(Trainer, PlanCountsBf16ActivationsAsTheModelAllocatesIt) {
   // Under bf16 compute a layer saves bf16 q/k/v and attention output instead of f32 q/k/v after RoPE and the
   // f32 output (o_proj reads the bf16 one; q/k/v become scratch shared by the layers, with the backward's
-  // bf16 gradients), bf16 q/k before their norms, a dense layer bf16 gate/up and SwiGLU output, and bf16
-  // norm outputs (ln1, ln2): the plan's saved bytes per layer move as the model's own allocation does (up to
-  // the alignment reserve of the ten bf16 buffers).
+  // bf16 gradients), bf16 q/k before their norms, a dense layer bf16 gate/up and SwiGLU output, bf16 norm
+  // outputs (ln1, ln2) and a bf16 residual stream (resid_mid, and the layer input but the first layer's):
+  // the plan's saved bytes per layer move as the model's own allocation does (up to the alignment reserve
+  // of the twelve bf16 buffers).
   Qwen3Config c = Qwen3Config::flavor("debug");
   c.num_hidden_layers = 2;
   const int64_t B = 2, T = 32, N = B * T, L = c.num_hidden_layers;
@@ -665,19 +666,25 @@ TEST(Trainer, PlanCountsBf16ActivationsAsTheModelAllocatesIt) {
   const int64_t scratch = 4 * N * qk + 2 * N * qk;
   const int64_t plan_delta = f32.activation_bytes - bf16.activation_bytes + scratch;
   // (attention: q/k/v after RoPE and the output; half of q/k before their norms; MLP: half of gate/up and
-  // act; half of ln1 and ln2; the f32 dq/dk of RoPE's backward, which qk_norm_rope's does not need; half
-  // of the backward's d(gate/up); the f32 d(q/k/v) the GEMMs no longer read)
+  // act; half of ln1 and ln2; half of the residual stream but the first layer's f32 input, less the f32
+  // buffer o_proj and the MLP write before their residual adds; the f32 dq/dk of RoPE's backward, which
+  // qk_norm_rope's does not need; half of the backward's d(gate/up); the f32 d(q/k/v) the GEMMs no longer
+  // read)
   EXPECT_EQ(plan_delta, 4 * L * N * qk + 4 * L * N * qk / 2 + 4 * L * N * 3 * I / 2 + 4 * L * N * H +
-                            4 * N * qk + 4 * N * I + 4 * N * (c.q_dim() + 2 * c.kv_dim()));
-  // (the model reserves up to 3 floats of alignment before each of the ten bf16 buffers of a layer)
-  EXPECT_LE(std::abs(plan_delta - model_delta), 4 * L * 10 * 4) << plan_delta << " vs " << model_delta;
-  EXPECT_NE(bf16.describe().find("(bf16: attention, q/k projections, MLP, norm outputs)"), std::string::npos);
+                            4 * L * N * H - 2 * N * H - 4 * N * H + 4 * N * qk + 4 * N * I +
+                            4 * N * (c.q_dim() + 2 * c.kv_dim()));
+  // (the model reserves up to 3 floats of alignment before each of the twelve bf16 buffers of a layer)
+  EXPECT_LE(std::abs(plan_delta - model_delta), 4 * L * 12 * 4) << plan_delta << " vs " << model_delta;
+  EXPECT_NE(bf16.describe().find("(bf16: attention, q/k projections, MLP, norm outputs, residual stream)"),
+            std::string::npos);
   // Context parallel keeps the ring's blocks f32: there bf16 compute changes the MLP's and norms' tensors.
   EXPECT_FALSE(plan(true, 2).bf16_attention);
   EXPECT_TRUE(plan(true, 2).bf16_qk && plan(true, 2).bf16_mlp && plan(true, 2).bf16_norms);
-  EXPECT_NE(plan(true, 2).describe().find("(bf16: q/k projections, MLP, norm outputs)"), std::string::npos);
+  EXPECT_NE(plan(true, 2).describe().find("(bf16: q/k projections, MLP, norm outputs, residual stream)"),
+            std::string::npos);
   EXPECT_EQ(plan(false, 2).activation_bytes - plan(true, 2).activation_bytes,
-            4 * L * (N / 2) * (qk / 2 + 3 * I / 2 + H) + 4 * (N / 2) * I);  // (+ half of d(gate/up))
+            4 * L * (N / 2) * (qk / 2 + 3 * I / 2 + 2 * H) - 6 * (N / 2) * H +
+                4 * (N / 2) * I);  // (+ half of d(gate/up))
 }
 
 // Pipeline stages as torchtitan splits them (the embedding and the head weigh one layer each), the

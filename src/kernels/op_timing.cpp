@@ -145,7 +145,8 @@ const RmsNormKernels* timed(const RmsNormKernels* k) {
                               TITAN_TIMED(0, RmsNormKernels, backward, kPointwise),
                               TITAN_TIMED(0, RmsNormKernels, forward_bf16_output, kPointwise),
                               TITAN_TIMED(0, RmsNormKernels, forward_bf16_input, kPointwise),
-                              TITAN_TIMED(0, RmsNormKernels, backward_bf16_input, kPointwise)},
+                              TITAN_TIMED(0, RmsNormKernels, backward_bf16_input, kPointwise),
+                              TITAN_TIMED(0, RmsNormKernels, forward_bf16_io, kPointwise)},
                0);
 }
 const RopeKernels* timed(const RopeKernels* k) {
@@ -198,7 +199,8 @@ const ElementwiseKernels* timed(const ElementwiseKernels* k) {
                                   TITAN_TIMED(0, ElementwiseKernels, to_bf16, kPointwise),
                                   TITAN_TIMED(0, ElementwiseKernels, from_bf16, kPointwise),
                                   TITAN_TIMED(0, ElementwiseKernels, fill, kPointwise),
-                                  TITAN_TIMED(0, ElementwiseKernels, scale, kPointwise)},
+                                  TITAN_TIMED(0, ElementwiseKernels, scale, kPointwise),
+                                  TITAN_TIMED(0, ElementwiseKernels, add_to_bf16, kPointwise)},
                0);
 }
 const MoeExpertsKernels* timed(const MoeExpertsKernels* k, int slot) {

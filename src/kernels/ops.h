@@ -77,6 +77,10 @@ struct RmsNormKernels {
                              int64_t C, float eps);
   void (*backward_bf16_input)(float* dinp, float* dweight, const float* dout, const uint16_t* inp16,
                               const float* weight, const float* rstd, int64_t N, int64_t C);
+  // forward with both held as bf16 (the bf16 residual stream into a bf16 norm output): out16 = the nearest
+  // bf16 of forward's out on the f32 values of inp16's bits.
+  void (*forward_bf16_io)(uint16_t* out16, float* rstd, const uint16_t* inp16, const float* weight, int64_t N,
+                          int64_t C, float eps);
 };
 
 // Rotate-half RoPE (NeoX layout, HF `rotate_half`) at position t = row % T.
@@ -411,6 +415,9 @@ struct ElementwiseKernels {
   void (*from_bf16)(float* dst, const uint16_t* src, int64_t n);  // exact
   void (*fill)(float* x, float value, int64_t n);
   void (*scale)(float* x, float a, int64_t n);  // x *= a
+  // out16 = nearest bf16 of (y + x16's f32 value), the sum in f32 (add, then to_bf16, in one pass: a residual
+  // add into the bf16 residual stream)
+  void (*add_to_bf16)(uint16_t* out16, const float* y, const uint16_t* x16, int64_t n);
 };
 
 // Router of a sparse layer (HF Qwen3MoeTopKRouter, torchtitan's expert bias) and its statistics.

@@ -131,7 +131,12 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   // all-gathers move them as f32); ln2 only in dense models (a sparse layer's router and experts read f32).
   const bool ln16 = p.bf16_norms = bf16_compute && !sp;
   const int64_t ln1 = ln16 ? (Nl * H + 1) / 2 : Nl * H, ln2 = ln16 && mlp16 ? (Nl * H + 1) / 2 : Nl * H;
-  const int64_t per_layer = Nl * H * 2 + ln1 + ln2 + Nl * 2 + attn_qkv +
+  // The residual stream (a layer's input and resid_mid): bf16 with the norm outputs, but for each stage's
+  // first layer's input (the embedding or the previous stage's output, f32); o_proj's and the MLP's output
+  // then go through one f32 (N, H) buffer before their residual add.
+  const bool resid16 = p.bf16_residual = ln16;
+  const int64_t resid = resid16 ? (Nl * H + 1) / 2 : Nl * H;
+  const int64_t per_layer = resid * 2 + ln1 + ln2 + Nl * 2 + attn_qkv +
                             N * (lc.num_attention_heads + lc.num_key_value_heads) +
                             N * lc.num_attention_heads + mlp_acts;
   const int64_t every = checkpointing.every;
@@ -139,7 +144,7 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   // (d(gate/up) of a dense layer: bf16 where its norm output is, bf16_mlp and bf16_norms)
   const int64_t scratch =
       N * (3 * H + 2 * lc.q_dim() + 3 * lc.kv_dim() + (mlp16 && ln16 ? 2 : 3) * I) +
-      (sp ? Nl * H + 2 * N * H : 0) +
+      (sp ? Nl * H + 2 * N * H : 0) + (resid16 ? N * H : 0) +
       (pp > 1 ? 2 * Nl * H : 0) +           // the stage's received input and sent output
       (cp > 1 ? 4 * N * lc.kv_dim() : 0) +  // the ring's K/V chunks (double-buffered)
       // bf16 attention: datt/dq/dk/dv in bf16 (q/k come from qk_norm_rope, v from its
@@ -180,7 +185,7 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
   int64_t worst = -1;
   for (int64_t r = 0; r < pp; ++r) {
     RunPlan::PipelineRank pr;
-    int64_t params = 0, ckpt = 0, saved = 0;
+    int64_t params = 0, ckpt = 0, saved = 0, stage_inputs = 0;
     double units = 0, ring = 0, sends = 0;
     bool head = false;
     for (int64_t s : p.pipeline.stages_of(r)) {
@@ -189,6 +194,7 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
       if (st.embedding) params += emb, units += 2;
       if (st.head) params += H + (!c.tie_word_embeddings || !st.embedding ? emb : 0), units += 2;
       sends += (st.head ? 0 : 1) + (st.embedding ? 0 : 1);
+      stage_inputs += st.num_layers > 0;
       for (int64_t l = st.first_layer; l < st.first_layer + st.num_layers; ++l) {
         params += layer_params(l);
         units += tp_units(l);
@@ -210,8 +216,8 @@ RunPlan make_plan(const Qwen3Config& c, int64_t world, int64_t dp_replicate, int
     // Per forward in flight: the saved layers' activations (less the pointwise outputs selective 'op'
     // recomputes) and the checkpointed layers' inputs; once: the buffer a checkpointed layer is recomputed
     // into, the shared pointwise block, the scratch, and on the last stage one logits chunk.
-    const int64_t kept =
-        saved * per_layer - (checkpointing.recompute_ops ? saved * pointwise : 0) + ckpt * Nl * H;
+    const int64_t kept = saved * per_layer - (checkpointing.recompute_ops ? saved * pointwise : 0) +
+                         ckpt * resid + stage_inputs * (Nl * H - resid);
     const int64_t once = (ckpt > 0 ? per_layer : 0) +
                          (checkpointing.recompute_ops && saved > 0 ? pointwise : 0) + scratch +
                          (head ? logits : 0);
@@ -239,7 +245,8 @@ std::string RunPlan::bf16_activations() const {
   for (auto [on, what] : {std::pair{bf16_attention, "attention"},
                           {bf16_qk, "q/k projections"},
                           {bf16_mlp, "MLP"},
-                          {bf16_norms, "norm outputs"}})
+                          {bf16_norms, "norm outputs"},
+                          {bf16_residual, "residual stream"}})
     if (on) parts += (parts.empty() ? "" : ", ") + std::string(what);
   return parts.empty() ? "" : " (bf16: " + parts + ")";
 }

@@ -29,6 +29,7 @@ struct RunPlan {
   bool bf16_qk = false;          // q and k before their norms saved as bf16 (bf16 compute)
   bool bf16_mlp = false;         // gate/up and the SwiGLU output saved as bf16 (bf16 compute, dense)
   bool bf16_norms = false;       // ln1 (and ln2 where bf16_mlp) saved as bf16 (bf16 compute, no SP)
+  bool bf16_residual = false;    // the layer inputs (but a stage's first) and resid_mid as bf16 (no SP)
   double pp_comm_bytes = 0;      // per rank and step: activations and their gradients sent between stages
   double cp_comm_bytes = 0;      // per rank and step: K/V chunks (and dK/dV) passed around the ring
   int64_t shard_params = 0;      // parameters this rank owns (its shard of its tensor-parallel slice)

@@ -359,9 +359,9 @@ double sum_squares(const float* x, int64_t n) {
 }
 
 const MatmulKernels kMatmul{matmul_forward, matmul_backward};
-const RmsNormKernels kRmsNorm{rmsnorm_forward_t<float, float>, rmsnorm_backward_t<float>,
+const RmsNormKernels kRmsNorm{rmsnorm_forward_t<float, float>,    rmsnorm_backward_t<float>,
                               rmsnorm_forward_t<float, uint16_t>, rmsnorm_forward_t<uint16_t, float>,
-                              rmsnorm_backward_t<uint16_t>};
+                              rmsnorm_backward_t<uint16_t>,       rmsnorm_forward_t<uint16_t, uint16_t>};
 const RopeKernels kRope{rope_forward, rope_backward};
 int64_t attention_probs_floats(int64_t B, int64_t T, int64_t nH) {
   return B * nH * T * T;

@@ -37,6 +37,11 @@ void from_bf16(float* dst, const uint16_t* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
 }
 
+void add_to_bf16(uint16_t* out16, const float* y, const uint16_t* x16, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out16[i] = f32_to_bf16(y[i] + bf16_to_f32(x16[i]));
+}
+
 void fill(float* x, float value, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) x[i] = value;
@@ -219,7 +224,7 @@ void scale(float* x, float a, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= a;
 }
 
-const ElementwiseKernels kElementwise{add, round_bf16, to_bf16, from_bf16, fill, scale};
+const ElementwiseKernels kElementwise{add, round_bf16, to_bf16, from_bf16, fill, scale, add_to_bf16};
 void aux_loss(double* aux, float* dprob, const double* stats, int64_t E, double R) {
   *aux = moe_aux_loss(stats, E, R, dprob);
 }

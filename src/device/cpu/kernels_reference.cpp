@@ -92,6 +92,10 @@ void rmsnorm_backward_bf16_input(float* dinp, float* dw, const float* dout, cons
                                  const float* w, const float* rstd, int64_t N, int64_t C) {
   rmsnorm_backward(dinp, dw, dout, widen(inp16, N * C).data(), w, rstd, N, C);
 }
+void rmsnorm_forward_bf16_io(uint16_t* out16, float* rstd, const uint16_t* inp16, const float* w, int64_t N,
+                             int64_t C, float eps) {
+  rmsnorm_forward_bf16_output(out16, rstd, widen(inp16, N * C).data(), w, N, C, eps);
+}
 
 void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int64_t N, int64_t T,
                   int64_t nh, int64_t hd) {
@@ -404,8 +408,12 @@ void attention_ring_backward(float* dq, float* dk, float* dv, const float* dout,
 }
 
 const MatmulKernels kMatmul{matmul_forward, matmul_backward};
-const RmsNormKernels kRmsNorm{rmsnorm_forward, rmsnorm_backward, rmsnorm_forward_bf16_output,
-                              rmsnorm_forward_bf16_input, rmsnorm_backward_bf16_input};
+const RmsNormKernels kRmsNorm{rmsnorm_forward,
+                              rmsnorm_backward,
+                              rmsnorm_forward_bf16_output,
+                              rmsnorm_forward_bf16_input,
+                              rmsnorm_backward_bf16_input,
+                              rmsnorm_forward_bf16_io};
 const RopeKernels kRope{rope_forward, rope_backward};
 int64_t attention_probs_floats(int64_t B, int64_t T, int64_t nH) {
   return B * nH * T * T;

@@ -33,6 +33,9 @@ __global__ void to_bf16_kernel(uint16_t* dst, const float* src, int64_t n) {
 __global__ void from_bf16_kernel(float* dst, const uint16_t* src, int64_t n) {
   TITAN_GRID_STRIDE(i, n) dst[i] = bf16_bits_to_f32(src[i]);
 }
+__global__ void add_to_bf16_kernel(uint16_t* out16, const float* y, const uint16_t* x16, int64_t n) {
+  TITAN_GRID_STRIDE(i, n) out16[i] = f32_to_bf16_bits(y[i] + bf16_bits_to_f32(x16[i]));
+}
 __global__ void fill_kernel(float* x, float value, int64_t n) {
   TITAN_GRID_STRIDE(i, n) x[i] = value;
 }
@@ -55,6 +58,10 @@ void to_bf16(uint16_t* dst, const float* src, int64_t n) {
 void from_bf16(float* dst, const uint16_t* src, int64_t n) {
   if (n <= 0) return;
   launch(from_bf16_kernel, blocks_for(n, kThreads), kThreads, 0, dst, src, n);
+}
+void add_to_bf16(uint16_t* out16, const float* y, const uint16_t* x16, int64_t n) {
+  if (n <= 0) return;
+  launch(add_to_bf16_kernel, blocks_for(n, kThreads), kThreads, 0, out16, y, x16, n);
 }
 void fill(float* x, float value, int64_t n) {
   if (n <= 0) return;
@@ -430,7 +437,7 @@ void ep_unpack_padded(float* x, float* w, int32_t* idx, const float* recv, int64
 #undef TITAN_GRID_STRIDE
 
 const DropoutKernels kDropout{dropout_forward, dropout_backward_add};
-const ElementwiseKernels kElementwise{add, round_bf16, to_bf16, from_bf16, fill, scale};
+const ElementwiseKernels kElementwise{add, round_bf16, to_bf16, from_bf16, fill, scale, add_to_bf16};
 __global__ void aux_loss_kernel(double* aux, float* dprob, const double* stats, int64_t E, double R) {
   *aux = moe_aux_loss(stats, E, R, dprob);
 }

@@ -565,9 +565,9 @@ void count_nonfinite(double* out, const double* x, int64_t n) {
   launch(count_nonfinite_kernel, 1, 1, 0, out, x, n);
 }
 
-const RmsNormKernels kRmsNorm{rmsnorm_forward<float, float>, rmsnorm_backward<float>,
+const RmsNormKernels kRmsNorm{rmsnorm_forward<float, float>,    rmsnorm_backward<float>,
                               rmsnorm_forward<float, uint16_t>, rmsnorm_forward<uint16_t, float>,
-                              rmsnorm_backward<uint16_t>};
+                              rmsnorm_backward<uint16_t>,       rmsnorm_forward<uint16_t, uint16_t>};
 const RopeKernels kRope{rope_forward, rope_backward};
 const RopeQKKernels kRopeQK{rope_qk_forward, rope_qk_backward};
 const QKNormRopeKernels kQKNormRope{qk_norm_rope_forward, qk_norm_rope_backward};

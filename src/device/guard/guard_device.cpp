@@ -118,10 +118,12 @@ const MatmulBf16Kernels kMatmulBf16{TITAN_GUARD(MatmulBf16Kernels, forward),
                                     TITAN_GUARD(MatmulBf16Kernels, forward_bf16_output),
                                     TITAN_GUARD(MatmulBf16Kernels, forward_bf16_io),
                                     TITAN_GUARD(MatmulBf16Kernels, backward_bf16_io)};
-const RmsNormKernels kRmsNorm{TITAN_GUARD(RmsNormKernels, forward), TITAN_GUARD(RmsNormKernels, backward),
+const RmsNormKernels kRmsNorm{TITAN_GUARD(RmsNormKernels, forward),
+                              TITAN_GUARD(RmsNormKernels, backward),
                               TITAN_GUARD(RmsNormKernels, forward_bf16_output),
                               TITAN_GUARD(RmsNormKernels, forward_bf16_input),
-                              TITAN_GUARD(RmsNormKernels, backward_bf16_input)};
+                              TITAN_GUARD(RmsNormKernels, backward_bf16_input),
+                              TITAN_GUARD(RmsNormKernels, forward_bf16_io)};
 const RopeKernels kRope{TITAN_GUARD(RopeKernels, forward), TITAN_GUARD(RopeKernels, backward)};
 const RopeQKKernels kRopeQK{TITAN_GUARD(RopeQKKernels, forward), TITAN_GUARD(RopeQKKernels, backward)};
 const QKNormRopeKernels kQKNormRope{TITAN_GUARD(QKNormRopeKernels, forward),
@@ -155,9 +157,10 @@ const MoeExpertsKernels kMoe{TITAN_GUARD(MoeExpertsKernels, forward),
 const MoeExpertsBf16Kernels kMoeBf16{
     {TITAN_GUARD(MoeExpertsBf16Kernels, forward), TITAN_GUARD(MoeExpertsBf16Kernels, backward)}};
 const ElementwiseKernels kElementwise{
-    TITAN_GUARD(ElementwiseKernels, add),     TITAN_GUARD(ElementwiseKernels, round_bf16),
-    TITAN_GUARD(ElementwiseKernels, to_bf16), TITAN_GUARD(ElementwiseKernels, from_bf16),
-    TITAN_GUARD(ElementwiseKernels, fill),    TITAN_GUARD(ElementwiseKernels, scale)};
+    TITAN_GUARD(ElementwiseKernels, add),        TITAN_GUARD(ElementwiseKernels, round_bf16),
+    TITAN_GUARD(ElementwiseKernels, to_bf16),    TITAN_GUARD(ElementwiseKernels, from_bf16),
+    TITAN_GUARD(ElementwiseKernels, fill),       TITAN_GUARD(ElementwiseKernels, scale),
+    TITAN_GUARD(ElementwiseKernels, add_to_bf16)};
 const MoeRouterKernels kMoeRouter{
     TITAN_GUARD(MoeRouterKernels, softmax),      TITAN_GUARD(MoeRouterKernels, select_topk),
     TITAN_GUARD(MoeRouterKernels, count_tokens), TITAN_GUARD(MoeRouterKernels, aux_stats),

@@ -288,8 +288,12 @@ class Qwen3Model {
   float* stage_in(const StageRange& range) {
     return range.first < range.end ? layer_acts_[range.first].resid_in : final_resid_.f32();
   }
-  // Decoder layer l from layer_acts_[l].resid_in into out (N,H), saving its activations.
-  void forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats);
+  // Decoder layer l from layer_acts_[l].resid_in (or resid_in16) into out (N,H), or out16 where out is null
+  // (the bf16 residual stream), saving its activations.
+  void forward_layer(int64_t l, float* out, uint16_t* out16, bool count_tokens, bool accumulate_stats);
+  // d(resid) += the backward of an RMSNorm of the residual stream (x, or x16 where x is null).
+  void residual_norm_backward(float* dresid, float* dw, const float* dln, const float* x, const uint16_t* x16,
+                              const float* w, const float* rstd);
   // The layer GEMMs (out = inp W^T and its backward) on the f32 buffer of each operand where it is non-null,
   // else on its bf16 one (bf16 activations).
   void linear_forward(float* out, uint16_t* out16, const float* inp, const uint16_t* inp16, const float* w,
@@ -449,11 +453,13 @@ class Qwen3Model {
   bool qk_fused_ = false;     // ... and q16/k16 come from q_raw16/k_raw16 by qk_norm_rope (no f32 q/k)
   bool qkv16_grads_ = false;  // ... and (with ln16_) the q/k/v GEMMs' backward reads bf16 d(q/k/v) (no f32)
   bool dgu16_ = false;        // ... and (with ln16_) a dense layer's d(gate/up) is bf16 (dgu_ holds bf16)
+  bool resid16_ = false;      // ... and (with ln16_) the residual stream inside a stage is bf16 (resid_y_)
   bool bf16_acts_ = true;     // set_bf16_activations
   bool ln16_ = false;         // ... and its layers ln1_16 (every layer) and ln2_16 (dense layers)
   bool ops_timed_ = false;    // time_ops() swapped the op tables
   Tensor attn_scratch_;  // attn16_: qr | kr (not under qk_fused_) | v (not under o16_), f32, of the layer run
   Tensor attn16_grads_;  // attn16_: datt | dq | dk | dv (bf16) of the layer's backward
+  Tensor resid_y_;       // resid16_: o_proj's or the MLP's f32 output, before its residual add (N,H)
   uint16_t* attn16_grad(int i) { return attn16_grads_.data<uint16_t>() + attn16_grad_offset(i, B_ * T_); }
   const SwigluKernels* swiglu_;
   const EmbeddingKernels* embedding_;

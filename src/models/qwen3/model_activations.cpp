@@ -150,6 +150,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   ln16_ = act16 && !sp_;
   dgu16_ = ln16_ && swiglu_->backward_bf16_output && matmul16_.backward_bf16_io;
   qkv16_grads_ = qk_fused_ && ln16_ && matmul16_.backward_bf16_io;
+  resid16_ = ln16_ && rmsnorm_->forward_bf16_io && elementwise_->add_to_bf16;
   const auto& c = config_;
   const int64_t N = B * T, H = c.hidden_size, I = c.intermediate_size, nH = c.num_attention_heads,
                 nKV = c.num_key_value_heads, L = c.num_hidden_layers;
@@ -165,8 +166,13 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     const double n = double(B) * double(T), saved = c.num_attention_heads * n * (double(T) + 1);
     // (bf16 attention: q/k/v f32 become scratch, their bf16 copies and the output's are kept, q/k/v
     // and output as bf16 take half a float each)
-    // (bf16 norm outputs: ln1 and ln2 half a float each; bf16 q/k before their norms likewise)
-    const double norms = (ln16_ ? 3.0 : 4.0) * H, raw = (mlp16_ ? 0.5 : 1.0) * (c.q_dim() + c.kv_dim());
+    // (bf16 norm outputs: ln1 and ln2 half a float each; bf16 q/k before their norms likewise; the bf16
+    // residual stream: resid_in and resid_mid too)
+    const double norms = (resid16_ ? 2.0
+                          : ln16_  ? 3.0
+                                   : 4.0) *
+                         H,
+                 raw = (mlp16_ ? 0.5 : 1.0) * (c.q_dim() + c.kv_dim());
     const double attn_d =
         attn16_ ? n * (norms + 2 + raw + (o16_ ? 1.0 : 2.0) * c.q_dim() + c.kv_dim() + nH + nKV + nH)
                 : n * (norms + 2 + raw + 2.0 * c.q_dim() + 2.0 * c.kv_dim() + nH + nKV) + saved;
@@ -174,7 +180,8 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     // Op-selective layers keep ln1, ln2, qr, kr (and a dense layer's act) in one shared block instead.
     const double pointwise = n * ((ln16_ ? 1.0 : 2.0) * H + (attn16_ ? 0 : c.q_dim() + c.kv_dim())),
                  act = n * I * (mlp16_ ? 0.5 : 1.0);
-    int64_t checkpointed = 0, op_layers = 0, op_dense = 0, held = 0;
+    int64_t checkpointed = 0, op_layers = 0, op_dense = 0, held = 0, stage_inputs = 0;
+    for (const StageRange& r : stages_) stage_inputs += r.first < r.end;
     for (int64_t l = 0; l < L; ++l) {
       if (!held_[l + 1]) continue;
       ++held;
@@ -185,9 +192,11 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     const double recomputed =
         op_layers * pointwise + op_dense * act - (op_layers > 0 ? pointwise + (op_dense > 0 ? act : 0) : 0);
     const double bytes =
-        4 * (checkpointed * n * H + (held - checkpointed) * (attn_d + mlp_d) - recomputed +
-             (checkpointed > 0 ? attn_d + mlp_d : 0) +
-             n * (6.0 * H + 4.0 * c.q_dim() + 4.0 * c.kv_dim() + (dgu16_ ? 2.0 : 3.0) * I + 2) +
+        4 * (checkpointed * n * H * (resid16_ ? 0.5 : 1.0) + (held - checkpointed) * (attn_d + mlp_d) -
+             recomputed + (checkpointed > 0 ? attn_d + mlp_d : 0) +
+             (resid16_ ? 0.5 * stage_inputs * n * H : 0) +  // (a stage's first layer's input is f32)
+             n * ((resid16_ ? 7.0 : 6.0) * H + 4.0 * c.q_dim() + 4.0 * c.kv_dim() + (dgu16_ ? 2.0 : 3.0) * I +
+                  2) +
              (attn16_ ? n * (c.q_dim() + c.kv_dim() + (o16_ ? 0 : c.kv_dim()) +
                              (qk_fused_ ? -0.5 : 1.0) * (c.q_dim() + c.kv_dim()) -
                              (qkv16_grads_ ? c.q_dim() + 2.0 * c.kv_dim() : 0))
@@ -219,9 +228,15 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   // padding before them.
   auto bf16_floats = [](int64_t n) { return (n + 1) / 2 + 3; };
   // resid_in, ln1, resid_mid, ln2; under ln16_ ln1 bf16 and ln2 bf16 (a sparse layer's ln2 stays f32: the
-  // block is sized for it where the model has sparse layers).
-  const int64_t norms =
-      ln16_ ? 2 * Nl * H + bf16_floats(N * H) + (E > 0 ? N * H : bf16_floats(N * H)) : N * H + Nl * H * 3;
+  // block is sized for it where the model has sparse layers), under resid16_ resid_in and resid_mid bf16 too
+  // (a stage's first layer's f32 input has a buffer of its own).
+  const int64_t input = resid16_ ? bf16_floats(Nl * H) : Nl * H;  // (the layer input's share of the block)
+  const int64_t norms = ln16_ ? input + (resid16_ ? bf16_floats(Nl * H) : Nl * H) + bf16_floats(N * H) +
+                                    (E > 0 ? N * H : bf16_floats(N * H))
+                              : N * H + Nl * H * 3;
+  std::vector<bool> stage_first(L, false);
+  for (const StageRange& r : stages_)
+    if (r.first < r.end) stage_first[r.first] = true;
   // q_raw, k_raw: f32, or bf16 (bf16 activations: qk16).
   const bool qk16 = mlp16_;
   const int64_t raw =
@@ -275,9 +290,13 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     const bool moe = c.is_moe_layer(l), ck = layer_checkpointed(l), rec = layer_recomputes_ops(l);
     any_dense |= !moe;
     const int64_t mlp = moe ? N * E + N * k + N * k * 2 * Im + N * k * Im : dense_mlp;
+    // The layer's input: bf16 under resid16_ except a stage's first layer's (f32); a buffer of its own for
+    // a checkpointed layer (its only saved tensor) and for that f32 input, else in the layer's block.
+    const bool in16 = resid16_ && !stage_first[l], own_input = ck || (resid16_ && !in16);
     float* p = shared;
     if (!ck) {
-      acts_.push_back(Tensor::empty({attn + mlp - (rec ? pointwise_floats(l) : 0)}, DType::F32, device_));
+      acts_.push_back(Tensor::empty({attn + mlp - (rec ? pointwise_floats(l) : 0) - (own_input ? input : 0)},
+                                    DType::F32, device_));
       p = acts_.back().f32();
     }
     auto take = [&p](int64_t n) {
@@ -302,10 +321,17 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     };
     auto take_pointwise_bf16 = [&](int64_t n) { return rec ? take_bf16_at(po, n) : take_bf16(n); };
     LayerActs& a = layer_acts_[l];
-    a.resid_in = take(Nl * H);
-    if (ck) {
-      acts_.push_back(Tensor::empty({Nl * H}, DType::F32, device_));  // the layer's own saved input
-      a.resid_in = acts_.back().f32();
+    a.resid_in = nullptr, a.resid_in16 = nullptr;
+    if (own_input) {
+      acts_.push_back(Tensor::empty({Nl * H}, in16 ? DType::BF16 : DType::F32, device_));
+      if (in16)
+        a.resid_in16 = acts_.back().data<uint16_t>();
+      else
+        a.resid_in = acts_.back().f32();
+    } else if (in16) {
+      a.resid_in16 = take_bf16(Nl * H);
+    } else {
+      a.resid_in = take(Nl * H);
     }
     a.ln1 = nullptr, a.ln1_16 = nullptr;
     if (ln16_)
@@ -340,7 +366,11 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
     }
     a.attn_saved = take(attn_saved_floats(B, T, nH));
     a.att = o16_ ? nullptr : take(N * c.q_dim());
-    a.resid_mid = take(Nl * H);
+    a.resid_mid = nullptr, a.resid_mid16 = nullptr;
+    if (resid16_)
+      a.resid_mid16 = take_bf16(Nl * H);
+    else
+      a.resid_mid = take(Nl * H);
     a.ln2 = nullptr, a.ln2_16 = nullptr;
     if (ln16_ && !moe)
       a.ln2_16 = take_pointwise_bf16(N * H);
@@ -381,6 +411,7 @@ void Qwen3Model::plan_activations(int64_t B, int64_t T) {
   targets_ = alloc({N}, DType::I32);
   host_targets_.resize(N);
   final_resid_ = alloc({Nl, H});
+  resid_y_ = resid16_ ? alloc({N, H}) : Tensor();
   lnf_ = alloc({N, H});
   rstdf_ = alloc({Nl});
   if (cp_) {

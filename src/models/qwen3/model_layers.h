@@ -25,18 +25,22 @@ struct LayerView {
 // rstd1, resid_mid, rstd2) holds this rank's N/tp rows, and so does ln2 of a sparse layer whose experts are
 // split over the tensor-parallel group.
 struct LayerActs {
-  float* resid_in;    // (N,H) layer input
-  float* ln1;         // (N,H)
-  float* rstd1;       // (N)
-  float* q_raw;       // (N,nH,hd) before q_norm
-  float* k_raw;       // (N,nKV,hd)
-  float* v;           // (N,nKV,hd)
-  float* q_rstd;      // (N*nH)
-  float* k_rstd;      // (N*nKV)
-  float* qr;          // (N,nH,hd) normed + rotated
-  float* kr;          // (N,nKV,hd)
-  float* attn_saved;  // attention_->saved_floats(B,T,nH): probabilities or row logsumexp
-  float* att;         // (N,nH*hd)
+  float* resid_in;  // (N,H) layer input
+  // The bf16 residual stream (Qwen3Model::resid16_): the layer input (except a stage's first layer's, which
+  // is the embedding or the previous stage's output, f32) and resid_mid as bf16 in place of resid_in and
+  // resid_mid (then null); titan rounds the residual stream to bf16 values under bf16 compute anyway.
+  uint16_t *resid_in16, *resid_mid16;  // (N,H), (N,H)
+  float* ln1;                          // (N,H)
+  float* rstd1;                        // (N)
+  float* q_raw;                        // (N,nH,hd) before q_norm
+  float* k_raw;                        // (N,nKV,hd)
+  float* v;                            // (N,nKV,hd)
+  float* q_rstd;                       // (N*nH)
+  float* k_rstd;                       // (N*nKV)
+  float* qr;                           // (N,nH,hd) normed + rotated
+  float* kr;                           // (N,nKV,hd)
+  float* attn_saved;                   // attention_->saved_floats(B,T,nH): probabilities or row logsumexp
+  float* att;                          // (N,nH*hd)
   // bf16 attention (attention_bf16 under bf16 compute): its inputs and output as bf16, saved for its
   // backward; qr, kr and v are then scratch shared by the layers, and attn_saved the row logsumexp.
   uint16_t *q16, *k16, *v16, *att16;  // (N,nH*hd), (N,nKV*hd), (N,nKV*hd), (N,nH*hd)

@@ -47,12 +47,18 @@ void Qwen3Model::vocab_parallel_cross_entropy(float* logits, int64_t r0, int64_t
 void Qwen3Model::norm_for_mlp(int64_t l) {
   LayerActs& a = layer_acts_[l];
   const LayerView w = layer_view(l);
-  if (a.ln2_16)  // bf16 activations (no sequence parallel: all N rows)
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (a.resid_mid16 && a.ln2_16)  // the bf16 residual stream (no sequence parallel: all N rows)
+    rmsnorm_->forward_bf16_io(a.ln2_16, a.rstd2, a.resid_mid16, w.post_norm, B_ * T_, config_.hidden_size,
+                              eps);
+  else if (a.resid_mid16)  // (a sparse layer's ln2, f32)
+    rmsnorm_->forward_bf16_input(a.ln2, a.rstd2, a.resid_mid16, w.post_norm, B_ * T_, config_.hidden_size,
+                                 eps);
+  else if (a.ln2_16)  // bf16 activations (no sequence parallel: all N rows)
     rmsnorm_->forward_bf16_output(a.ln2_16, a.rstd2, a.resid_mid, w.post_norm, B_ * T_, config_.hidden_size,
-                                  static_cast<float>(config_.rms_norm_eps));
+                                  eps);
   else if (sp_ && (!w.router || moe_local_))
-    rmsnorm_->forward(a.ln2, a.rstd2, a.resid_mid, w.post_norm, local_rows(), config_.hidden_size,
-                      static_cast<float>(config_.rms_norm_eps));
+    rmsnorm_->forward(a.ln2, a.rstd2, a.resid_mid, w.post_norm, local_rows(), config_.hidden_size, eps);
   else
     norm_for_gemm(a.ln2, a.rstd2, a.resid_mid, w.post_norm);
 }

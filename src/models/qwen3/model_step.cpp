@@ -206,12 +206,15 @@ ForwardResult Qwen3Model::forward(const int32_t* ids, const int32_t* labels, int
   return r;
 }
 
-// The decoder layers of one stage, from layer_acts_[range.first].resid_in to final_resid_.
+// The decoder layers of one stage, from layer_acts_[range.first].resid_in to final_resid_ (through the
+// layers' inputs, bf16 ones under resid16_).
 void Qwen3Model::run_layers(const StageRange& range, const ForwardOptions& opts) {
   for (int64_t l = range.first; l < range.end; ++l) {
-    float* out = l + 1 < range.end ? layer_acts_[l + 1].resid_in : final_resid_.f32();
+    LayerActs* next = l + 1 < range.end ? &layer_acts_[l + 1] : nullptr;
+    float* out = next ? next->resid_in : final_resid_.f32();
+    uint16_t* out16 = next ? next->resid_in16 : nullptr;
     acquire_params(static_cast<int>(l) + 1);
-    forward_layer(l, out, opts.compute_grad, true);
+    forward_layer(l, out, out16, opts.compute_grad, true);
     release_params(static_cast<int>(l) + 1);
   }
 }
@@ -238,14 +241,18 @@ void Qwen3Model::input_norm(int64_t l) {
   LayerActs& a = layer_acts_[l];
   const LayerView w = layer_view(l);
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  if (a.ln1_16)
+  if (a.resid_in16)  // (the bf16 residual stream goes with bf16 norm outputs)
+    rmsnorm_->forward_bf16_io(a.ln1_16, a.rstd1, a.resid_in16, w.input_norm, local_rows(),
+                              config_.hidden_size, eps);
+  else if (a.ln1_16)
     rmsnorm_->forward_bf16_output(a.ln1_16, a.rstd1, a.resid_in, w.input_norm, local_rows(),
                                   config_.hidden_size, eps);
   else
     rmsnorm_->forward(a.ln1, a.rstd1, a.resid_in, w.input_norm, local_rows(), config_.hidden_size, eps);
 }
 
-void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool accumulate_stats) {
+void Qwen3Model::forward_layer(int64_t l, float* out, uint16_t* out16, bool count_tokens,
+                               bool accumulate_stats) {
   const auto& c = config_;
   const int64_t B = B_, T = T_, N = B * T, Nl = local_rows(), H = c.hidden_size, I = c.intermediate_size,
                 hd = c.head_dim, nH = c.num_attention_heads, nKV = c.num_key_value_heads;
@@ -278,16 +285,23 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
       attention_->forward(a.att, a.attn_saved, a.qr, a.kr, a.v, B, T, nH, nKV, hd, doc_start());
     bf16(a.att, N * c.q_dim());
   }
-  // resid_mid = resid_in + att @ wo^T (row-parallel o_proj: the ranks' partial outputs summed)
-  float* o = sp_ ? partial : a.resid_mid;
+  // resid_mid = resid_in + att @ wo^T (row-parallel o_proj: the ranks' partial outputs summed); the bf16
+  // residual stream: o_proj's f32 output into resid_y_, the sum rounded into resid_mid16.
+  float* o = sp_ ? partial : resid16_ ? resid_y_.f32() : a.resid_mid;
   linear_forward(o, nullptr, a.att, a.att16, w.wo, N, c.q_dim(), H);  // (att16 under o16_)
   if (lora_) lora_->forward(l, LoraProj::O, a.att, N, o, H);
   sum_row_parallel(o, a.resid_mid);
-  float* rm = a.resid_mid;
-  elementwise_->add(rm, a.resid_in, Nl * H);
-  bf16(rm, Nl * H);
+  if (!resid16_) {
+    elementwise_->add(a.resid_mid, a.resid_in, Nl * H);
+    bf16(a.resid_mid, Nl * H);
+  } else if (a.resid_in16) {
+    elementwise_->add_to_bf16(a.resid_mid16, o, a.resid_in16, Nl * H);
+  } else {  // (a stage's first layer: an f32 input)
+    elementwise_->add(o, a.resid_in, Nl * H);
+    elementwise_->to_bf16(a.resid_mid16, o, Nl * H);
+  }
   norm_for_mlp(l);
-  float* mlp_out = sp_ ? partial : out;
+  float* mlp_out = sp_ ? partial : resid16_ ? resid_y_.f32() : out;
   if (w.router && moe_local_) {
     // Experts split over the tensor-parallel group: each rank routes its own rows (expert parallel).
     bf16(a.ln2, Nl * H);
@@ -317,8 +331,16 @@ void Qwen3Model::forward_layer(int64_t l, float* out, bool count_tokens, bool ac
     if (lora_) lora_->forward(l, LoraProj::Down, a.act, N, mlp_out, H);
     sum_row_parallel(mlp_out, out);  // row-parallel down_proj
   }
-  elementwise_->add(out, rm, Nl * H);
-  bf16(out, Nl * H);
+  if (!resid16_) {
+    elementwise_->add(out, a.resid_mid, Nl * H);
+    bf16(out, Nl * H);
+  } else if (out16) {
+    elementwise_->add_to_bf16(out16, mlp_out, a.resid_mid16, Nl * H);
+  } else {  // (a stage's last layer: an f32 output)
+    elementwise_->from_bf16(out, a.resid_mid16, Nl * H);
+    elementwise_->add(out, mlp_out, Nl * H);
+    bf16(out, Nl * H);
+  }
 }
 
 // q_norm / k_norm per head (before RoPE) from q_raw / k_raw; qr/kr hold the normed values, then rotate in
@@ -463,7 +485,7 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
     acquire_params(static_cast<int>(l) + 1);
     acquire_grads(static_cast<int>(l) + 1);
     if (layer_checkpointed(l))
-      forward_layer(l, dln, false, false);
+      forward_layer(l, dln, nullptr, false, false);
     else if (layer_recomputes_ops(l))
       recompute_layer_ops(l);
     LayerActs& a = layer_acts_[l];
@@ -504,7 +526,7 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
       }
       dln_rows = sum_column_parallel_grad(dln);  // column-parallel gate/up: the ranks' partial d(ln2)
     }
-    rmsnorm_->backward(dresid, g.post_norm, dln_rows, a.resid_mid, w.post_norm, a.rstd2, Nl, H);
+    residual_norm_backward(dresid, g.post_norm, dln_rows, a.resid_mid, a.resid_mid16, w.post_norm, a.rstd2);
     // Attention branch: resid_mid = resid_in + o(attn(rope(norm(q,k)), v))
     float* datt = datt_.f32();
     zero(datt, N * c.q_dim());
@@ -574,7 +596,7 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
       lora_->backward(l, LoraProj::V, ln1, dv, c.kv_dim(), dln, N);
     }
     dln_rows = sum_column_parallel_grad(dln);  // column-parallel q/k/v: the ranks' partial d(ln1)
-    rmsnorm_->backward(dresid, g.input_norm, dln_rows, a.resid_in, w.input_norm, a.rstd1, Nl, H);
+    residual_norm_backward(dresid, g.input_norm, dln_rows, a.resid_in, a.resid_in16, w.input_norm, a.rstd1);
     finish_grads(static_cast<int>(l) + 1);
     release_params(static_cast<int>(l) + 1);
   }
@@ -583,6 +605,14 @@ void Qwen3Model::backward(const float* d_output, const float* aux_dprob, float a
   acquire_grads(0);    // (idempotent: a tied head here took it in forward())
   if (!frozen_) embedding_->backward(flat_grads_[0].f32(), full_rows(dresid), ids_.data<int32_t>(), N, H, V);
   finish_grads(0);
+}
+
+void Qwen3Model::residual_norm_backward(float* dresid, float* dw, const float* dln, const float* x,
+                                        const uint16_t* x16, const float* w, const float* rstd) {
+  if (x)
+    rmsnorm_->backward(dresid, dw, dln, x, w, rstd, local_rows(), config_.hidden_size);
+  else
+    rmsnorm_->backward_bf16_input(dresid, dw, dln, x16, w, rstd, local_rows(), config_.hidden_size);
 }
 
 // Sparse MLP of layer l: router (HF Qwen3MoeTopKRouter) + routed experts; out = experts(ln2) (the caller
