@@ -573,6 +573,11 @@ TEST(Cuda, MatmulBf16InputEqualsF32InputOfTheSameValues) {
 // f32 forms on the same values, bit for bit.
 TEST(Cuda, Bf16ActivationFormsEqualTheF32FormsOfTheSameValues) {
   SKIP_WITHOUT_GPU();
+  auto rounded_bits = [](const std::vector<float>& f) {
+    std::vector<uint16_t> r(f.size());
+    for (size_t i = 0; i < f.size(); ++i) r[i] = f32_to_bf16(f[i]);
+    return r;
+  };
   const int64_t N = 37, C = 72, OC = 53, I = 73;
   auto x = randn(N * C, 33), w = randn(OC * C, 34);
   std::vector<uint16_t> x16(x.size());
@@ -595,10 +600,7 @@ TEST(Cuda, Bf16ActivationFormsEqualTheF32FormsOfTheSameValues) {
   Dev<uint16_t> nout16(N * C, 0xffff);
   cuda_op<RmsNormKernels>().forward(nout.p, rstd.p, dx.p, dnw.p, N, C, 1e-6f);
   cuda_op<RmsNormKernels>().forward_bf16_output(nout16.p, rstd16.p, dx.p, dnw.p, N, C, 1e-6f);
-  std::vector<uint16_t> nwant(N * C);
-  const auto nf = nout.read();
-  for (int64_t i = 0; i < N * C; ++i) nwant[i] = f32_to_bf16(nf[i]);
-  EXPECT_EQ(nout16.read(), nwant);
+  EXPECT_EQ(nout16.read(), rounded_bits(nout.read()));
   EXPECT_EQ(rstd16.read(), rstd.read());
   // bf16 input: forward and backward equal the f32 forms on the same values
   auto ndout = randn(N * C, 38);
@@ -616,10 +618,7 @@ TEST(Cuda, Bf16ActivationFormsEqualTheF32FormsOfTheSameValues) {
   Dev<uint16_t> fio16(N * C, 0xffff);
   DevF fior(N, -1.0f);
   cuda_op<RmsNormKernels>().forward_bf16_io(fio16.p, fior.p, dx16.p, dnw.p, N, C, 1e-6f);
-  std::vector<uint16_t> fiowant(N * C);
-  const auto fof = fo.read();
-  for (int64_t i = 0; i < N * C; ++i) fiowant[i] = f32_to_bf16(fof[i]);
-  EXPECT_EQ(fio16.read(), fiowant);
+  EXPECT_EQ(fio16.read(), rounded_bits(fo.read()));
   EXPECT_EQ(fior.read(), fr.read());
   // backward with a bf16 output gradient: backward_bf16_input on its values
   std::vector<uint16_t> g16(N * OC);
@@ -644,20 +643,14 @@ TEST(Cuda, Bf16ActivationFormsEqualTheF32FormsOfTheSameValues) {
   sw.forward_bf16(o16.p, dgu16.p, N, I);
   sw.backward(d.p, ddout.p, dguv.p, N, I);
   sw.backward_bf16(d16.p, ddout.p, dgu16.p, N, I);
-  std::vector<uint16_t> want(N * I);
-  const auto of = o.read();
-  for (int64_t i = 0; i < N * I; ++i) want[i] = f32_to_bf16(of[i]);
-  EXPECT_EQ(o16.read(), want);
+  EXPECT_EQ(o16.read(), rounded_bits(o.read()));
   EXPECT_EQ(d16.read(), d.read());
   // d(gate/up) written as bf16: backward_bf16 into zeros, rounded
   DevF z(N * 2 * I);
   Dev<uint16_t> z16(N * 2 * I, 0xffff);
   sw.backward_bf16(z.p, ddout.p, dgu16.p, N, I);
   sw.backward_bf16_output(z16.p, ddout.p, dgu16.p, N, I);
-  std::vector<uint16_t> zwant(N * 2 * I);
-  const auto zf = z.read();
-  for (int64_t i = 0; i < N * 2 * I; ++i) zwant[i] = f32_to_bf16(zf[i]);
-  EXPECT_EQ(z16.read(), zwant);
+  EXPECT_EQ(z16.read(), rounded_bits(z.read()));
 }
 
 // matmul_bf16 and the bf16 experts read a weight's registered bf16 image (ops.h register_bf16_image) instead
